@@ -1,0 +1,122 @@
+"""The project's errors, one hierarchy, each raised in one known place.
+
+::
+
+    DebugAgentError                  (exit 1 unless a subclass says otherwise)
+    ├── UsageError                   bad input: flags, symptom, file       -> exit 2
+    │   ├── ScenarioError            a scenario file breaks format v1      -> exit 2
+    │   ├── PlaybookError            a playbook breaks its schema          -> exit 2
+    │   └── RecordingError           a recording is tampered or truncated  -> exit 2
+    ├── TransportError               the host cannot be used               -> exit 4
+    │   ├── ConnectError             TCP / DNS / refused / unreachable
+    │   ├── AuthError                no key was accepted
+    │   └── HostKeyError             unknown or changed host key
+    ├── ReplayMiss                   a replay was asked a command it never recorded -> exit 5
+    ├── CommandTimeout               one command ran past its timeout (a finding, raised
+    │                                only when a caller asks for it)
+    └── ParseError                   a command's output did not have the expected shape
+
+Every class carries the fields a caller needs (host, command, file, field), and its
+message names the thing, shows the evidence and gives a fix.
+"""
+
+from __future__ import annotations
+
+
+class DebugAgentError(Exception):
+    """Base of every error debugagent raises on purpose."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, fix: str | None = None) -> None:
+        self.message = message
+        self.fix = fix
+        super().__init__(message if not fix else f"{message}\n  fix: {fix}")
+
+
+class UsageError(DebugAgentError):
+    """Raised for bad user input: a flag, a symptom, a file that cannot be used."""
+
+    exit_code = 2
+
+
+class ScenarioError(UsageError):
+    """Raised when a scenario file is missing, malformed or breaks format v1."""
+
+    def __init__(self, message: str, *, file: str = "", field: str = "", fix: str | None = None) -> None:
+        self.file = file
+        self.field = field
+        where = f"scenario `{file}`" + (f", {field}" if field else "")
+        super().__init__(f"{where}: {message}", fix=fix)
+
+
+class PlaybookError(UsageError):
+    """Raised when a playbook file breaks its schema (unknown key, bad edge, bad rule)."""
+
+    def __init__(self, message: str, *, file: str = "", field: str = "", fix: str | None = None) -> None:
+        self.file = file
+        self.field = field
+        where = f"playbook `{file}`" + (f", {field}" if field else "")
+        super().__init__(f"{where}: {message}", fix=fix)
+
+
+class RecordingError(UsageError):
+    """Raised when a recorded run (events.jsonl) cannot be read: tampered, truncated."""
+
+    def __init__(self, message: str, *, file: str = "", line: int = 0, fix: str | None = None) -> None:
+        self.file = file
+        self.line = line
+        super().__init__(f"{file}:{line}: {message}", fix=fix)
+
+
+class TransportError(DebugAgentError):
+    """Raised when the host cannot be reached or used at all."""
+
+    exit_code = 4
+
+    def __init__(self, message: str, *, host: str = "", fix: str | None = None) -> None:
+        self.host = host
+        super().__init__(message, fix=fix)
+
+
+class ConnectError(TransportError):
+    """Raised when no connection could be made (DNS, refused, unreachable, timeout)."""
+
+
+class AuthError(TransportError):
+    """Raised when the host refused every key offered."""
+
+
+class HostKeyError(TransportError):
+    """Raised when the host key is unknown (and not accepted) or has changed."""
+
+
+class ReplayMiss(DebugAgentError):
+    """Raised when a replay is asked for a command its recording does not hold."""
+
+    exit_code = 5
+
+    def __init__(self, message: str, *, step: int, asked: str, recorded_next: str | None, fix: str | None = None) -> None:
+        self.step = step
+        self.asked = asked
+        self.recorded_next = recorded_next
+        super().__init__(message, fix=fix)
+
+
+class CommandTimeout(DebugAgentError):
+    """Raised when a command ran past its timeout and the caller asked for an exception."""
+
+    def __init__(self, message: str, *, host: str, command: str, timeout_s: float) -> None:
+        self.host = host
+        self.command = command
+        self.timeout_s = timeout_s
+        super().__init__(message)
+
+
+class ParseError(DebugAgentError):
+    """Raised by a parser when a command's output does not have the expected shape."""
+
+    def __init__(self, message: str, *, tool: str = "", excerpt: str = "") -> None:
+        self.tool = tool
+        self.excerpt = excerpt
+        super().__init__(f"{tool}: {message}" + (f" (near: {excerpt[:80]!r})" if excerpt else ""))

@@ -1,0 +1,433 @@
+"""GPU tools: ``nvidia-smi`` queries and their parsers.
+
+Older drivers name the clock reasons "Clocks Throttle Reasons" (``clocks_throttle_reasons``);
+newer ones "Clocks Event Reasons" (``clocks_event_reasons``). Both parse to the same names.
+The query asks for ``clocks_throttle_reasons.active``, which every driver accepts (newer
+ones print it as ``clocks_event_reasons.active`` in the header).
+"""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import ParseError
+from .transport import q
+
+# Bit values of NVML's nvmlClocksEventReasons (and the older nvmlClocksThrottleReasons).
+EVENT_REASON_BITS: dict[int, str] = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+REASON_BY_NAME = {v: k for k, v in EVENT_REASON_BITS.items()}
+# How ``nvidia-smi -q`` spells each reason.
+Q_REASON_NAMES = {
+    "Idle": "gpu_idle",
+    "Applications Clocks Setting": "applications_clocks_setting",
+    "SW Power Cap": "sw_power_cap",
+    "HW Slowdown": "hw_slowdown",
+    "HW Thermal Slowdown": "hw_thermal_slowdown",
+    "HW Power Brake Slowdown": "hw_power_brake_slowdown",
+    "Sync Boost": "sync_boost",
+    "SW Thermal Slowdown": "sw_thermal_slowdown",
+    "Display Clock Setting": "display_clock_setting",
+}
+
+QUERY_FIELDS: list[tuple[str, str]] = [
+    # (query name, model field)
+    ("index", "index"),
+    ("name", "name"),
+    ("uuid", "uuid"),
+    ("pci.bus_id", "bus_id"),
+    ("driver_version", "driver_version"),
+    ("pstate", "pstate"),
+    ("clocks.sm", "sm_clock"),
+    ("clocks.max.sm", "sm_clock_max"),
+    ("clocks.mem", "mem_clock"),
+    ("clocks.max.mem", "mem_clock_max"),
+    ("power.draw", "power_draw"),
+    ("power.limit", "power_limit"),
+    ("power.max_limit", "power_limit_max"),
+    ("temperature.gpu", "temperature"),
+    ("utilization.gpu", "utilization"),
+    ("memory.used", "memory_used"),
+    ("memory.total", "memory_total"),
+    ("pcie.link.gen.current", "pcie_gen"),
+    ("pcie.link.gen.max", "pcie_gen_max"),
+    ("pcie.link.width.current", "pcie_width"),
+    ("pcie.link.width.max", "pcie_width_max"),
+    ("clocks_throttle_reasons.active", "event_reasons_mask"),
+    ("persistence_mode", "persistence"),
+    ("ecc.mode.current", "ecc"),
+]
+# Header names nvidia-smi prints (without units) -> model field.
+HEADER_ALIASES: dict[str, str] = {
+    "index": "index",
+    "name": "name",
+    "uuid": "uuid",
+    "pci.bus_id": "bus_id",
+    "driver_version": "driver_version",
+    "pstate": "pstate",
+    "clocks.current.sm": "sm_clock",
+    "clocks.sm": "sm_clock",
+    "clocks.max.sm": "sm_clock_max",
+    "clocks.current.memory": "mem_clock",
+    "clocks.mem": "mem_clock",
+    "clocks.max.memory": "mem_clock_max",
+    "clocks.max.mem": "mem_clock_max",
+    "power.draw": "power_draw",
+    "power.limit": "power_limit",
+    "power.max_limit": "power_limit_max",
+    "temperature.gpu": "temperature",
+    "utilization.gpu": "utilization",
+    "memory.used": "memory_used",
+    "memory.total": "memory_total",
+    "pcie.link.gen.current": "pcie_gen",
+    "pcie.link.gen.gpucurrent": "pcie_gen",
+    "pcie.link.gen.max": "pcie_gen_max",
+    "pcie.link.width.current": "pcie_width",
+    "pcie.link.width.max": "pcie_width_max",
+    "clocks_event_reasons.active": "event_reasons_mask",
+    "clocks_throttle_reasons.active": "event_reasons_mask",
+    "persistence_mode": "persistence",
+    "ecc.mode.current": "ecc",
+}
+
+INT_FIELDS = {"index", "sm_clock", "sm_clock_max", "mem_clock", "mem_clock_max", "temperature", "utilization",
+              "memory_used", "memory_total", "pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max"}
+FLOAT_FIELDS = {"power_draw", "power_limit", "power_limit_max"}
+
+
+def decode_reasons(mask: int) -> list[str]:
+    """Names of the set bits of a clock event (throttle) reason mask."""
+    return [name for bit, name in EVENT_REASON_BITS.items() if mask & bit]
+
+
+class GpuState(BaseModel):
+    """One GPU as ``nvidia-smi --query-gpu`` reports it; ``None`` where it said [N/A]."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    index: int
+    name: str = ""
+    uuid: str = ""
+    bus_id: str = ""
+    driver_version: str = ""
+    pstate: str = ""
+    sm_clock: int | None = None
+    sm_clock_max: int | None = None
+    mem_clock: int | None = None
+    mem_clock_max: int | None = None
+    power_draw: float | None = None
+    power_limit: float | None = None
+    power_limit_max: float | None = None
+    temperature: int | None = None
+    utilization: int | None = None
+    memory_used: int | None = None
+    memory_total: int | None = None
+    pcie_gen: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width: int | None = None
+    pcie_width_max: int | None = None
+    event_reasons_mask: int | None = None
+    event_reasons: list[str] = Field(default_factory=list)
+    persistence: str = ""
+    ecc: str = ""
+
+    @property
+    def idle(self) -> bool:
+        return "gpu_idle" in self.event_reasons or (self.utilization == 0)
+
+
+def _value(field: str, raw: str) -> object:
+    raw = raw.strip()
+    if raw in ("[N/A]", "N/A", "[Not Supported]", "[Unknown Error]", ""):
+        return None
+    if field == "event_reasons_mask":
+        try:
+            return int(raw, 16) if raw.lower().startswith("0x") else int(raw)
+        except ValueError as exc:
+            raise ParseError(f"bad reason mask {raw!r}", tool="gpu_query") from exc
+    if field in INT_FIELDS or field in FLOAT_FIELDS:
+        m = re.match(r"^(-?[0-9]+(?:\.[0-9]+)?)\s*(?:MHz|W|MiB|%|C|x)?$", raw)
+        if not m:
+            raise ParseError(f"{field}: expected a number, got {raw!r}", tool="gpu_query", excerpt=raw)
+        num = float(m.group(1))
+        return int(num) if field in INT_FIELDS else num
+    return raw
+
+
+def _row_to_state(fields: list[str], values: list[str]) -> GpuState:
+    data: dict[str, object] = {}
+    for field, raw in zip(fields, values, strict=True):
+        if field is None or field in data:
+            continue
+        data[field] = _value(field, raw)
+    if data.get("index") is None:
+        raise ParseError("a row without a GPU index", tool="gpu_query", excerpt=",".join(values))
+    mask = data.get("event_reasons_mask")
+    if isinstance(mask, int):
+        data["event_reasons"] = decode_reasons(mask)
+    return GpuState.model_validate(data)
+
+
+def _split(line: str) -> list[str]:
+    return [c.strip() for c in line.split(",")]
+
+
+def parse_query_csv(text: str) -> list[GpuState]:
+    """Parse ``nvidia-smi --query-gpu=… --format=csv`` (header with units, values with units)."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        raise ParseError("no output", tool="gpu_query")
+    header = _split(lines[0])
+    fields: list[str] = []
+    for h in header:
+        base = re.sub(r"\s*\[.*\]$", "", h).strip()
+        fields.append(HEADER_ALIASES.get(base))  # type: ignore[arg-type]
+    if "index" not in fields:
+        raise ParseError("header has no `index` column (is this --format=csv output?)", tool="gpu_query", excerpt=lines[0])
+    out = []
+    for ln in lines[1:]:
+        vals = _split(ln)
+        if len(vals) != len(fields):
+            raise ParseError(f"row has {len(vals)} columns, header has {len(fields)}", tool="gpu_query", excerpt=ln)
+        out.append(_row_to_state(fields, vals))
+    return out
+
+
+def parse_query_noheader(text: str, fields: list[str] | None = None) -> list[GpuState]:
+    """Parse ``--format=csv,noheader`` rows whose columns are ``QUERY_FIELDS`` in order."""
+    names = fields or [f for _, f in QUERY_FIELDS]
+    out = []
+    for ln in text.splitlines():
+        if not ln.strip():
+            continue
+        vals = _split(ln)
+        if len(vals) != len(names):
+            raise ParseError(f"row has {len(vals)} columns, expected {len(names)}", tool="gpu_sample", excerpt=ln)
+        out.append(_row_to_state(names, vals))
+    return out
+
+
+class GpuQuery(BaseModel):
+    """Input of ``gpu_query``: which GPU state fields to read (all of QUERY_FIELDS)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    def command(self) -> str:
+        return "nvidia-smi --query-gpu=" + ",".join(n for n, _ in QUERY_FIELDS) + " --format=csv"
+
+
+# ---------------------------------------------------------------- nvidia-smi -q
+def parse_q_tree(text: str) -> dict:
+    """Parse ``nvidia-smi -q`` into nested dicts by indentation. Lines without ':' open a section."""
+    root: dict = {}
+    stack: list[tuple[int, dict]] = [(-1, root)]
+    gpu_count = 0
+    for raw in text.splitlines():
+        if not raw.strip() or raw.startswith("=") or raw.startswith("$ ") or raw.startswith("[exit"):
+            continue
+        indent = len(raw) - len(raw.lstrip(" "))
+        line = raw.strip()
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        parent = stack[-1][1] if stack else root
+        is_gpu = re.match(r"^GPU [0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]$", line)
+        if ":" in line and not is_gpu:
+            key, _, val = line.partition(":")
+            key, val = key.strip(), val.strip()
+            if val == "":
+                node: dict = {}
+                parent[key] = node
+                stack.append((indent, node))
+            else:
+                parent[key] = val
+        else:
+            if is_gpu:
+                node = {"Bus Id": line[4:].strip()}
+                root.setdefault("GPUs", []).append(node)
+                gpu_count += 1
+            else:
+                node = {}
+                parent[line] = node
+            stack.append((indent, node))
+    if "Driver Version" not in root:
+        raise ParseError("no `Driver Version` line (is this `nvidia-smi -q` output?)", tool="gpu_q")
+    return root
+
+
+class GpuDetails(BaseModel):
+    """What ``nvidia-smi -q`` adds to the CSV query, per GPU."""
+
+    bus_id: str
+    name: str = ""
+    event_reasons: list[str] = Field(default_factory=list)
+    reasons_section: str = ""
+    power_limit: float | None = None
+    power_limit_default: float | None = None
+    power_limit_max: float | None = None
+    pcie_gen: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width: int | None = None
+    pcie_width_max: int | None = None
+    reset_required: bool | None = None
+    ecc_errors_uncorrectable: int | None = None
+
+
+class DriverInfo(BaseModel):
+    driver_version: str
+    cuda_version: str = ""
+    gpus: list[GpuDetails] = Field(default_factory=list)
+
+
+def _num(v: object) -> float | None:
+    if not isinstance(v, str):
+        return None
+    m = re.match(r"^(-?[0-9]+(?:\.[0-9]+)?)", v.strip())
+    return float(m.group(1)) if m else None
+
+
+def parse_q(text: str) -> DriverInfo:
+    """Parse ``nvidia-smi -q`` into the driver, CUDA version and per-GPU details."""
+    tree = parse_q_tree(text)
+    gpus = []
+    for g in tree.get("GPUs", []):
+        section_name = "Clocks Event Reasons" if "Clocks Event Reasons" in g else (
+            "Clocks Throttle Reasons" if "Clocks Throttle Reasons" in g else "")
+        reasons: list[str] = []
+
+        def walk(d: dict) -> None:
+            for k, v in d.items():
+                if isinstance(v, dict):
+                    walk(v)
+                elif v == "Active" and k in Q_REASON_NAMES:
+                    reasons.append(Q_REASON_NAMES[k])
+
+        if section_name:
+            walk(g[section_name])
+        power = g.get("GPU Power Readings") or g.get("Power Readings") or {}
+        pci = g.get("PCI", {})
+        link = pci.get("GPU Link Info", {}) if isinstance(pci, dict) else {}
+        gen = link.get("PCIe Generation", {})
+        width = link.get("Link Width", {})
+        reset = g.get("GPU Reset Status", {})
+        reset_required = None
+        if isinstance(reset, dict) and "Reset Required" in reset:
+            reset_required = reset["Reset Required"].lower() in ("yes", "requested")
+        ecc_unc = None
+        ecc = g.get("ECC Errors", {})
+        if isinstance(ecc, dict) and isinstance(ecc.get("Volatile"), dict):
+            vals = [_num(v) for k, v in ecc["Volatile"].items() if "Uncorrectable" in k]
+            vals = [v for v in vals if v is not None]
+            ecc_unc = int(sum(vals)) if vals else None
+        gpus.append(GpuDetails(
+            bus_id=g.get("Bus Id", ""),
+            name=g.get("Product Name", ""),
+            event_reasons=reasons,
+            reasons_section=section_name,
+            power_limit=_num(power.get("Current Power Limit") or power.get("Power Limit")),
+            power_limit_default=_num(power.get("Default Power Limit")),
+            power_limit_max=_num(power.get("Max Power Limit")),
+            pcie_gen=int(_num(gen.get("Current")) or 0) or None,
+            pcie_gen_max=int(_num(gen.get("Max")) or 0) or None,
+            pcie_width=int(_num(width.get("Current")) or 0) or None,
+            pcie_width_max=int(_num(width.get("Max")) or 0) or None,
+            reset_required=reset_required,
+            ecc_errors_uncorrectable=ecc_unc,
+        ))
+    return DriverInfo(driver_version=tree["Driver Version"], cuda_version=tree.get("CUDA Version", ""), gpus=gpus)
+
+
+class GpuQ(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    def command(self) -> str:
+        return "nvidia-smi -q"
+
+
+# ---------------------------------------------------------------- compute processes
+class GpuProcess(BaseModel):
+    gpu_uuid: str
+    pid: int
+    process_name: str
+    used_memory_mib: int | None = None
+
+
+class GpuProcesses(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    def command(self) -> str:
+        return "nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_memory --format=csv,noheader,nounits"
+
+
+def parse_compute_apps(text: str) -> list[GpuProcess]:
+    out = []
+    for ln in text.splitlines():
+        if not ln.strip() or "No running" in ln:
+            continue
+        parts = _split(ln)
+        if len(parts) != 4:
+            raise ParseError("expected gpu_uuid, pid, process_name, used_memory", tool="gpu_processes", excerpt=ln)
+        try:
+            pid = int(parts[1])
+        except ValueError as exc:
+            raise ParseError(f"bad pid {parts[1]!r}", tool="gpu_processes", excerpt=ln) from exc
+        mem = _num(parts[3])
+        out.append(GpuProcess(gpu_uuid=parts[0], pid=pid, process_name=parts[2], used_memory_mib=int(mem) if mem is not None else None))
+    return out
+
+
+# ---------------------------------------------------------------- sampling under load
+class GpuSampleUnderLoad(BaseModel):
+    """Input of ``gpu_sample_under_load``: run ``load`` (a benchmark) and sample GPUs meanwhile.
+
+    Idle GPUs show low clocks and often PCIe gen 1: a reading taken at idle proves nothing
+    about clocks or the link, so clocks and PCIe are read while the benchmark runs.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    load: str
+    cwd: str | None = None
+    seconds: float = 2.0
+    interval: float = 0.25
+
+    def command(self) -> str:
+        fields = ",".join(n for n, _ in QUERY_FIELDS)
+        load = self.load if not self.cwd else f"cd {q(self.cwd)} && {self.load}"
+        loop = f"timeout {self.seconds:g} bash -c {q('while :; do ' + load + '; done')}"
+        return (
+            f"( {loop} ) >/dev/null 2>&1 & b=$!; sleep {min(0.5, self.seconds / 4):g}; n=0; "
+            f"while kill -0 $b 2>/dev/null && [ $n -lt 40 ]; do "
+            f"nvidia-smi --query-gpu={fields} --format=csv,noheader; n=$((n+1)); sleep {self.interval:g}; done; wait $b; true"
+        )
+
+
+class LoadSample(BaseModel):
+    samples: list[GpuState]
+    loaded: list[GpuState]  # samples where the GPU was busy (not idle)
+
+    def per_gpu(self) -> dict[int, GpuState]:
+        """The median-ish busy reading per GPU (the last busy one; idle if never busy)."""
+        out: dict[int, GpuState] = {}
+        pool = self.loaded or self.samples
+        for s in pool:
+            out[s.index] = s
+        return out
+
+
+def parse_load_samples(text: str) -> LoadSample:
+    samples = parse_query_noheader(text)
+    if not samples:
+        raise ParseError("no GPU samples were taken while the load ran (did it exit at once?)", tool="gpu_sample_under_load")
+    loaded = [s for s in samples if "gpu_idle" not in s.event_reasons and (s.utilization or 0) > 0]
+    return LoadSample(samples=samples, loaded=loaded)

@@ -1,0 +1,477 @@
+"""Host tools: the inference server process, Python packages, git, CPU, benchmarks.
+
+Each tool is a pydantic input with ``command()`` (every argument through ``shlex.quote``)
+and a pure ``parse_*`` function from the command's text to a pydantic output.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import ParseError
+from .redact import redact_env
+from .transport import q
+
+SERVER_PATTERN = r"sglang\.launch_server|sglang\.srt\.|vllm\.entrypoints|vllm serve|text-generation-launcher|trtllm-serve"
+SEP = "\x1f"
+
+
+# ---------------------------------------------------------------- server processes
+class FindServers(BaseModel):
+    """Input of ``find_servers``: processes whose command line matches ``pattern``."""
+
+    model_config = ConfigDict(extra="forbid")
+    pattern: str = SERVER_PATTERN
+
+    def command(self) -> str:
+        return (
+            "for p in /proc/[0-9]*; do c=$(tr '\\0' '\\037' < \"$p/cmdline\" 2>/dev/null) || continue; "
+            "[ -n \"$c\" ] && printf '%s\\t%s\\n' \"${p#/proc/}\" \"$c\"; done | "
+            f"grep -E {q(self.pattern)} | grep -v -e 'grep -E' -e 'for p in /proc' || true"
+        )
+
+
+class ProcessLine(BaseModel):
+    pid: int
+    argv: list[str]
+
+
+def parse_find_servers(text: str) -> list[ProcessLine]:
+    out = []
+    for ln in text.splitlines():
+        if not ln.strip():
+            continue
+        pid, _, rest = ln.partition("\t")
+        if not pid.isdigit():
+            raise ParseError("expected `PID<TAB>argv`", tool="find_servers", excerpt=ln)
+        argv = [a for a in rest.split(SEP) if a != ""]
+        out.append(ProcessLine(pid=int(pid), argv=argv))
+    return sorted(out, key=lambda p: p.pid)
+
+
+class ServerDetails(BaseModel):
+    """Input of ``server_details``: command line, environment, cwd and start time of one pid."""
+
+    model_config = ConfigDict(extra="forbid")
+    pid: int
+
+    def command(self) -> str:
+        p = f"/proc/{int(self.pid)}"
+        return (
+            f"p={p}; echo '== cmdline'; tr '\\0' '\\n' < $p/cmdline; echo; echo '== environ'; "
+            "tr '\\0' '\\n' < $p/environ; echo; echo '== cwd'; readlink $p/cwd; echo '== end'"
+        )
+
+
+class ServerInfo(BaseModel):
+    pid: int
+    argv: list[str]
+    python: str | None = None
+    entry: str = ""  # module (-m) or script
+    flags: dict[str, str | bool] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str = ""
+    kind: str = "unknown"  # sglang | vllm | unknown
+
+
+def parse_flags(args: list[str]) -> dict[str, str | bool]:
+    """``--tp 8 --disable-cuda-graph --x=y`` -> {tp: '8', disable-cuda-graph: True, x: 'y'}."""
+    flags: dict[str, str | bool] = {}
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a.startswith("--") and len(a) > 2:
+            name, eq, val = a[2:].partition("=")
+            name = name.replace("_", "-")
+            if eq:
+                flags[name] = val
+            elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+                flags[name] = args[i + 1]
+                i += 1
+            else:
+                flags[name] = True
+        i += 1
+    return flags
+
+
+def split_argv(argv: list[str]) -> tuple[str | None, str, list[str]]:
+    """(python, entry, rest) for ``python -m mod …`` / ``python script.py …`` / ``binary …``."""
+    if not argv:
+        return None, "", []
+    first = argv[0]
+    if re.search(r"python[0-9.]*$", first.rsplit("/", 1)[-1]):
+        rest = argv[1:]
+        while rest and rest[0].startswith("-") and rest[0] != "-m":
+            rest = rest[1:]
+        if rest and rest[0] == "-m" and len(rest) > 1:
+            return first, rest[1], rest[2:]
+        if rest:
+            return first, rest[0], rest[1:]
+        return first, "", []
+    return None, first.rsplit("/", 1)[-1], argv[1:]
+
+
+def parse_server_details(pid: int, text: str) -> ServerInfo:
+    sections: dict[str, list[str]] = {}
+    cur = None
+    for ln in text.split("\n"):
+        if ln.startswith("== "):
+            cur = ln[3:].strip()
+            sections[cur] = []
+        elif cur is not None:
+            sections[cur].append(ln)
+    if "cmdline" not in sections or "end" not in sections:
+        raise ParseError("output lacks the `== cmdline` … `== end` sections", tool="server_details", excerpt=text[:80])
+    argv = [a for a in sections["cmdline"] if a != ""]
+    if not argv:
+        raise ParseError(f"process {pid} has an empty command line (gone, or a kernel thread)", tool="server_details")
+    env: dict[str, str] = {}
+    for ln in sections.get("environ", []):
+        if "=" in ln:
+            k, _, v = ln.partition("=")
+            env[k] = v
+    python, entry, rest = split_argv(argv)
+    kind = "sglang" if "sglang" in entry else "vllm" if "vllm" in " ".join(argv[:3]) else "unknown"
+    cwd = next((c for c in sections.get("cwd", []) if c.strip()), "")
+    return ServerInfo(pid=pid, argv=argv, python=python, entry=entry, flags=parse_flags(rest), env=redact_env(env), cwd=cwd, kind=kind)
+
+
+# ---------------------------------------------------------------- python packages
+PACKAGES_SCRIPT = r'''
+import hashlib, importlib, importlib.metadata as md, json, os, subprocess, sys
+want = [a for a in sys.argv[1:] if a]
+WATCH = ("torch", "triton", "sgl", "sglang", "flashinfer", "vllm", "xformers", "flash-attn", "flash_attn",
+         "deep-gemm", "deep_gemm", "nvidia-nccl", "nvidia-cudnn", "nvidia-cublas", "cuda-python", "transformers")
+def norm(n): return n.lower().replace("_", "-")
+def sha(path):
+    h = hashlib.sha256(); size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        if size <= 64 << 20:
+            h.update(f.read())
+        else:
+            h.update(str(size).encode()); h.update(f.read(1 << 20)); f.seek(-(1 << 20), 2); h.update(f.read())
+    return h.hexdigest()[:16]
+dists = {}
+for d in md.distributions():
+    name = d.metadata["Name"]
+    if name and norm(name) not in dists:
+        dists[norm(name)] = d
+out = {"python": sys.executable, "python_version": sys.version.split()[0], "packages": []}
+every = len(dists) <= 60
+for key, d in sorted(dists.items()):
+    name = d.metadata["Name"]
+    hash_it = every or key in map(norm, want) or any(key.startswith(w) for w in WATCH)
+    rec = {"name": name, "version": d.version, "editable": None, "commit": None, "installed_at": None,
+           "so_files": {}, "build_hash": None, "modules": []}
+    try:
+        meta = d._path  # the dist-info folder
+        rec["installed_at"] = int(os.path.getmtime(meta))
+    except Exception:
+        pass
+    try:
+        du = json.loads(d.read_text("direct_url.json") or "null")
+        if du and du.get("dir_info", {}).get("editable"):
+            rec["editable"] = du["url"].replace("file://", "")
+            r = subprocess.run(["git", "-C", rec["editable"], "rev-parse", "HEAD"], capture_output=True, text=True)
+            rec["commit"] = r.stdout.strip() or None
+    except Exception:
+        pass
+    top = (d.read_text("top_level.txt") or "").split()
+    rec["modules"] = top
+    if hash_it:
+        sos = {}
+        for f in d.files or []:
+            s = str(f)
+            if s.endswith(".so") or ".so." in s:
+                p = f.locate()
+                if os.path.isfile(p):
+                    sos[s] = sha(p)
+                    try:
+                        rec["installed_at"] = max(rec["installed_at"] or 0, int(os.path.getmtime(p)))
+                    except Exception:
+                        pass
+        rec["so_files"] = sos
+        if sos:
+            rec["build_hash"] = hashlib.sha256("".join(k + v for k, v in sorted(sos.items())).encode()).hexdigest()[:16]
+    if key in map(norm, want):
+        for mod in top[:1]:
+            try:
+                m = importlib.import_module(mod)
+                rec["version_attr"] = getattr(m, "__version__", None)
+                rec["module_file"] = getattr(m, "__file__", None)
+            except Exception as e:
+                rec["import_error"] = type(e).__name__ + ": " + str(e)[:200]
+    out["packages"].append(rec)
+print(json.dumps(out))
+'''
+
+
+class PythonPackages(BaseModel):
+    """Input of ``python_packages``: every distribution in ``python``'s environment.
+
+    Names in ``import_check`` are also imported, to read ``__version__`` (editable
+    installs often lack it).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    python: str
+    import_check: list[str] = Field(default_factory=list)
+
+    def command(self) -> str:
+        args = " ".join(q(a) for a in self.import_check)
+        return f"{q(self.python)} -c {q(PACKAGES_SCRIPT.strip())}" + (f" {args}" if args else "")
+
+    def display_command(self) -> str:
+        return f"{self.python} -c '<list distributions, hash compiled files>'" + (
+            " " + " ".join(self.import_check) if self.import_check else "")
+
+
+class Package(BaseModel):
+    name: str
+    version: str
+    editable: str | None = None
+    commit: str | None = None
+    installed_at: int | None = None
+    so_files: dict[str, str] = Field(default_factory=dict)
+    build_hash: str | None = None
+    modules: list[str] = Field(default_factory=list)
+    version_attr: str | None = None
+    module_file: str | None = None
+    import_error: str | None = None
+
+
+class PackageSet(BaseModel):
+    python: str
+    python_version: str
+    packages: list[Package]
+
+    def get(self, name: str) -> Package | None:
+        n = name.lower().replace("_", "-")
+        return next((p for p in self.packages if p.name.lower().replace("_", "-") == n), None)
+
+
+def parse_python_packages(text: str) -> PackageSet:
+    line = next((ln for ln in reversed(text.splitlines()) if ln.startswith("{")), None)
+    if line is None:
+        raise ParseError("no JSON line in the output (is that a Python interpreter?)", tool="python_packages", excerpt=text[-120:])
+    try:
+        return PackageSet.model_validate(json.loads(line))
+    except (ValueError, TypeError) as exc:
+        raise ParseError(f"malformed JSON: {exc}", tool="python_packages", excerpt=line[:120]) from exc
+
+
+def parse_pip_list(text: str) -> dict[str, str]:
+    """Parse ``pip list`` (the two-column table) into {name: version}."""
+    out: dict[str, str] = {}
+    started = False
+    for ln in text.splitlines():
+        if re.match(r"^-{3,}\s+-{3,}", ln):
+            started = True
+            continue
+        if not started:
+            continue
+        parts = ln.split()
+        if len(parts) < 2:
+            if parts:
+                raise ParseError("a row with one column", tool="pip_list", excerpt=ln)
+            continue
+        if parts[0].startswith("$") or parts[0] == "Name:":
+            break
+        out[parts[0]] = parts[1]
+    if not started:
+        raise ParseError("no `Package Version` table", tool="pip_list", excerpt=text[:80])
+    return out
+
+
+# ---------------------------------------------------------------- git
+class GitState(BaseModel):
+    """Input of ``git_state``: HEAD, branch, dirty files, recent commits and the reflog."""
+
+    model_config = ConfigDict(extra="forbid")
+    repo: str
+    max_commits: int = 50
+
+    def command(self) -> str:
+        r = q(self.repo)
+        n = int(self.max_commits)
+        return (
+            f"cd {r} && echo '== head' && git rev-parse HEAD && echo '== branch' && (git symbolic-ref --short -q HEAD || echo '(detached)') "
+            f"&& echo '== status' && git status --porcelain --untracked-files=no && echo '== log' && "
+            f"git log -n {n} --format='%H%x1f%h%x1f%cI%x1f%s' && echo '== reflog' && "
+            f"git reflog -n 20 --date=iso-strict --format='%H%x1f%gd%x1f%gs' && echo '== end'"
+        )
+
+
+class Commit(BaseModel):
+    sha: str
+    short: str
+    date: str
+    subject: str
+
+
+class ReflogEntry(BaseModel):
+    sha: str
+    when: str
+    action: str
+
+
+class GitInfo(BaseModel):
+    repo: str
+    head: str
+    branch: str
+    dirty: list[str]
+    commits: list[Commit]
+    reflog: list[ReflogEntry]
+
+    def previous_head(self) -> str | None:
+        """Where HEAD was before it last moved to a different commit (from the reflog)."""
+        for e in self.reflog[1:]:
+            if e.sha != self.head:
+                return e.sha
+        return None
+
+
+def _sections(text: str, tool: str, required: list[str]) -> dict[str, list[str]]:
+    sections: dict[str, list[str]] = {}
+    cur = None
+    for ln in text.splitlines():
+        if ln.startswith("== "):
+            cur = ln[3:].strip()
+            sections[cur] = []
+        elif cur is not None:
+            sections[cur].append(ln)
+    missing = [r for r in required if r not in sections]
+    if missing:
+        raise ParseError(f"output lacks section(s) {', '.join(missing)}", tool=tool, excerpt=text[:80])
+    return sections
+
+
+def parse_git_state(repo: str, text: str) -> GitInfo:
+    s = _sections(text, "git_state", ["head", "branch", "status", "log", "reflog", "end"])
+    commits = []
+    for ln in s["log"]:
+        parts = ln.split(SEP)
+        if len(parts) != 4:
+            raise ParseError("a log line without 4 fields", tool="git_state", excerpt=ln)
+        commits.append(Commit(sha=parts[0], short=parts[1], date=parts[2], subject=parts[3]))
+    reflog = []
+    for ln in s["reflog"]:
+        parts = ln.split(SEP)
+        if len(parts) != 3:
+            raise ParseError("a reflog line without 3 fields", tool="git_state", excerpt=ln)
+        when = parts[1][parts[1].find("{") + 1: -1] if "{" in parts[1] else parts[1]
+        reflog.append(ReflogEntry(sha=parts[0], when=when, action=parts[2]))
+    head = (s["head"] or [""])[0].strip()
+    if not re.fullmatch(r"[0-9a-f]{7,64}", head):
+        raise ParseError(f"HEAD is not a hash: {head!r}", tool="git_state")
+    return GitInfo(repo=repo, head=head, branch=(s["branch"] or ["?"])[0].strip(),
+                   dirty=[ln[3:] for ln in s["status"] if ln.strip()], commits=commits, reflog=reflog)
+
+
+# ---------------------------------------------------------------- host
+class HostInfo(BaseModel):
+    """Input of ``host_info``: hostname, kernel, cores, load, CPU governors, host profile."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    def command(self) -> str:
+        return (
+            "echo '== hostname'; hostname; echo '== kernel'; uname -r; echo '== cores'; nproc; "
+            "echo '== loadavg'; cat /proc/loadavg; echo '== governor'; "
+            "cat /sys/devices/system/cpu/cpu[0-9]*/cpufreq/scaling_governor 2>/dev/null | sort | uniq -c; "
+            "echo '== profile'; cat /etc/debugagent/host.json 2>/dev/null; echo; echo '== end'"
+        )
+
+
+class HostFacts(BaseModel):
+    hostname: str
+    kernel: str
+    cores: int
+    load1: float
+    governors: dict[str, int]  # governor -> number of CPUs
+    profile: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def governor(self) -> str | None:
+        if not self.governors:
+            return None
+        return max(self.governors.items(), key=lambda kv: kv[1])[0] if len(self.governors) == 1 else ",".join(sorted(self.governors))
+
+
+def parse_host_info(text: str) -> HostFacts:
+    s = _sections(text, "host_info", ["hostname", "kernel", "cores", "loadavg", "governor", "end"])
+    try:
+        cores = int(s["cores"][0].strip())
+        load1 = float(s["loadavg"][0].split()[0])
+    except (IndexError, ValueError) as exc:
+        raise ParseError(f"bad cores or loadavg: {exc}", tool="host_info") from exc
+    govs: dict[str, int] = {}
+    for ln in s["governor"]:
+        parts = ln.split()
+        if len(parts) == 2 and parts[0].isdigit():
+            govs[parts[1]] = int(parts[0])
+    profile: dict[str, Any] = {}
+    raw = "\n".join(s.get("profile", [])).strip()
+    if raw:
+        try:
+            profile = json.loads(raw)
+        except ValueError as exc:
+            raise ParseError(f"/etc/debugagent/host.json is not JSON: {exc}", tool="host_info") from exc
+    return HostFacts(hostname=s["hostname"][0].strip() if s["hostname"] else "", kernel=(s["kernel"] or [""])[0].strip(),
+                     cores=cores, load1=load1, governors=govs, profile=profile)
+
+
+# ---------------------------------------------------------------- benchmark
+class Bench(BaseModel):
+    """Input of ``bench``: run ``cmd`` once (in ``cwd``) and read ``metric`` from its output."""
+
+    model_config = ConfigDict(extra="forbid")
+    cmd: str
+    metric: str
+    cwd: str | None = None
+    regex: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+
+    def command(self) -> str:
+        env = " ".join(f"{k}={q(v)}" for k, v in sorted(self.env.items()))
+        body = (f"env {env} " if env else "") + self.cmd
+        return f"cd {q(self.cwd)} && {body}" if self.cwd else body
+
+
+UNIT_RE = r"(ms|us|µs|s|sec|tok/s|tokens/s|req/s|it/s|%)"
+
+
+def parse_bench(text: str, metric: str, regex: str | None = None) -> tuple[float, str | None]:
+    """Find ``METRIC=VALUE UNIT`` (or the user's regex, group 1 the value) in benchmark output.
+
+    The last match wins (benchmarks print warm-up lines first).
+    """
+    if regex:
+        matches = re.findall(regex, text)
+        if not matches:
+            raise ParseError(f"the regex {regex!r} matched nothing", tool="bench", excerpt=text[-120:])
+        m = matches[-1]
+        return float(m if isinstance(m, str) else m[0]), None
+    pat = re.compile(rf"(?<![A-Za-z0-9_]){re.escape(metric)}\s*[=:]\s*(-?[0-9]+(?:\.[0-9]+)?)\s*{UNIT_RE}?", re.I)
+    matches = pat.findall(text)
+    if not matches:
+        raise ParseError(f"no `{metric}=VALUE UNIT` in the benchmark's output", tool="bench", excerpt=text[-160:])
+    value, unit = matches[-1]
+    return float(value), (unit or None)
+
+
+class Samples(BaseModel):
+    values: list[float]
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.values)
+
+    @property
+    def stdev(self) -> float:
+        return statistics.stdev(self.values) if len(self.values) > 1 else 0.0

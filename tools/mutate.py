@@ -1,0 +1,102 @@
+"""Mutating tools: used only by experiments, each one paired with the step that undoes it.
+
+Every argument reaches the shell through ``shlex.quote``.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import ParseError
+from .transport import q
+
+
+class WorktreeAdd(BaseModel):
+    """``git worktree add --detach PATH COMMIT``: a second checkout; the user's tree is untouched."""
+
+    model_config = ConfigDict(extra="forbid")
+    repo: str
+    path: str
+    commit: str
+
+    def command(self) -> str:
+        return f"git -C {q(self.repo)} worktree add --detach -f {q(self.path)} {q(self.commit)} 2>&1"
+
+
+class WorktreeRemove(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    repo: str
+    path: str
+
+    def command(self) -> str:
+        return (f"git -C {q(self.repo)} worktree remove --force {q(self.path)} 2>&1; "
+                f"git -C {q(self.repo)} worktree prune; rm -rf {q(self.path)}; echo removed")
+
+
+class RestartServer(BaseModel):
+    """Stop the server process ``pid`` and start ``argv`` in ``cwd`` with its environment.
+
+    The environment is read on the host from ``env_file`` (NUL-separated, as
+    ``/proc/PID/environ``; saved there with mode 600 the first time), minus ``unset``,
+    plus ``set``: secrets in it never leave the host. The new process is detached
+    (``setsid nohup``), its output goes to ``log``, and the command prints the new pid.
+    Used both to apply an experiment and to undo it.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    pid: int
+    argv: list[str]
+    cwd: str
+    env_file: str
+    unset: list[str] = Field(default_factory=list)
+    set: dict[str, str] = Field(default_factory=dict)
+    log: str = "/tmp/debugagent-server.log"
+    wait_s: float = 10.0
+
+    def command(self) -> str:
+        pid = int(self.pid)
+        argv = " ".join(q(a) for a in self.argv)
+        drop = " ".join(q(n) for n in self.unset)
+        add = " ".join(q(f"{k}={v}") for k, v in sorted(self.set.items()))
+        return (
+            f"[ -s {q(self.env_file)} ] || (umask 077; cat /proc/{pid}/environ > {q(self.env_file)}) || exit 1; "
+            f"mapfile -d '' E < {q(self.env_file)}; N=(); for kv in \"${{E[@]}}\"; do keep=1; "
+            f"for u in {drop}; do [ \"${{kv%%=*}}\" = \"$u\" ] && keep=0; done; [ $keep = 1 ] && N+=(\"$kv\"); done; "
+            f"N+=({add}); "
+            f"kill {pid} 2>/dev/null; for i in $(seq 1 {int(self.wait_s * 10)}); do kill -0 {pid} 2>/dev/null || break; sleep 0.1; done; "
+            f"kill -0 {pid} 2>/dev/null && kill -9 {pid}; "
+            f"cd {q(self.cwd)} && {{ setsid nohup env -i \"${{N[@]}}\" {argv} > {q(self.log)} 2>&1 < /dev/null & }}; "
+            f"new=$!; sleep 0.3; if kill -0 $new 2>/dev/null; then echo \"started pid=$new\"; "
+            f"else echo 'server exited at start:'; tail -5 {q(self.log)}; exit 1; fi"
+        )
+
+
+class Restarted(BaseModel):
+    pid: int
+
+
+def parse_restart(text: str) -> Restarted:
+    m = re.search(r"started pid=(\d+)", text)
+    if not m:
+        raise ParseError("no `started pid=N` line", tool="restart_server", excerpt=text[-120:])
+    return Restarted(pid=int(m.group(1)))
+
+
+class SetPowerLimit(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    gpu: int
+    watts: float
+
+    def command(self) -> str:
+        return f"nvidia-smi -i {int(self.gpu)} -pl {float(self.watts):.2f}"
+
+
+class SetGovernor(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    governor: str
+
+    def command(self) -> str:
+        return (f"for f in /sys/devices/system/cpu/cpu[0-9]*/cpufreq/scaling_governor; do echo {q(self.governor)} > \"$f\" || exit 1; done; "
+                f"echo governor={q(self.governor)}")

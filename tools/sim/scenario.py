@@ -1,0 +1,330 @@
+"""Scenario files, format version 1: one simulated host in a good and a bad state.
+
+``host`` is the bad state as the agent finds it; the good state is ``host`` with every
+factor at its ``good`` value. Validation is strict: an unknown key, or a factor whose
+path matches nothing, is a ``ScenarioError`` naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from datetime import UTC, datetime
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ..errors import ScenarioError
+
+HYPOTHESIS_IDS = (
+    "code_change", "gpu_clocks", "pcie_link", "gpu_contention", "serving_config",
+    "compiled_dependency", "driver_cuda", "env_var", "host_cpu",
+)
+Scalar = str | int | float | bool | None
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Expect(Strict):
+    root_cause: Literal[HYPOTHESIS_IDS] | None  # type: ignore[valid-type]
+    mentions: str | list[str] | None = None
+    also: list[Literal[HYPOTHESIS_IDS]] = Field(default_factory=list)  # type: ignore[valid-type]
+
+
+class Driver(Strict):
+    version: str
+    cuda: str
+
+
+class Gpu(Strict):
+    name: str = "NVIDIA H200"
+    memory_mib: int = 143771
+    sm_clock: int = 1980
+    sm_clock_max: int = 1980
+    mem_clock: int = 3201
+    power_draw: float = 430
+    power_limit: float = 700
+    power_limit_max: float = 700
+    temperature: int = 51
+    pcie_gen: int = 5
+    pcie_gen_max: int = 5
+    pcie_width: int = 16
+    pcie_width_max: int = 16
+    event_reasons: list[str] = Field(default_factory=list)
+    reset_required: bool = False
+
+
+class PackageSpec(Strict):
+    version: str
+    module: str | None = None
+    build: str | None = None
+    installed_at: datetime | None = None
+    editable: str | None = None
+    has_version_attr: bool = True
+
+
+class CommitSpec(Strict):
+    sha: str
+    subject: str
+    date: datetime | None = None
+
+    @field_validator("sha", mode="before")
+    @classmethod
+    def _label(cls, v: Any) -> Any:
+        return str(v) if isinstance(v, int) else v  # `sha: 3207427` reads as a YAML number
+
+
+class Repo(Strict):
+    path: str
+    commits: list[CommitSpec]
+    moved_at: datetime | None = None
+
+    @field_validator("commits")
+    @classmethod
+    def _nonempty(cls, v: list[CommitSpec]) -> list[CommitSpec]:
+        if not v:
+            raise ValueError("a repo needs at least one commit")
+        labels = [c.sha for c in v]
+        if len(set(labels)) != len(labels):
+            raise ValueError("commit labels (sha) must be unique")
+        return v
+
+
+class Server(Strict):
+    cmd: str
+    args: dict[str, Scalar] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    cwd: str | None = None
+
+
+class GpuProcessSpec(Strict):
+    pid: int
+    name: str
+    used_memory_mib: int
+    gpu: int = 0
+
+
+class Cpu(Strict):
+    governor: str = "performance"
+    cores: int = 64
+
+
+class Host(Strict):
+    hostname: str
+    user: str = "root"
+    driver: Driver
+    gpus: list[Gpu]
+    python: str
+    packages: dict[str, PackageSpec]
+    repo: Repo | None = None
+    server: Server
+    gpu_processes: list[GpuProcessSpec] = Field(default_factory=list)
+    cpu: Cpu = Field(default_factory=Cpu)
+
+
+class BenchSpec(Strict):
+    metric: str
+    unit: str
+    base: float
+    noise_pct: float = 2.0
+    cmd: str = "gpu-bench"
+    seconds: float = 0.15
+
+
+class Factor(Strict):
+    path: str
+    good: Any
+    bad: Any
+    effect: float
+    culprit: str | None = None
+
+    @model_validator(mode="after")
+    def _labels(self) -> Factor:
+        if self.path == "repo.head":
+            for k in ("good", "bad", "culprit"):
+                v = getattr(self, k)
+                if isinstance(v, int) and not isinstance(v, bool):
+                    object.__setattr__(self, k, str(v))
+        return self
+
+
+class Scenario(Strict):
+    version: Literal[1]
+    name: str
+    story: str = ""
+    symptom: str
+    baseline: str
+    expect: Expect
+    host: Host
+    bench: BenchSpec
+    factors: list[Factor] = Field(default_factory=list)
+
+    source: str = Field(default="", exclude=True)
+
+    def state(self, which: Literal["good", "bad"]) -> dict[str, Any]:
+        """The host as a plain dict in the given state, with the repo's HEAD label resolved."""
+        host = self.host.model_dump(mode="json")
+        if host.get("repo"):
+            host["repo"]["head"] = host["repo"]["commits"][-1]["sha"]
+        if which == "bad":
+            return host
+        for f in self.factors:
+            set_path(host, f.path, f.good)
+        return host
+
+
+_PATH_RE = re.compile(
+    r"^(packages\.[^.]+\.(version|build)|repo\.head|server\.args\.[^.]+|server\.env\.[^.]+|"
+    r"gpus\.[0-9]+\.[a-z_]+|gpu_processes|cpu\.governor|driver\.version)$"
+)
+
+
+def get_path(host: dict[str, Any], path: str) -> Any:
+    parts = path.split(".")
+    if parts[0] == "packages":
+        pkg = host["packages"].get(parts[1])
+        return None if pkg is None else pkg.get(parts[2])
+    if parts[0] == "server":
+        return host["server"][parts[1]].get(parts[2])
+    if parts[0] == "gpus":
+        return host["gpus"][int(parts[1])].get(parts[2])
+    if path == "repo.head":
+        return host["repo"]["head"]
+    if path == "gpu_processes":
+        return host["gpu_processes"]
+    if path == "cpu.governor":
+        return host["cpu"]["governor"]
+    if path == "driver.version":
+        return host["driver"]["version"]
+    raise KeyError(path)
+
+
+def set_path(host: dict[str, Any], path: str, value: Any) -> None:
+    parts = path.split(".")
+    if parts[0] == "packages":
+        host["packages"][parts[1]][parts[2]] = value
+    elif parts[0] == "server":
+        target = host["server"][parts[1]]
+        if value is None:
+            target.pop(parts[2], None)
+        else:
+            target[parts[2]] = value
+    elif parts[0] == "gpus":
+        host["gpus"][int(parts[1])][parts[2]] = value
+    elif path == "repo.head":
+        host["repo"]["head"] = value
+    elif path == "gpu_processes":
+        host["gpu_processes"] = copy.deepcopy(value) or []
+    elif path == "cpu.governor":
+        host["cpu"]["governor"] = value
+    elif path == "driver.version":
+        host["driver"]["version"] = value
+
+
+def _check_factors(sc: Scenario, file: str) -> None:
+    host = sc.state("bad")
+    labels = [c.sha for c in sc.host.repo.commits] if sc.host.repo else []
+    for i, f in enumerate(sc.factors):
+        field = f"factors[{i}].path"
+        if not _PATH_RE.match(f.path):
+            raise ScenarioError(
+                f"path `{f.path}` matches nothing", file=file, field=field,
+                fix="use packages.NAME.version|build, repo.head, server.args.FLAG, server.env.VAR, "
+                    "gpus.N.FIELD, gpu_processes, cpu.governor or driver.version")
+        parts = f.path.split(".")
+        if parts[0] == "packages" and parts[1] not in sc.host.packages:
+            raise ScenarioError(f"no package `{parts[1]}` under host.packages", file=file, field=field,
+                                fix=f"one of: {', '.join(sc.host.packages)}")
+        if parts[0] == "gpus":
+            n = int(parts[1])
+            if n >= len(sc.host.gpus):
+                raise ScenarioError(f"GPU {n} does not exist (host has {len(sc.host.gpus)})", file=file, field=field)
+            if parts[2] not in Gpu.model_fields:
+                raise ScenarioError(f"GPU field `{parts[2]}` does not exist", file=file, field=field,
+                                    fix=f"one of: {', '.join(Gpu.model_fields)}")
+        if f.path == "repo.head":
+            if not sc.host.repo:
+                raise ScenarioError("repo.head without a host.repo", file=file, field=field)
+            for which in ("good", "bad", "culprit"):
+                v = getattr(f, which)
+                if v is not None and v not in labels:
+                    raise ScenarioError(f"{which} `{v}` is not a commit label of host.repo", file=file,
+                                        field=f"factors[{i}].{which}", fix=f"one of: {', '.join(labels)}")
+        elif f.culprit is not None:
+            raise ScenarioError("`culprit` only applies to repo.head", file=file, field=f"factors[{i}].culprit")
+        current = get_path(host, f.path)
+        if _norm(current) != _norm(f.bad):
+            raise ScenarioError(
+                f"host has `{current}` at `{f.path}` but the factor's bad value is `{f.bad}`", file=file,
+                field=f"factors[{i}].bad", fix="host is the bad state: make them agree")
+        if _norm(f.good) == _norm(f.bad):
+            raise ScenarioError("good and bad are equal: not a difference", file=file, field=f"factors[{i}]")
+
+
+def _norm(v: Any) -> Any:
+    if isinstance(v, bool) or v is None:
+        return v
+    if isinstance(v, int | float):
+        return float(v)
+    return v
+
+
+def builtin_dir() -> Path:
+    return Path(str(resources.files("tools.sim") / "scenarios"))
+
+
+def builtin_names() -> list[str]:
+    return sorted(p.stem for p in builtin_dir().glob("*.yaml"))
+
+
+def load_scenario(ref: str) -> Scenario:
+    """Load ``NAME`` (built-in) or a path to a ``.yaml`` file; strict validation."""
+    p = Path(ref)
+    if ref.endswith((".yaml", ".yml")) or "/" in ref:
+        if not p.is_file():
+            raise ScenarioError("no such file", file=ref, fix="give a path to a scenario .yaml, or a built-in name (`debugagent sim list`)")
+    else:
+        p = builtin_dir() / f"{ref}.yaml"
+        if not p.is_file():
+            import difflib
+            close = difflib.get_close_matches(ref, builtin_names(), n=1)
+            hint = f"did you mean `{close[0]}`? " if close else ""
+            raise ScenarioError("no built-in scenario of that name", file=ref,
+                                fix=f"{hint}`debugagent sim list` names them all")
+    return parse_scenario(p.read_text(), str(p))
+
+
+def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else ""
+        raise ScenarioError(f"not valid YAML: {getattr(exc, 'problem', exc)}", file=file, field=where) from exc
+    if not isinstance(data, dict):
+        raise ScenarioError("the file must hold a mapping (version: 1, name: …)", file=file)
+    try:
+        sc = Scenario.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown key `{err['loc'][-1]}`"
+        raise ScenarioError(msg, file=file, field=loc, fix="see the scenario format in DESIGN.md / README (version 1)") from exc
+    sc.source = file
+    _check_factors(sc, file)
+    return sc
+
+
+def iso(dt: datetime | None, default: str) -> str:
+    if dt is None:
+        return default
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S+00:00")

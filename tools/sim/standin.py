@@ -1,0 +1,441 @@
+"""Stand-in programs of a simulated host: ``nvidia-smi``, ``hostname``, ``nproc``, the benchmark.
+
+Run as ``python -S -m tools.sim.standin PROGRAM CONTROL_DIR ARGS…`` by the shims a
+sandbox puts on its PATH. Standard library only, so each call starts fast. The control
+folder is outside the sandbox: what the agent can read never holds the factors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+REASON_BITS = {
+    "gpu_idle": 0x1, "applications_clocks_setting": 0x2, "sw_power_cap": 0x4, "hw_slowdown": 0x8,
+    "sync_boost": 0x10, "sw_thermal_slowdown": 0x20, "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80, "display_clock_setting": 0x100,
+}
+
+
+def so_bytes(name: str, version: str, build: str | None) -> bytes:
+    label = build or f"v{version}"
+    seed = hashlib.sha256(f"{name}:{version}:{label}".encode()).digest()
+    return b"\x7fELF\x02\x01\x01\x00" + seed * 64
+
+
+class Ctl:
+    def __init__(self, control: str) -> None:
+        self.dir = Path(control)
+        self.data = json.loads((self.dir / "host.json").read_text())
+        self.host = self.data["host"]
+        self.sandbox = Path(self.data["sandbox"])
+        over = self.dir / "gpu_overrides.json"
+        self.overrides = json.loads(over.read_text()) if over.exists() else {}
+
+    def gpu(self, i: int) -> dict:
+        g = dict(self.host["gpus"][i])
+        g.update(self.overrides.get(str(i), {}))
+        return g
+
+    def save_override(self, i: int, key: str, value: object) -> None:
+        self.overrides.setdefault(str(i), {})[key] = value
+        (self.dir / "gpu_overrides.json").write_text(json.dumps(self.overrides))
+
+    def loaded(self) -> bool:
+        for f in (self.dir / "load").iterdir():
+            try:
+                os.kill(int(f.name), 0)
+                return True
+            except (ProcessLookupError, ValueError):
+                f.unlink(missing_ok=True)
+            except PermissionError:
+                return True
+        return False
+
+    def servers(self) -> list[tuple[int, list[str], dict[str, str]]]:
+        out = []
+        proc = self.sandbox / "proc"
+        for p in sorted(proc.iterdir(), key=lambda x: x.name):
+            if not p.name.isdigit():
+                continue
+            try:
+                argv = (p / "cmdline").read_bytes().split(b"\0")
+                env = (p / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            args = [a.decode(errors="replace") for a in argv if a]
+            if any("launch_server" in a for a in args):
+                envd = dict(e.decode(errors="replace").split("=", 1) for e in env if b"=" in e)
+                out.append((int(p.name), args, envd))
+        return out
+
+    def driver_old(self) -> bool:
+        try:
+            return int(self.host["driver"]["version"].split(".")[0]) < 530
+        except ValueError:
+            return False
+
+
+# ---------------------------------------------------------------- nvidia-smi
+UNITS = {"clocks.sm": "MHz", "clocks.current.sm": "MHz", "clocks.max.sm": "MHz", "clocks.mem": "MHz",
+         "clocks.current.memory": "MHz", "clocks.max.mem": "MHz", "clocks.max.memory": "MHz", "clocks.gr": "MHz",
+         "clocks.current.graphics": "MHz", "power.draw": "W", "power.limit": "W", "enforced.power.limit": "W",
+         "power.max_limit": "W", "power.default_limit": "W", "utilization.gpu": "%", "utilization.memory": "%",
+         "memory.used": "MiB", "memory.total": "MiB", "memory.free": "MiB"}
+CANON = {"clocks.sm": "clocks.current.sm", "clocks.mem": "clocks.current.memory", "clocks.max.mem": "clocks.max.memory",
+         "clocks.gr": "clocks.current.graphics", "gpu_name": "name", "gpu_uuid": "uuid", "gpu_bus_id": "pci.bus_id"}
+
+
+def gpu_view(ctl: Ctl, i: int, loaded: bool) -> dict:
+    g = ctl.gpu(i)
+    servers = ctl.servers()
+    used = int(g["memory_mib"] * 0.88) if servers else 0
+    used += sum(p["used_memory_mib"] for p in ctl.host.get("gpu_processes", []) if p.get("gpu", 0) == i)
+    if loaded:
+        reasons = list(g.get("event_reasons", []))
+        sm, power, temp, gen, util = g["sm_clock"], g["power_draw"], g["temperature"], g["pcie_gen"], 97
+    else:
+        reasons = ["gpu_idle"]
+        sm, power, temp, gen, util = 345, 79.62 + 0.31 * i, max(30, g["temperature"] - 14), 1, 0
+    mask = 0
+    for r in reasons:
+        mask |= REASON_BITS.get(r, 0)
+    return {
+        "index": str(i), "name": g["name"], "uuid": "GPU-" + hashlib.md5(f"{ctl.host['hostname']}{i}".encode()).hexdigest()[:8]
+        + "-bfc3-9e86-112e-e6cf153df3fe", "pci.bus_id": f"00000000:{0x18 + 0x10 * i:02X}:00.0",
+        "driver_version": ctl.host["driver"]["version"], "vbios_version": "96.00.A5.00.1A",
+        "persistence_mode": "Enabled", "compute_mode": "Default", "pstate": "P0",
+        "clocks.current.sm": sm, "clocks.max.sm": g["sm_clock_max"], "clocks.current.memory": g["mem_clock"],
+        "clocks.max.memory": g["mem_clock"], "clocks.current.graphics": sm,
+        "power.draw": f"{power:.2f}", "power.limit": f"{g['power_limit']:.2f}", "enforced.power.limit": f"{g['power_limit']:.2f}",
+        "power.max_limit": f"{g['power_limit_max']:.2f}", "power.default_limit": f"{g['power_limit_max']:.2f}",
+        "temperature.gpu": temp, "temperature.memory": max(30, temp - 3), "utilization.gpu": util,
+        "utilization.memory": util // 3, "memory.used": used, "memory.total": g["memory_mib"],
+        "memory.free": g["memory_mib"] - used,
+        "pcie.link.gen.current": gen, "pcie.link.gen.gpucurrent": gen, "pcie.link.gen.max": g["pcie_gen_max"],
+        "pcie.link.gen.gpumax": g["pcie_gen_max"], "pcie.link.gen.hostmax": "[N/A]",
+        "pcie.link.width.current": g["pcie_width"], "pcie.link.width.max": g["pcie_width_max"],
+        "clocks_event_reasons.active": f"0x{mask:016X}", "clocks_throttle_reasons.active": f"0x{mask:016X}",
+        "ecc.mode.current": "Enabled", "mig.mode.current": "Disabled", "compute_cap": "9.0",
+        "reset_status.reset_required": "Yes" if g.get("reset_required") else "No",
+        "timestamp": datetime.now(UTC).strftime("%Y/%m/%d %H:%M:%S.%f")[:-3],
+        "_reasons": reasons, "_raw": g,
+    }
+
+
+def nvsmi(ctl: Ctl, args: list[str]) -> int:
+    fmt = ""
+    query = None
+    apps = None
+    index = None
+    i = 0
+    pl = None
+    while i < len(args):
+        a = args[i]
+        if a.startswith("--query-gpu="):
+            query = a.split("=", 1)[1].split(",")
+        elif a.startswith("--query-compute-apps="):
+            apps = a.split("=", 1)[1].split(",")
+        elif a.startswith("--format="):
+            fmt = a.split("=", 1)[1]
+        elif a in ("-i", "--id"):
+            index = int(args[i + 1])
+            i += 1
+        elif a.startswith("--id="):
+            index = int(a.split("=", 1)[1])
+        elif a in ("-pl", "--power-limit"):
+            pl = float(args[i + 1])
+            i += 1
+        elif a in ("-q", "--query"):
+            query = query or ["-q"]
+        elif a in ("-d", "--display"):
+            i += 1
+        elif a in ("-lms", "-l", "--loop-ms", "--loop"):
+            i += 1
+        i += 1
+    n = len(ctl.host["gpus"])
+    indices = [index] if index is not None else list(range(n))
+    if index is not None and index >= n:
+        print(f"No devices were found matching the index {index}", file=sys.stderr)
+        return 6
+    if pl is not None:
+        for idx in indices:
+            g = ctl.gpu(idx)
+            if pl > g["power_limit_max"] or pl < 200:
+                print(f"Provided power limit {pl:.2f} W is not a valid power limit which should be between "
+                      f"200.00 W and {g['power_limit_max']:.2f} W for GPU 00000000:{0x18 + 0x10 * idx:02X}:00.0", file=sys.stderr)
+                return 2
+            old = g["power_limit"]
+            ctl.save_override(idx, "power_limit", pl)
+            print(f"Power limit for GPU 00000000:{0x18 + 0x10 * idx:02X}:00.0 was set to {pl:.2f} W from {old:.2f} W.")
+        print("All done.")
+        return 0
+    loaded = ctl.loaded()
+    if apps is not None:
+        rows = []
+        for idx in indices:
+            v = gpu_view(ctl, idx, loaded)
+            for pid, argv, _env in ctl.servers():
+                rows.append({"gpu_uuid": v["uuid"], "pid": pid, "process_name": argv[0].replace(str(ctl.sandbox), ""),
+                             "used_memory": int(v["_raw"]["memory_mib"] * 0.88), "gpu_bus_id": v["pci.bus_id"]})
+            for p in ctl.host.get("gpu_processes", []):
+                if p.get("gpu", 0) == idx:
+                    rows.append({"gpu_uuid": v["uuid"], "pid": p["pid"], "process_name": p["name"],
+                                 "used_memory": p["used_memory_mib"], "gpu_bus_id": v["pci.bus_id"]})
+        nounits = "nounits" in fmt
+        if "noheader" not in fmt:
+            print(", ".join(f + (" [MiB]" if f == "used_memory" and not nounits else "") for f in apps))
+        for r in rows:
+            vals = []
+            for f in apps:
+                if f not in r:
+                    print(f'Field "{f}" is not a valid field to query.', file=sys.stderr)
+                    return 2
+                val = r[f]
+                vals.append(f"{val} MiB" if f == "used_memory" and not nounits else str(val))
+            print(", ".join(vals))
+        return 0
+    if query == ["-q"]:
+        print(q_text(ctl, indices, loaded))
+        return 0
+    if query:
+        views = [gpu_view(ctl, idx, loaded) for idx in indices]
+        names = []
+        for f in query:
+            c = CANON.get(f, f)
+            if c not in views[0] or c.startswith("_"):
+                print(f'Field "{f}" is not a valid field to query.', file=sys.stderr)
+                print("\nPlease run 'nvidia-smi --help-query-gpu' for more information.", file=sys.stderr)
+                return 2
+            names.append(c)
+        nounits = "nounits" in fmt
+        if "noheader" not in fmt:
+            hdr = []
+            for c in names:
+                shown = c
+                if c in ("clocks_throttle_reasons.active", "clocks_event_reasons.active"):
+                    shown = "clocks_throttle_reasons.active" if ctl.driver_old() else "clocks_event_reasons.active"
+                hdr.append(shown + (f" [{UNITS[c]}]" if c in UNITS else ""))
+            print(", ".join(hdr))
+        for v in views:
+            vals = []
+            for c in names:
+                val = v[c]
+                vals.append(f"{val} {UNITS[c]}" if c in UNITS and not nounits else str(val))
+            print(", ".join(vals))
+        return 0
+    print(table(ctl, loaded))
+    return 0
+
+
+def _line(indent: int, key: str, value: object | None = None) -> str:
+    head = " " * indent + key
+    return head if value is None else head.ljust(55) + f": {value}"
+
+
+def q_text(ctl: Ctl, indices: list[int], loaded: bool) -> str:
+    old = ctl.driver_old()
+    d = ctl.host["driver"]
+    out = ["", "==============NVSMI LOG==============", "",
+           _line(0, "Timestamp", datetime.now(UTC).strftime("%a %b %d %H:%M:%S %Y")),
+           _line(0, "Driver Version", d["version"]), _line(0, "CUDA Version", d["cuda"]), "",
+           _line(0, "Attached GPUs", len(ctl.host["gpus"]))]
+    for idx in indices:
+        v = gpu_view(ctl, idx, loaded)
+        g = v["_raw"]
+        act = lambda r: "Active" if r in v["_reasons"] else "Not Active"  # noqa: E731
+        out += [f"GPU {v['pci.bus_id']}", _line(4, "Product Name", v["name"]), _line(4, "Product Brand", "NVIDIA"),
+                _line(4, "Product Architecture", "Hopper"), _line(4, "Persistence Mode", "Enabled"),
+                _line(4, "GPU UUID", v["uuid"]), _line(4, "Minor Number", idx), _line(4, "VBIOS Version", v["vbios_version"]),
+                _line(4, "GPU Reset Status"), _line(8, "Reset Required", "Yes" if g.get("reset_required") else "No"),
+                _line(8, "Drain and Reset Recommended", "No"),
+                _line(4, "PCI"), _line(8, "Bus Id", v["pci.bus_id"]), _line(8, "GPU Link Info"),
+                _line(12, "PCIe Generation"), _line(16, "Max", g["pcie_gen_max"]), _line(16, "Current", v["pcie.link.gen.current"]),
+                _line(16, "Device Current", v["pcie.link.gen.current"]), _line(16, "Device Max", g["pcie_gen_max"]),
+                _line(16, "Host Max", "N/A"), _line(12, "Link Width"), _line(16, "Max", f"{g['pcie_width_max']}x"),
+                _line(16, "Current", f"{g['pcie_width']}x"), _line(8, "Replays Since Reset", 0),
+                _line(4, "Fan Speed", "N/A"), _line(4, "Performance State", "P0"),
+                _line(4, "Clocks Throttle Reasons" if old else "Clocks Event Reasons"),
+                _line(8, "Idle", act("gpu_idle")), _line(8, "Applications Clocks Setting", act("applications_clocks_setting")),
+                _line(8, "SW Power Cap", act("sw_power_cap")), _line(8, "HW Slowdown", act("hw_slowdown")),
+                _line(12, "HW Thermal Slowdown", act("hw_thermal_slowdown")),
+                _line(12, "HW Power Brake Slowdown", act("hw_power_brake_slowdown")),
+                _line(8, "Sync Boost", act("sync_boost")), _line(8, "SW Thermal Slowdown", act("sw_thermal_slowdown")),
+                _line(8, "Display Clock Setting", act("display_clock_setting")),
+                _line(4, "FB Memory Usage"), _line(8, "Total", f"{g['memory_mib']} MiB"), _line(8, "Reserved", "616 MiB"),
+                _line(8, "Used", f"{v['memory.used']} MiB"), _line(8, "Free", f"{v['memory.free']} MiB"),
+                _line(4, "Compute Mode", "Default"), _line(4, "Utilization"), _line(8, "GPU", f"{v['utilization.gpu']} %"),
+                _line(8, "Memory", f"{v['utilization.memory']} %"),
+                _line(4, "ECC Mode"), _line(8, "Current", "Enabled"), _line(8, "Pending", "Enabled"),
+                _line(4, "ECC Errors"), _line(8, "Volatile"), _line(12, "SRAM Correctable", 0),
+                _line(12, "SRAM Uncorrectable Parity", 0), _line(12, "DRAM Correctable", 0), _line(12, "DRAM Uncorrectable", 0),
+                _line(4, "Temperature"), _line(8, "GPU Current Temp", f"{v['temperature.gpu']} C"),
+                _line(4, "Power Readings" if old else "GPU Power Readings"),
+                _line(8, "Average Power Draw", f"{v['power.draw']} W"), _line(8, "Instantaneous Power Draw", f"{v['power.draw']} W"),
+                _line(8, "Power Limit" if old else "Current Power Limit", f"{g['power_limit']:.2f} W"),
+                _line(8, "Default Power Limit", f"{g['power_limit_max']:.2f} W"),
+                _line(8, "Min Power Limit", "200.00 W"), _line(8, "Max Power Limit", f"{g['power_limit_max']:.2f} W"),
+                _line(4, "Clocks"), _line(8, "Graphics", f"{v['clocks.current.sm']} MHz"), _line(8, "SM", f"{v['clocks.current.sm']} MHz"),
+                _line(8, "Memory", f"{g['mem_clock']} MHz"), _line(4, "Max Clocks"), _line(8, "Graphics", f"{g['sm_clock_max']} MHz"),
+                _line(8, "SM", f"{g['sm_clock_max']} MHz"), _line(8, "Memory", f"{g['mem_clock']} MHz"),
+                _line(4, "Processes", "None" if not ctl.servers() else "")]
+    return "\n".join(out) + "\n"
+
+
+def table(ctl: Ctl, loaded: bool) -> str:
+    d = ctl.host["driver"]
+    lines = [datetime.now(UTC).strftime("%a %b %d %H:%M:%S %Y       "), "+" + "-" * 89 + "+",
+             f"| NVIDIA-SMI {d['version']:<22} Driver Version: {d['version']:<14} CUDA Version: {d['cuda']:<9}|",
+             "+" + "-" * 41 + "+" + "-" * 24 + "+" + "-" * 22 + "+"]
+    for i in range(len(ctl.host["gpus"])):
+        v = gpu_view(ctl, i, loaded)
+        lines.append(f"| {i:>3}  {v['name']:<26}          On  |   {v['pci.bus_id']} Off |                    0 |")
+        lines.append(f"| N/A   {v['temperature.gpu']}C    P0  {float(v['power.draw']):>15.0f}W / {float(v['power.limit']):>4.0f}W |"
+                     f" {v['memory.used']:>8}MiB / {v['memory.total']}MiB | {v['utilization.gpu']:>8}%      Default |")
+    lines.append("+" + "-" * 41 + "+" + "-" * 24 + "+" + "-" * 22 + "+")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- benchmark
+def current(ctl: Ctl, path: str, cwd: str) -> object:
+    parts = path.split(".")
+    h = ctl.host
+    if parts[0] == "packages":
+        name = parts[1]
+        site = next((ctl.sandbox / h["python"].lstrip("/")).parent.parent.glob("lib/python*/site-packages"))
+        norm = re.sub(r"[-_.]+", "_", name)
+        info = next(site.glob(f"{norm}-*.dist-info"), None)
+        if info is None:
+            return None
+        version = re.search(r"^Version: (.+)$", (info / "METADATA").read_text(), re.M).group(1).strip()
+        if parts[2] == "version":
+            return version
+        module = (info / "top_level.txt").read_text().split()[0]
+        so = site / module / "_C.abi3.so"
+        if not so.exists():
+            return None
+        data = so.read_bytes()
+        for f in ctl.data["factors"]:
+            if f["path"] == path:
+                for label in (f["good"], f["bad"]):
+                    if so_bytes(name, version, label) == data:
+                        return label
+        return "other"
+    if parts[0] == "server":
+        servers = ctl.servers()
+        if not servers:
+            return KeyError
+        _pid, argv, env = servers[0]
+        if parts[1] == "env":
+            return env.get(parts[2])
+        flags: dict[str, object] = {}
+        i = 0
+        while i < len(argv):
+            a = argv[i]
+            if a.startswith("--"):
+                k, eq, v = a[2:].partition("=")
+                if eq:
+                    flags[k] = v
+                elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                    flags[k] = argv[i + 1]
+                    i += 1
+                else:
+                    flags[k] = True
+            i += 1
+        return flags.get(parts[2])
+    if path == "repo.head":
+        repo = str(ctl.sandbox / h["repo"]["path"].lstrip("/"))
+        where = repo
+        r = subprocess.run(["git", "-C", cwd, "rev-parse", "--git-common-dir"], capture_output=True, text=True)
+        if r.returncode == 0:
+            common = os.path.realpath(os.path.join(cwd, r.stdout.strip()))
+            if common == os.path.realpath(os.path.join(repo, ".git")):
+                where = cwd
+        sha = subprocess.run(["git", "-C", where, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+        return sha
+    if parts[0] == "gpus":
+        return ctl.gpu(int(parts[1])).get(parts[2])
+    if path == "gpu_processes":
+        return h.get("gpu_processes", [])
+    if path == "cpu.governor":
+        return (ctl.sandbox / "sys/devices/system/cpu/cpu0/cpufreq/scaling_governor").read_text().strip()
+    if path == "driver.version":
+        return h["driver"]["version"]
+    return None
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool) or a is None or b is None:
+        return a == b
+    try:
+        return float(a) == float(b)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return a == b
+
+
+def bench(ctl: Ctl, args: list[str]) -> int:
+    spec = ctl.data["bench"]
+    marker = ctl.dir / "load" / str(os.getpid())
+    marker.write_text("")
+    try:
+        cwd = os.getcwd()
+        value = spec["base"]
+        labels = ctl.data["labels"]
+        order = ctl.data["commit_order"]
+        for f in ctl.data["factors"]:
+            cur = current(ctl, f["path"], cwd)
+            if cur is KeyError:
+                print("error: cannot connect to the server at 127.0.0.1:30000 (connection refused); is it running?", file=sys.stderr)
+                return 1
+            if f["path"] == "repo.head":
+                if cur not in order:
+                    continue
+                if f.get("culprit"):
+                    active = order.index(cur) >= order.index(labels[f["culprit"]])
+                else:
+                    active = cur == labels.get(f["bad"])
+            else:
+                active = _same(cur, f["bad"])
+            if active:
+                value += f["effect"]
+        counter = ctl.dir / "counter"
+        n = int(counter.read_text() or 0) + 1
+        counter.write_text(str(n))
+        rng = random.Random(f"{ctl.data['name']}:{n}")
+        value = value * (1 + rng.gauss(0, spec["noise_pct"] / 100.0))
+        time.sleep(spec.get("seconds", 0.15))
+        unit = spec["unit"]
+        print(f"[bench] warmup 3 iters, measure 10 iters, host {ctl.host['hostname']}")
+        print(f"{spec['metric']}={value:.3f} {unit}")
+        return 0
+    finally:
+        marker.unlink(missing_ok=True)
+
+
+def main(argv: list[str]) -> int:
+    prog, control, args = argv[0], argv[1], argv[2:]
+    ctl = Ctl(control)
+    if prog == "nvidia-smi":
+        return nvsmi(ctl, args)
+    if prog == "hostname":
+        print(ctl.host["hostname"])
+        return 0
+    if prog == "nproc":
+        print(ctl.host["cpu"]["cores"])
+        return 0
+    if prog == "bench":
+        return bench(ctl, args)
+    print(f"unknown stand-in {prog}", file=sys.stderr)
+    return 127
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,255 @@
+"""A host's fingerprint (``debugagent snapshot``) and the difference of two (``debugagent diff``).
+
+Difference paths use the vocabulary of scenario factors (``packages.NAME.build``,
+``repo.head``, ``server.args.FLAG``, ``server.env.VAR``, ``gpus.N.FIELD``,
+``gpu_processes``, ``cpu.governor``, ``driver.version``), and each is filed under the
+hypothesis id it bears on.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from .errors import UsageError
+from .host import GitInfo, HostFacts, PackageSet, ServerInfo
+from .registry import Runner
+
+SNAPSHOT_VERSION = 1
+
+
+class GpuFacts(BaseModel):
+    index: int
+    name: str = ""
+    sm_clock: int | None = None
+    sm_clock_max: int | None = None
+    mem_clock: int | None = None
+    power_draw: float | None = None
+    power_limit: float | None = None
+    power_limit_max: float | None = None
+    temperature: int | None = None
+    pcie_gen: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width: int | None = None
+    pcie_width_max: int | None = None
+    event_reasons: list[str] = Field(default_factory=list)
+    reset_required: bool | None = None
+    under_load: bool = False
+
+
+class Snapshot(BaseModel):
+    snapshot_version: int = SNAPSHOT_VERSION
+    host: str
+    hostname: str = ""
+    taken_at: str = ""
+    commands: int = 0
+    driver: dict[str, str] = Field(default_factory=dict)
+    gpus: list[GpuFacts] = Field(default_factory=list)
+    gpu_processes: list[dict[str, Any]] = Field(default_factory=list)
+    server: ServerInfo | None = None
+    python: str | None = None
+    packages: PackageSet | None = None
+    repo: GitInfo | None = None
+    cpu: dict[str, Any] = Field(default_factory=dict)
+    host_facts: HostFacts | None = None
+    bench: dict[str, Any] = Field(default_factory=dict)
+    errors: list[str] = Field(default_factory=list)
+
+    @classmethod
+    def load(cls, path: str) -> Snapshot:
+        p = Path(path)
+        if not p.is_file():
+            raise UsageError(f"snapshot `{path}`: no such file", fix="make one with `debugagent snapshot --host H -o FILE`")
+        try:
+            return cls.model_validate_json(p.read_text())
+        except ValueError as exc:
+            first = str(exc).splitlines()[0]
+            raise UsageError(f"snapshot `{path}` is not a debugagent snapshot: {first}",
+                             fix="make one with `debugagent snapshot --host H -o FILE`") from exc
+
+
+def collect(runner: Runner, *, bench: str | None = None, python: str | None = None, repo: str | None = None,
+            server_pattern: str | None = None, sample_seconds: float = 1.5) -> Snapshot:
+    """Gather the fingerprint in three concurrent waves; record what failed instead of raising."""
+    errors: list[str] = []
+    wave1 = runner.call_many([
+        ("host_info", None, "hostname, kernel, cores, load, CPU governor, host profile"),
+        ("gpu_query", None, "GPU clocks, power, PCIe, reasons (idle reading)"),
+        ("gpu_q", None, "driver and CUDA versions, clock reasons, reset state"),
+        ("gpu_processes", None, "processes holding GPU memory"),
+        ("find_servers", {"pattern": server_pattern} if server_pattern else None, "the inference server process"),
+    ])
+    host_o, gq_o, q_o, gp_o, fs_o = wave1
+    for o in wave1:
+        if not o.ok:
+            errors.append(o.error or "")
+    facts = host_o.output if host_o.ok else None
+    profile = facts.profile if facts else {}
+    bench = bench or profile.get("bench")
+    server = None
+    if fs_o.ok and fs_o.output.processes:
+        sd = runner.call("server_details", {"pid": fs_o.output.processes[0].pid}, why="its command line, environment, cwd")
+        server = sd.output if sd.ok else None
+        if not sd.ok:
+            errors.append(sd.error or "")
+    python = python or (server.python if server else None) or profile.get("python")
+    repo = repo or profile.get("repo") or (server.cwd if server else None)
+    wave3: list[tuple[str, Any, str]] = []
+    if python:
+        wave3.append(("python_packages", {"python": python}, "versions and compiled-file hashes"))
+    if repo:
+        wave3.append(("git_state", {"repo": repo}, "HEAD, dirty files, reflog"))
+    if bench:
+        wave3.append(("gpu_sample_under_load", {"load": bench, "cwd": repo, "seconds": sample_seconds},
+                      "clocks and PCIe read while the benchmark runs"))
+    outs = {o.tool: o for o in runner.call_many(wave3)}
+    pk = outs.get("python_packages")
+    packages = pk.output if pk and pk.ok else None
+    gi = outs.get("git_state")
+    git = gi.output if gi and gi.ok else None
+    if gi and not gi.ok and packages:
+        editable = next((p.editable for p in packages.packages if p.editable and p.commit), None)
+        if editable:
+            gi = runner.call("git_state", {"repo": editable}, why="the editable package's checkout")
+            git = gi.output if gi.ok else None
+    for o in outs.values():
+        if not o.ok:
+            errors.append(o.error or "")
+    load = outs.get("gpu_sample_under_load")
+    loaded = load.output.per_gpu() if load and load.ok else {}
+    details = {d.bus_id: d for d in q_o.output.gpus} if q_o.ok else {}
+    gpus = []
+    for g in (gq_o.output.gpus if gq_o.ok else []):
+        lg = loaded.get(g.index)
+        src = lg or g
+        d = details.get(g.bus_id)
+        gpus.append(GpuFacts(
+            index=g.index, name=g.name, sm_clock=src.sm_clock, sm_clock_max=g.sm_clock_max, mem_clock=src.mem_clock,
+            power_draw=src.power_draw, power_limit=g.power_limit, power_limit_max=g.power_limit_max,
+            temperature=src.temperature, pcie_gen=src.pcie_gen, pcie_gen_max=g.pcie_gen_max, pcie_width=src.pcie_width,
+            pcie_width_max=g.pcie_width_max, event_reasons=[r for r in src.event_reasons if r != "gpu_idle"],
+            reset_required=d.reset_required if d else None, under_load=lg is not None and "gpu_idle" not in lg.event_reasons,
+        ))
+    server_pids = {server.pid} if server else set()
+    procs = [p.model_dump() for p in (gp_o.output.processes if gp_o.ok else []) if p.pid not in server_pids]
+    return Snapshot(
+        host=runner.transport.host, hostname=facts.hostname if facts else "",
+        taken_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), commands=runner.count,
+        driver={"version": q_o.output.driver_version, "cuda": q_o.output.cuda_version} if q_o.ok else {},
+        gpus=gpus, gpu_processes=procs, server=server, python=python, packages=packages, repo=git,
+        cpu={"governor": facts.governor, "cores": facts.cores, "kernel": facts.kernel} if facts else {},
+        host_facts=facts, bench={"cmd": bench} if bench else {}, errors=[e for e in errors if e],
+    )
+
+
+# ---------------------------------------------------------------- diff
+class Change(BaseModel):
+    path: str
+    hypothesis: str
+    a: Any = None
+    b: Any = None
+    note: str = ""
+
+
+GPU_TOLERANCE = {"sm_clock": 0.03, "power_draw": 0.10, "mem_clock": 0.03}
+GPU_EXACT = ("name", "sm_clock_max", "power_limit", "power_limit_max", "pcie_gen", "pcie_gen_max", "pcie_width",
+             "pcie_width_max", "event_reasons", "reset_required")
+
+
+def hypothesis_of(path: str, editable_names: set[str] = frozenset()) -> str:  # type: ignore[assignment]
+    head = path.split(".")[0]
+    if head == "packages":
+        return "code_change" if path.split(".")[1] in editable_names else "compiled_dependency"
+    if head == "repo":
+        return "code_change"
+    if path.startswith("server.args"):
+        return "serving_config"
+    if path.startswith("server.env"):
+        return "env_var"
+    if head == "gpus":
+        return "pcie_link" if ".pcie_" in path else "gpu_clocks"
+    return {"gpu_processes": "gpu_contention", "cpu": "host_cpu", "driver": "driver_cuda"}.get(head, "other")
+
+
+def diff(a: Snapshot, b: Snapshot) -> list[Change]:
+    out: list[Change] = []
+
+    def add(path: str, va: Any, vb: Any, note: str = "", editable: set[str] | None = None) -> None:
+        out.append(Change(path=path, hypothesis=hypothesis_of(path, editable or set()), a=va, b=vb, note=note))
+
+    # packages
+    pa = {p.name: p for p in (a.packages.packages if a.packages else [])}
+    pb = {p.name: p for p in (b.packages.packages if b.packages else [])}
+    editable = {n for n, p in {**pa, **pb}.items() if p.editable}
+    for name in sorted(set(pa) | set(pb)):
+        x, y = pa.get(name), pb.get(name)
+        if x is None or y is None:
+            add(f"packages.{name}.version", x.version if x else None, y.version if y else None,
+                "installed" if x is None else "removed", editable)
+        elif x.version != y.version:
+            add(f"packages.{name}.version", x.version, y.version, "", editable)
+        elif x.build_hash != y.build_hash and not x.editable:
+            add(f"packages.{name}.build", x.build_hash, y.build_hash,
+                f"same version {x.version}, different build (compiled files differ)", editable)
+    # repo
+    if a.repo and b.repo and a.repo.head != b.repo.head:
+        subj = {c.sha: c.subject for c in (a.repo.commits + b.repo.commits)}
+        add("repo.head", a.repo.head[:12], b.repo.head[:12], f"{subj.get(a.repo.head, '?')} -> {subj.get(b.repo.head, '?')}")
+    if a.repo and b.repo and sorted(a.repo.dirty) != sorted(b.repo.dirty):
+        add("repo.dirty", a.repo.dirty, b.repo.dirty)
+    # server
+    fa = a.server.flags if a.server else {}
+    fb = b.server.flags if b.server else {}
+    for k in sorted(set(fa) | set(fb)):
+        if fa.get(k) != fb.get(k):
+            add(f"server.args.{k}", fa.get(k), fb.get(k))
+    ea = a.server.env if a.server else {}
+    eb = b.server.env if b.server else {}
+    for k in sorted(set(ea) | set(eb)):
+        if ea.get(k) != eb.get(k):
+            add(f"server.env.{k}", ea.get(k), eb.get(k))
+    # gpus
+    ga = {g.index: g for g in a.gpus}
+    gb = {g.index: g for g in b.gpus}
+    for i in sorted(set(ga) & set(gb)):
+        x, y = ga[i], gb[i]
+        for f in GPU_EXACT:
+            vx, vy = getattr(x, f), getattr(y, f)
+            if vx != vy:
+                add(f"gpus.{i}.{f}", vx, vy)
+        both_loaded = x.under_load and y.under_load
+        for f, tol in GPU_TOLERANCE.items():
+            vx, vy = getattr(x, f), getattr(y, f)
+            if both_loaded and vx is not None and vy is not None and abs(vx - vy) > tol * max(abs(vx), abs(vy), 1):
+                add(f"gpus.{i}.{f}", vx, vy, "under load")
+        if both_loaded and x.temperature is not None and y.temperature is not None and abs(x.temperature - y.temperature) > 8:
+            add(f"gpus.{i}.temperature", x.temperature, y.temperature, "under load")
+    for i in sorted(set(ga) ^ set(gb)):
+        add(f"gpus.{i}.name", ga[i].name if i in ga else None, gb[i].name if i in gb else None, "GPU count changed")
+    # others
+    def procs(s: Snapshot) -> list[tuple[str, Any]]:
+        return sorted((p["process_name"], p.get("used_memory_mib")) for p in s.gpu_processes)
+    if procs(a) != procs(b):
+        add("gpu_processes", [p["process_name"] for p in a.gpu_processes], [p["process_name"] for p in b.gpu_processes])
+    if a.cpu.get("governor") != b.cpu.get("governor"):
+        add("cpu.governor", a.cpu.get("governor"), b.cpu.get("governor"))
+    if a.driver.get("version") != b.driver.get("version"):
+        add("driver.version", a.driver.get("version"), b.driver.get("version"))
+    if a.driver.get("cuda") != b.driver.get("cuda"):
+        add("driver.cuda", a.driver.get("cuda"), b.driver.get("cuda"))
+    return out
+
+
+def group(changes: list[Change]) -> dict[str, list[Change]]:
+    out: dict[str, list[Change]] = {}
+    for c in changes:
+        out.setdefault(c.hypothesis, []).append(c)
+    return out
+
+
+def dump(snap: Snapshot) -> str:
+    return json.dumps(snap.model_dump(mode="json"), indent=1, sort_keys=False)

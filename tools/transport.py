@@ -1,0 +1,222 @@
+"""One transport protocol: run a shell command on a host, get a ``CommandResult`` value.
+
+A non-zero exit status is data, never an exception: the tool that sent the command
+decides what it means. Transports: ``LocalTransport`` (this machine), ``SimTransport``
+(``tools.sim``), ``SSHTransport`` (``tools.ssh``), ``ReplayTransport`` and
+``RecordingTransport`` (``tools.replay``), and ``FakeTransport`` driven by a function.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict
+
+DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_MAX_OUTPUT = 4 * 1024 * 1024
+TIMEOUT_EXIT = 124
+
+
+class CommandResult(BaseModel):
+    """What one command did on one host: plain, frozen data."""
+
+    model_config = ConfigDict(frozen=True)
+
+    command: str
+    host: str
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int = 0
+    duration_ms: float = 0.0
+    truncated: bool = False
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    def tail(self, n: int = 5) -> str:
+        text = (self.stdout + ("\n" + self.stderr if self.stderr else "")).strip()
+        return "\n".join(text.splitlines()[-n:])
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """Runs shell commands on one host."""
+
+    host: str
+
+    def run(self, command: str, *, timeout: float = DEFAULT_TIMEOUT_S, max_output: int = DEFAULT_MAX_OUTPUT) -> CommandResult: ...
+
+    def close(self) -> None: ...
+
+    def display(self, command: str) -> str:
+        """The line a person could paste to run ``command`` by hand."""
+        ...
+
+
+class BaseTransport:
+    """Shared behaviour: context manager, concurrent ``run_many``, display line."""
+
+    host: str = "?"
+    max_parallel: int = 8
+
+    def run(self, command: str, *, timeout: float = DEFAULT_TIMEOUT_S, max_output: int = DEFAULT_MAX_OUTPUT) -> CommandResult:
+        raise NotImplementedError
+
+    def run_many(self, commands: Iterable[str], *, timeout: float = DEFAULT_TIMEOUT_S) -> list[CommandResult]:
+        """Run independent commands concurrently; results come back in the given order."""
+        cmds = list(commands)
+        if len(cmds) <= 1:
+            return [self.run(c, timeout=timeout) for c in cmds]
+        with ThreadPoolExecutor(max_workers=min(self.max_parallel, len(cmds))) as pool:
+            return list(pool.map(lambda c: self.run(c, timeout=timeout), cmds))
+
+    def display(self, command: str) -> str:
+        return command
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def decode(data: bytes) -> str:
+    """Bytes to text; bytes that are not UTF-8 become U+FFFD, never an exception."""
+    return data.decode("utf-8", errors="replace")
+
+
+def run_subprocess(
+    argv: list[str],
+    *,
+    host: str,
+    command: str,
+    timeout: float,
+    max_output: int,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+) -> CommandResult:
+    """Run ``argv`` in its own process group; on timeout kill the whole group."""
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+    )
+    out: list[bytes] = []
+    err: list[bytes] = []
+    sizes = [0, 0]
+    truncated = [False]
+
+    def pump(stream, sink: list[bytes], idx: int) -> None:
+        while True:
+            chunk = stream.read(65536)
+            if not chunk:
+                break
+            if sizes[idx] < max_output:
+                keep = chunk[: max_output - sizes[idx]]
+                sink.append(keep)
+                sizes[idx] += len(keep)
+                if len(keep) < len(chunk):
+                    truncated[0] = True
+            else:
+                truncated[0] = True
+
+    threads = [
+        threading.Thread(target=pump, args=(proc.stdout, out, 0), daemon=True),
+        threading.Thread(target=pump, args=(proc.stderr, err, 1), daemon=True),
+    ]
+    for t in threads:
+        t.start()
+    timed_out = False
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    for t in threads:
+        t.join(timeout=5)
+    code = TIMEOUT_EXIT if timed_out else proc.returncode
+    stderr = decode(b"".join(err))
+    if timed_out:
+        stderr += f"\n[debugagent: command cut at its timeout of {timeout:g} s]"
+    return CommandResult(
+        command=command,
+        host=host,
+        stdout=decode(b"".join(out)),
+        stderr=stderr,
+        exit_code=code,
+        duration_ms=round((time.monotonic() - start) * 1000, 3),
+        truncated=truncated[0],
+        timed_out=timed_out,
+    )
+
+
+class LocalTransport(BaseTransport):
+    """Runs commands on this machine with ``bash -c`` (``--host local``)."""
+
+    def __init__(self) -> None:
+        self.host = "local"
+
+    def run(self, command: str, *, timeout: float = DEFAULT_TIMEOUT_S, max_output: int = DEFAULT_MAX_OUTPUT) -> CommandResult:
+        return run_subprocess(["bash", "-c", command], host=self.host, command=command, timeout=timeout, max_output=max_output)
+
+    def display(self, command: str) -> str:
+        return command
+
+
+Handler = Callable[[str], "CommandResult | tuple[str, str, int] | str"]
+
+
+class FakeTransport(BaseTransport):
+    """A transport driven by a plain function, for tests and playbook authors.
+
+    The handler gets the command and returns a ``CommandResult``, a ``(stdout, stderr,
+    exit_code)`` tuple or a string (stdout, exit 0). Raising ``KeyError`` means "no
+    answer for this command": the fake then refuses it, it never runs anything.
+    """
+
+    def __init__(self, handler: Handler, host: str = "fake") -> None:
+        self.handler = handler
+        self.host = host
+        self.calls: list[str] = []
+        self._lock = threading.Lock()
+
+    def run(self, command: str, *, timeout: float = DEFAULT_TIMEOUT_S, max_output: int = DEFAULT_MAX_OUTPUT) -> CommandResult:
+        with self._lock:
+            self.calls.append(command)
+        try:
+            answer = self.handler(command)
+        except KeyError:
+            return CommandResult(command=command, host=self.host, stderr=f"fake host: no answer for {command!r}", exit_code=127)
+        if isinstance(answer, CommandResult):
+            return answer
+        if isinstance(answer, str):
+            return CommandResult(command=command, host=self.host, stdout=answer)
+        stdout, stderr, code = answer
+        return CommandResult(command=command, host=self.host, stdout=stdout, stderr=stderr, exit_code=code)
+
+
+def q(arg: object) -> str:
+    """Quote one argument for the shell. Every argument goes through here."""
+    return shlex.quote(str(arg))

@@ -475,3 +475,36 @@ class Samples(BaseModel):
     @property
     def stdev(self) -> float:
         return statistics.stdev(self.values) if len(self.values) > 1 else 0.0
+
+
+# ---------------------------------------------------------------- driver files
+class DriverFiles(BaseModel):
+    """Input of ``driver_files``: the kernel module's version line and the user-space library's install time."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    def command(self) -> str:
+        return ("cat /proc/driver/nvidia/version 2>/dev/null; echo '== libs'; "
+                "stat -c '%Y %n' /usr/lib/x86_64-linux-gnu/libcuda.so.*.* /usr/lib64/libcuda.so.*.* 2>/dev/null; echo '== end'")
+
+
+class DriverFacts(BaseModel):
+    module_version: str | None = None
+    library_version: str | None = None
+    installed_at: int | None = None
+
+
+def parse_driver_files(text: str) -> DriverFacts:
+    m = re.search(r"Kernel Module\s+([0-9.]+)", text)
+    libs = _sections(text, "driver_files", ["libs", "end"])["libs"]
+    newest = None
+    version = None
+    for ln in libs:
+        parts = ln.split(None, 1)
+        if len(parts) == 2 and parts[0].isdigit():
+            ts = int(parts[0])
+            if newest is None or ts > newest:
+                newest = ts
+                mv = re.search(r"libcuda\.so\.([0-9.]+)$", parts[1])
+                version = mv.group(1) if mv else None
+    return DriverFacts(module_version=m.group(1) if m else None, library_version=version, installed_at=newest)

@@ -69,6 +69,7 @@ TOOLS: dict[str, tuple[type[BaseModel], Callable[[Any, CommandResult], BaseModel
     "server_details": (host.ServerDetails, _ok(lambda i, r: host.parse_server_details(i.pid, r.stdout), "server_details")),
     "python_packages": (host.PythonPackages, _ok(lambda i, r: host.parse_python_packages(r.stdout), "python_packages")),
     "git_state": (host.GitState, _ok(lambda i, r: host.parse_git_state(i.repo, r.stdout), "git_state")),
+    "driver_files": (host.DriverFiles, _ok(lambda i, r: host.parse_driver_files(r.stdout), "driver_files")),
     "bench": (host.Bench, _ok(lambda i, r: BenchValue(**dict(zip(("value", "unit"), host.parse_bench(r.stdout, i.metric, i.regex), strict=True))), "bench")),
     # mutations: experiments only, each with its undo
     "git_worktree_add": (mutate.WorktreeAdd, _ok(lambda i, r: Done(detail=r.tail(1)), "git_worktree_add")),

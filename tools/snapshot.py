@@ -111,13 +111,13 @@ def collect(runner: Runner, *, bench: str | None = None, python: str | None = No
     packages = pk.output if pk and pk.ok else None
     gi = outs.get("git_state")
     git = gi.output if gi and gi.ok else None
-    if gi and not gi.ok and packages:
+    if (gi is None or not gi.ok) and packages:
         editable = next((p.editable for p in packages.packages if p.editable and p.commit), None)
         if editable:
             gi = runner.call("git_state", {"repo": editable}, why="the editable package's checkout")
             git = gi.output if gi.ok else None
     for o in outs.values():
-        if not o.ok:
+        if not o.ok and "not a git repository" not in (o.error or ""):
             errors.append(o.error or "")
     load = outs.get("gpu_sample_under_load")
     loaded = load.output.per_gpu() if load and load.ok else {}

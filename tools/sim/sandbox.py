@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..transport import DEFAULT_MAX_OUTPUT, DEFAULT_TIMEOUT_S, BaseTransport, CommandResult, run_subprocess
+from ..errors import ScenarioError
 from .scenario import Scenario, load_scenario
 from .standin import so_bytes
 
@@ -68,7 +69,7 @@ class SimHost:
     # ------------------------------------------------------------------ layout
     def _roots(self) -> list[str]:
         h = self.state
-        roots = {"/proc", "/sys", "/etc/debugagent"}
+        roots = {"/proc", "/sys", "/etc/debugagent", "/usr/lib/x86_64-linux-gnu"}
         for p in [h["python"], (h.get("repo") or {}).get("path"), h["server"].get("cwd")]:
             if p:
                 roots.add("/" + p.strip("/").split("/")[0])
@@ -147,6 +148,28 @@ class SimHost:
         site = env_root / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
         for dist, spec in h["packages"].items():
             self._package(site, dist, spec)
+        self._server_module(site)
+
+    def _server_module(self, site: Path) -> None:
+        """Make sure ``python -m X.Y`` of the server's command line finds a module."""
+        argv = self.state["server"]["cmd"].split()
+        if "-m" not in argv or argv.index("-m") + 1 >= len(argv):
+            return
+        parts = argv[argv.index("-m") + 1].split(".")
+        base = site
+        pth = next(site.glob(f"__editable__.{parts[0]}-*.pth"), None)
+        if pth is not None:
+            base = Path(pth.read_text().strip())
+        d = base
+        for p in parts[:-1]:
+            d = d / p
+            d.mkdir(exist_ok=True)
+            init = d / "__init__.py"
+            if not init.exists():
+                init.write_text("")
+        mod = d / f"{parts[-1]}.py"
+        if not mod.exists():
+            mod.write_text(STANDIN_SERVER)
 
     def _package(self, site: Path, dist: str, spec: dict[str, Any]) -> None:
         module = spec.get("module") or dist.replace("-", "_")
@@ -194,6 +217,18 @@ class SimHost:
             (d / "scaling_governor").write_text(cpu["governor"] + "\n")
             (d / "scaling_available_governors").write_text("performance powersave schedutil ondemand\n")
         (self.path("/proc") / "loadavg").write_text("0.42 0.37 0.31 1/812 41235\n")
+        drv = self.state["driver"]
+        (self.path("/proc/driver/nvidia")).mkdir(parents=True, exist_ok=True)
+        (self.path("/proc/driver/nvidia") / "version").write_text(
+            f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {drv['version']}  Release Build  (dvs-builder@U16-I3-B03-4-3)\n"
+            "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1)\n")
+        lib = self.path("/usr/lib/x86_64-linux-gnu")
+        lib.mkdir(parents=True, exist_ok=True)
+        so = lib / f"libcuda.so.{drv['version']}"
+        so.write_bytes(b"\x7fELF" + drv["version"].encode() * 8)
+        when = _ts(drv.get("installed_at") or "2026-10-01T08:00:00+00:00")
+        os.utime(so, (when, when))
+        (lib / "libcuda.so.1").symlink_to(so.name)
         profile = {"bench": self.scenario.bench.cmd, "metric": self.scenario.bench.metric,
                    "unit": self.scenario.bench.unit}
         (self.path("/etc/debugagent") / "host.json").write_text(json.dumps(profile) + "\n")
@@ -243,6 +278,7 @@ class SimHost:
         env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
                "LANG": "C.UTF-8", **h["server"]["env"]}
         cwd = h["server"].get("cwd") or (h.get("repo") or {}).get("path") or "/root"
+        self.path(cwd).mkdir(parents=True, exist_ok=True)
         subprocess.Popen(argv, env=env, cwd=str(self.path(cwd)), stdin=subprocess.DEVNULL,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 10
@@ -251,6 +287,8 @@ class SimHost:
             if self.server_pids():
                 return
             time.sleep(0.02)
+        raise ScenarioError("the simulated server did not start", file=self.scenario.source, field="host.server.cmd",
+                            fix="use `PYTHON -m MODULE` with PYTHON = host.python")
 
     def _own_pids(self) -> list[int]:
         """Real pids of every process started from this sandbox (its python)."""

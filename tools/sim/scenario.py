@@ -39,6 +39,7 @@ class Expect(Strict):
 class Driver(Strict):
     version: str
     cuda: str
+    installed_at: datetime | None = None  # extension: mtime of the user-space driver library
 
 
 class Gpu(Strict):
@@ -258,6 +259,14 @@ def _check_factors(sc: Scenario, file: str) -> None:
         elif f.culprit is not None:
             raise ScenarioError("`culprit` only applies to repo.head", file=file, field=f"factors[{i}].culprit")
         current = get_path(host, f.path)
+        if f.path == "gpu_processes":
+            for k in ("good", "bad"):
+                try:
+                    norm = [GpuProcessSpec.model_validate(p).model_dump() for p in (getattr(f, k) or [])]
+                except ValidationError as exc:
+                    raise ScenarioError(f"not a list of GPU processes: {exc.errors()[0]['msg']}", file=file,
+                                        field=f"factors[{i}].{k}") from exc
+                object.__setattr__(f, k, norm)
         if _norm(current) != _norm(f.bad):
             raise ScenarioError(
                 f"host has `{current}` at `{f.path}` but the factor's bad value is `{f.bad}`", file=file,

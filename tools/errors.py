@@ -120,3 +120,21 @@ class ParseError(DebugAgentError):
         self.tool = tool
         self.excerpt = excerpt
         super().__init__(f"{tool}: {message}" + (f" (near: {excerpt[:80]!r})" if excerpt else ""))
+
+
+def parser(tool: str):
+    """Decorate a pure parser so that any shape error surfaces as ``ParseError``, never a traceback."""
+    import functools
+
+    def deco(fn):
+        @functools.wraps(fn)
+        def wrapped(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except ParseError:
+                raise
+            except (ValueError, TypeError, KeyError, AttributeError, IndexError) as exc:
+                raise ParseError(f"unexpected output: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                                 tool=tool) from exc
+        return wrapped
+    return deco

@@ -12,7 +12,7 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .errors import ParseError
+from .errors import ParseError, parser
 from .transport import q
 
 # Bit values of NVML's nvmlClocksEventReasons (and the older nvmlClocksThrottleReasons).
@@ -183,6 +183,7 @@ def _split(line: str) -> list[str]:
     return [c.strip() for c in line.split(",")]
 
 
+@parser("query_csv")
 def parse_query_csv(text: str) -> list[GpuState]:
     """Parse ``nvidia-smi --query-gpu=… --format=csv`` (header with units, values with units)."""
     lines = [ln for ln in text.splitlines() if ln.strip()]
@@ -204,6 +205,7 @@ def parse_query_csv(text: str) -> list[GpuState]:
     return out
 
 
+@parser("query_noheader")
 def parse_query_noheader(text: str, fields: list[str] | None = None) -> list[GpuState]:
     """Parse ``--format=csv,noheader`` rows whose columns are ``QUERY_FIELDS`` in order."""
     names = fields or [f for _, f in QUERY_FIELDS]
@@ -228,6 +230,7 @@ class GpuQuery(BaseModel):
 
 
 # ---------------------------------------------------------------- nvidia-smi -q
+@parser("q_tree")
 def parse_q_tree(text: str) -> dict:
     """Parse ``nvidia-smi -q`` into nested dicts by indentation. Lines without ':' open a section."""
     root: dict = {}
@@ -296,6 +299,7 @@ def _num(v: object) -> float | None:
     return float(m.group(1)) if m else None
 
 
+@parser("q")
 def parse_q(text: str) -> DriverInfo:
     """Parse ``nvidia-smi -q`` into the driver, CUDA version and per-GPU details."""
     tree = parse_q_tree(text)
@@ -369,6 +373,7 @@ class GpuProcesses(BaseModel):
         return "nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_memory --format=csv,noheader,nounits"
 
 
+@parser("compute_apps")
 def parse_compute_apps(text: str) -> list[GpuProcess]:
     out = []
     for ln in text.splitlines():
@@ -425,6 +430,7 @@ class LoadSample(BaseModel):
         return out
 
 
+@parser("load_samples")
 def parse_load_samples(text: str) -> LoadSample:
     samples = parse_query_noheader(text)
     if not samples:

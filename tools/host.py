@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .errors import ParseError
+from .errors import ParseError, parser
 from .redact import redact_env
 from .transport import q
 
@@ -41,6 +41,7 @@ class ProcessLine(BaseModel):
     argv: list[str]
 
 
+@parser("find_servers")
 def parse_find_servers(text: str) -> list[ProcessLine]:
     out = []
     for ln in text.splitlines():
@@ -79,6 +80,7 @@ class ServerInfo(BaseModel):
     kind: str = "unknown"  # sglang | vllm | unknown
 
 
+@parser("flags")
 def parse_flags(args: list[str]) -> dict[str, str | bool]:
     """``--tp 8 --disable-cuda-graph --x=y`` -> {tp: '8', disable-cuda-graph: True, x: 'y'}."""
     flags: dict[str, str | bool] = {}
@@ -116,6 +118,7 @@ def split_argv(argv: list[str]) -> tuple[str | None, str, list[str]]:
     return None, first.rsplit("/", 1)[-1], argv[1:]
 
 
+@parser("server_details")
 def parse_server_details(pid: int, text: str) -> ServerInfo:
     sections: dict[str, list[str]] = {}
     cur = None
@@ -255,6 +258,7 @@ class PackageSet(BaseModel):
         return next((p for p in self.packages if p.name.lower().replace("_", "-") == n), None)
 
 
+@parser("python_packages")
 def parse_python_packages(text: str) -> PackageSet:
     line = next((ln for ln in reversed(text.splitlines()) if ln.startswith("{")), None)
     if line is None:
@@ -265,6 +269,7 @@ def parse_python_packages(text: str) -> PackageSet:
         raise ParseError(f"malformed JSON: {exc}", tool="python_packages", excerpt=line[:120]) from exc
 
 
+@parser("pip_list")
 def parse_pip_list(text: str) -> dict[str, str]:
     """Parse ``pip list`` (the two-column table) into {name: version}."""
     out: dict[str, str] = {}
@@ -351,6 +356,7 @@ def _sections(text: str, tool: str, required: list[str]) -> dict[str, list[str]]
     return sections
 
 
+@parser("git_state")
 def parse_git_state(repo: str, text: str) -> GitInfo:
     s = _sections(text, "git_state", ["head", "branch", "status", "log", "reflog", "end"])
     commits = []
@@ -403,6 +409,7 @@ class HostFacts(BaseModel):
         return max(self.governors.items(), key=lambda kv: kv[1])[0] if len(self.governors) == 1 else ",".join(sorted(self.governors))
 
 
+@parser("host_info")
 def parse_host_info(text: str) -> HostFacts:
     s = _sections(text, "host_info", ["hostname", "kernel", "cores", "loadavg", "governor", "end"])
     try:
@@ -446,6 +453,7 @@ class Bench(BaseModel):
 UNIT_RE = r"(ms|us|µs|s|sec|tok/s|tokens/s|req/s|it/s|%)"
 
 
+@parser("bench")
 def parse_bench(text: str, metric: str, regex: str | None = None) -> tuple[float, str | None]:
     """Find ``METRIC=VALUE UNIT`` (or the user's regex, group 1 the value) in benchmark output.
 
@@ -494,6 +502,7 @@ class DriverFacts(BaseModel):
     installed_at: int | None = None
 
 
+@parser("driver_files")
 def parse_driver_files(text: str) -> DriverFacts:
     m = re.search(r"Kernel Module\s+([0-9.]+)", text)
     libs = _sections(text, "driver_files", ["libs", "end"])["libs"]

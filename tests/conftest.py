@@ -1,0 +1,49 @@
+"""Fixtures shared by the suite: vectors, simulated hosts, an isolated environment."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+VECTORS = Path(os.environ.get("DEBUGAGENT_VECTORS", ROOT.parent / "shared" / "vectors" / "h200"))
+if not VECTORS.is_dir():
+    VECTORS = ROOT / "tests" / "vectors" / "h200"
+
+
+def vector(name: str) -> str:
+    """The command output captured on the H200 host, without the `$ cmd` line and `[exit N]`."""
+    text = (VECTORS / name).read_text()
+    lines = text.splitlines()
+    if lines and lines[0].startswith("$ "):
+        lines = lines[1:]
+    while lines and lines[-1].startswith("[exit"):
+        lines = lines[:-1]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch, tmp_path):
+    """Keep the user's ~/.ssh and LLM keys out of every test."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    for k in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "SSH_AUTH_SOCK"):
+        monkeypatch.delenv(k, raising=False)
+
+
+@pytest.fixture
+def sim():
+    """Open simulated hosts by spec; every one is torn down after the test."""
+    from tools.sim import SimTransport
+    opened = []
+
+    def make(spec: str) -> SimTransport:
+        t = SimTransport(spec)
+        opened.append(t)
+        return t
+
+    yield make
+    for t in opened:
+        t.close()

@@ -1,0 +1,182 @@
+"""Simulated hosts: strict scenario files, honest sandboxes, snapshot/diff equal to the factors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tools.errors import ScenarioError
+from tools.registry import Runner
+from tools.sim import builtin_names, load_scenario, parse_scenario
+from tools.sim.scenario import HYPOTHESIS_IDS
+from tools.snapshot import collect, diff
+
+SEED = "eagle3-flashinfer-rebuilt"
+
+
+def seed_text() -> str:
+    from tools.sim.scenario import builtin_dir
+    return (builtin_dir() / f"{SEED}.yaml").read_text()
+
+
+def test_builtins_cover_every_hypothesis_and_no_regression():
+    """At least 10 built-in scenarios; every hypothesis id is some scenario's answer; one has none."""
+    names = builtin_names()
+    assert len(names) >= 10
+    answers = {load_scenario(n).expect.root_cause for n in names}
+    assert set(HYPOTHESIS_IDS) <= answers
+    assert None in answers
+
+
+def test_unknown_key_names_file_and_field():
+    """An unknown key is refused with the file and the field path."""
+    text = seed_text().replace("  hostname: gpu-node-3", "  hostname: gpu-node-3\n  hostnme: typo")
+    with pytest.raises(ScenarioError) as e:
+        parse_scenario(text, "bad.yaml")
+    assert "bad.yaml" in str(e.value) and "host.hostnme" in str(e.value) and "unknown key" in str(e.value)
+
+
+def test_factor_path_that_matches_nothing():
+    """A factor path outside the vocabulary, or naming a missing package, is refused."""
+    text = seed_text().replace("packages.flashinfer-python.build", "packages.flashinfer.build")
+    with pytest.raises(ScenarioError, match=r"factors\[0\].path: no package `flashinfer`"):
+        parse_scenario(text, "x.yaml")
+    text = seed_text().replace("packages.flashinfer-python.build", "gpu.0.clock")
+    with pytest.raises(ScenarioError, match="matches nothing"):
+        parse_scenario(text, "x.yaml")
+
+
+def test_factor_bad_value_must_match_host():
+    """`host` is the bad state: a factor whose bad value disagrees is refused."""
+    text = seed_text().replace("bad: 9f3c", "bad: 7777")
+    with pytest.raises(ScenarioError, match=r"factors\[0\].bad"):
+        parse_scenario(text, "x.yaml")
+
+
+def test_malformed_yaml_names_the_line():
+    """Broken YAML names the line."""
+    with pytest.raises(ScenarioError, match="line"):
+        parse_scenario("version: 1\nname: [unclosed\n", "x.yaml")
+
+
+def test_sandbox_answers_at_scenario_paths(sim):
+    """The seed's checks answer as on the real host: version, missing __version__, server argv, env."""
+    t = sim(f"sim:{SEED}")
+    r = t.run("/root/ml-env/bin/python3 -c 'import sgl_kernel; print(\"sgl_kernel:\", sgl_kernel.__version__)'")
+    assert r.stdout == "sgl_kernel: 0.3.21\n"
+    r = t.run("ls /root/sglang; cd /root/sglang && git log --oneline -3; "
+              "/root/ml-env/bin/python3 -c 'import sglang; print(sglang.__version__)'")
+    assert "sgl-kernel" in r.stdout and "Improve CI for diffusion models" in r.stdout
+    assert "AttributeError: module 'sglang' has no attribute '__version__'" in r.stderr
+    r = t.run("for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; done")
+    assert r.stdout.startswith("/root/ml-env/bin/python3 -m sglang.launch_server --model-path moonshotai/Kimi-K2.5")
+    assert "/tmp" not in r.stdout
+
+
+def test_nothing_readable_reveals_the_answer(sim):
+    """No file under the sandbox's roots names the expected cause, factors or effects."""
+    t = sim(f"sim:{SEED}")
+    r = t.run("grep -rIl -e expect -e factors -e effect -e compiled_dependency /root /etc/debugagent 2>/dev/null | "
+              "grep -v -e '/\\.git/' || true")
+    assert r.stdout.strip() == ""
+
+
+def test_gpus_idle_unless_benchmark_runs(sim):
+    """Idle GPUs show 345 MHz, the idle reason and PCIe gen 1; under the benchmark, the scenario's values."""
+    t = sim("sim:power-capped")
+    runner = Runner(t)
+    idle = runner.call("gpu_query").output.gpus[0]
+    assert (idle.sm_clock, idle.pcie_gen, idle.event_reasons) == (345, 1, ["gpu_idle"])
+    load = runner.call("gpu_sample_under_load", {"load": "gpu-bench", "seconds": 1.2}).output.per_gpu()[0]
+    assert (load.sm_clock, load.pcie_gen, load.event_reasons, load.power_limit) == (1545, 5, ["sw_power_cap"], 450.0)
+
+
+def test_benchmark_follows_state_and_is_noisy(sim):
+    """The benchmark prints METRIC=VALUE UNIT near base + effects, and changes when the state does."""
+    t = sim("sim:launch-blocking")
+    runner = Runner(t)
+    vals = [runner.call("bench", {"cmd": "gpu-bench", "metric": "verify"}).output.value for _ in range(4)]
+    assert all(25 < v < 35 for v in vals) and len(set(vals)) == 4
+    pid = runner.call("find_servers").output.processes[0].pid
+    d = runner.call("server_details", {"pid": pid}).output
+    r = runner.call("restart_server", {"pid": pid, "argv": d.argv, "cwd": d.cwd, "env_file": f"/tmp/da-{pid}.env",
+                                       "unset": ["CUDA_LAUNCH_BLOCKING"]})
+    assert r.ok, r.error
+    vals = [runner.call("bench", {"cmd": "gpu-bench", "metric": "verify"}).output.value for _ in range(3)]
+    assert all(16 < v < 24 for v in vals)
+    t.run(f"rm -f /tmp/da-{pid}.env")
+
+
+def test_old_driver_speaks_throttle_reasons(sim):
+    """A scenario on a 525 driver prints the older "Clocks Throttle Reasons" names."""
+    t = sim("sim:thermal-throttle-old-driver")
+    assert "Clocks Throttle Reasons" in t.run("nvidia-smi -q").stdout
+    assert "clocks_throttle_reasons.active" in t.run(
+        "nvidia-smi --query-gpu=index,clocks_throttle_reasons.active --format=csv").stdout
+
+
+def test_command_timeout_on_sim(sim):
+    """A command that hangs on a simulated host is cut at its timeout."""
+    r = sim(f"sim:{SEED}").run("sleep 20", timeout=0.5)
+    assert r.timed_out and r.exit_code == 124
+
+
+@pytest.mark.parametrize("name", builtin_names())
+def test_snapshot_diff_equals_factors(sim, name):
+    """snapshot of sim:X@good and sim:X, then diff: exactly the scenario's factors."""
+    sc = load_scenario(name)
+    good = collect(Runner(sim(f"sim:{name}@good")))
+    bad = collect(Runner(sim(f"sim:{name}")))
+    assert good.errors == [] and bad.errors == []
+    assert sorted(c.path for c in diff(good, bad)) == sorted(f.path for f in sc.factors)
+
+
+def test_sandbox_is_removed_and_server_stopped():
+    """Closing a simulated host stops its server and removes its folder."""
+    from tools.sim import SimTransport
+    t = SimTransport(f"sim:{SEED}")
+    base = t.sim.base
+    pids = t.sim._own_pids()
+    assert pids
+    t.close()
+    assert not base.exists()
+    out = subprocess.run(["ps", "-o", "pid=", "-p", ",".join(map(str, pids))], capture_output=True, text=True).stdout
+    assert out.strip() == ""
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_snapshot_unknown_sim_exits_2():
+    """`snapshot --host sim:nope` exits 2 naming the problem and the fix."""
+    r = run_cli("snapshot", "--host", "sim:nope", "-o", "/dev/null")
+    assert r.returncode == 2
+    assert "no built-in scenario" in r.stderr and "debugagent sim list" in r.stderr
+
+
+def test_cli_bad_flag_exits_2():
+    """A misspelt flag exits 2 and suggests the right one."""
+    r = run_cli("snapshot", "--hots", "x")
+    assert r.returncode == 2 and "--host" in r.stderr
+
+
+def test_cli_malformed_scenario_exits_2(tmp_path):
+    """A malformed scenario file exits 2 naming file and field."""
+    p = tmp_path / "s.yaml"
+    p.write_text(seed_text().replace("version: 1", "version: 2"))
+    r = run_cli("snapshot", "--host", f"sim:{p}", "-o", "/dev/null")
+    assert r.returncode == 2 and "s.yaml" in r.stderr and "version" in r.stderr
+
+
+def test_cli_snapshot_and_diff(tmp_path):
+    """The CLI writes two snapshots and diffs them, calling out the changed build."""
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert run_cli("snapshot", "--host", f"sim:{SEED}@good", "-o", str(a)).returncode == 0
+    assert run_cli("snapshot", "--host", f"sim:{SEED}", "-o", str(b)).returncode == 0
+    r = run_cli("diff", str(a), str(b))
+    assert r.returncode == 0
+    assert "compiled_dependency" in r.stdout and "same version 0.5.3, different build" in r.stdout
+    assert "hf_live_secret_value" not in a.read_text() + b.read_text()

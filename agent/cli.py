@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from tools.errors import DebugAgentError, UsageError
+from tools.errors import DebugAgentError
 
 from .hosts import SSHOptions, open_transport
 
@@ -33,8 +33,8 @@ err = Console(stderr=True, highlight=False)
 out = Console(highlight=False, soft_wrap=True)
 
 HostOpt = Annotated[str, typer.Option("--host", help="user@host[:port], an ~/.ssh/config alias, `local`, or sim:NAME[@good] / sim:PATH.yaml")]
-IdentOpt = Annotated[Optional[str], typer.Option("--identity-file", "-i", help="private key file for SSH")]  # noqa: UP007
-KnownOpt = Annotated[Optional[str], typer.Option("--known-hosts", help="known_hosts file (default ~/.ssh/known_hosts)")]  # noqa: UP007
+IdentOpt = Annotated[str | None, typer.Option("--identity-file", "-i", help="private key file for SSH")]  # noqa: UP007
+KnownOpt = Annotated[str | None, typer.Option("--known-hosts", help="known_hosts file (default ~/.ssh/known_hosts)")]  # noqa: UP007
 AcceptOpt = Annotated[bool, typer.Option("--accept-new-host-key", help="record an unknown host key (as OpenSSH's accept-new); a changed key is always refused")]
 TimeoutOpt = Annotated[float, typer.Option("--connect-timeout", help="seconds to wait for the SSH connection")]
 
@@ -48,16 +48,16 @@ def ssh_opts(identity_file: str | None, known_hosts: str | None, accept: bool, t
 def run(
     host: HostOpt,
     symptom: Annotated[str, typer.Option("--symptom", help="what got worse: `verify 30ms`, `decode 82 tok/s`, `ttft 1.2 s`")],
-    baseline: Annotated[Optional[str], typer.Option("--baseline", help="what it was when good: `verify 20ms`")] = None,  # noqa: UP007
-    baseline_snapshot: Annotated[Optional[str], typer.Option("--baseline-snapshot", help="a snapshot of the good state (debugagent snapshot)")] = None,  # noqa: UP007
-    playbook: Annotated[Optional[str], typer.Option("--playbook", help="playbook name or YAML path (default gpu-inference-regression)")] = None,  # noqa: UP007
-    bench: Annotated[Optional[str], typer.Option("--bench", help="benchmark command printing METRIC=VALUE UNIT")] = None,  # noqa: UP007
-    repo: Annotated[Optional[str], typer.Option("--repo", help="the server's git checkout on the host")] = None,  # noqa: UP007
-    python: Annotated[Optional[str], typer.Option("--python", help="the server's Python interpreter on the host")] = None,  # noqa: UP007
+    baseline: Annotated[str | None, typer.Option("--baseline", help="what it was when good: `verify 20ms`")] = None,  # noqa: UP007
+    baseline_snapshot: Annotated[str | None, typer.Option("--baseline-snapshot", help="a snapshot of the good state (debugagent snapshot)")] = None,  # noqa: UP007
+    playbook: Annotated[str | None, typer.Option("--playbook", help="playbook name or YAML path (default gpu-inference-regression)")] = None,  # noqa: UP007
+    bench: Annotated[str | None, typer.Option("--bench", help="benchmark command printing METRIC=VALUE UNIT")] = None,  # noqa: UP007
+    repo: Annotated[str | None, typer.Option("--repo", help="the server's git checkout on the host")] = None,  # noqa: UP007
+    python: Annotated[str | None, typer.Option("--python", help="the server's Python interpreter on the host")] = None,  # noqa: UP007
     allow_mutations: Annotated[bool, typer.Option("--allow-mutations", help="run experiments (each undone afterwards) without asking")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object on stdout")] = False,
-    out_dir: Annotated[Optional[str], typer.Option("--out", help="transcript folder (default transcripts/<UTC time>-<slug>/)")] = None,  # noqa: UP007
-    llm: Annotated[Optional[str], typer.Option("--llm", help="OpenAI-compatible base URL of an LLM that advises on the plan (optional)")] = None,  # noqa: UP007
+    out_dir: Annotated[str | None, typer.Option("--out", help="transcript folder (default transcripts/<UTC time>-<slug>/)")] = None,  # noqa: UP007
+    llm: Annotated[str | None, typer.Option("--llm", help="OpenAI-compatible base URL of an LLM that advises on the plan (optional)")] = None,  # noqa: UP007
     llm_model: Annotated[str, typer.Option("--llm-model", help="model name for --llm")] = "gpt-4o-mini",
     identity_file: IdentOpt = None, known_hosts: KnownOpt = None, accept_new_host_key: AcceptOpt = False,
     connect_timeout: TimeoutOpt = 10.0,
@@ -82,7 +82,7 @@ def resume(run_dir: Annotated[str, typer.Argument(help="the transcript folder of
 
 @app.command()
 def replay(run_dir: Annotated[str, typer.Argument(help="a transcript folder (or its events.jsonl)")],
-           playbook: Annotated[Optional[str], typer.Option("--playbook", help="replay against another playbook")] = None,  # noqa: UP007
+           playbook: Annotated[str | None, typer.Option("--playbook", help="replay against another playbook")] = None,  # noqa: UP007
            as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Re-run a recorded run against its recorded outputs: same conclusion (exit 0) or a diff (exit 5)."""
     from .replay import replay_run
@@ -94,18 +94,24 @@ def replay(run_dir: Annotated[str, typer.Argument(help="a transcript folder (or 
 def snapshot(
     host: HostOpt,
     output: Annotated[str, typer.Option("-o", "--output", help="where to write the JSON (- for stdout)")],
-    bench: Annotated[Optional[str], typer.Option("--bench", help="benchmark to run while GPUs are sampled")] = None,  # noqa: UP007
-    repo: Annotated[Optional[str], typer.Option("--repo")] = None,  # noqa: UP007
-    python: Annotated[Optional[str], typer.Option("--python")] = None,  # noqa: UP007
+    bench: Annotated[str | None, typer.Option("--bench", help="benchmark to run while GPUs are sampled")] = None,  # noqa: UP007
+    repo: Annotated[str | None, typer.Option("--repo")] = None,  # noqa: UP007
+    python: Annotated[str | None, typer.Option("--python")] = None,  # noqa: UP007
+    bench_runs: Annotated[int, typer.Option("--bench-runs", help="benchmark runs recorded in the snapshot (its baseline number)")] = 3,
     identity_file: IdentOpt = None, known_hosts: KnownOpt = None, accept_new_host_key: AcceptOpt = False,
     connect_timeout: TimeoutOpt = 10.0,
 ) -> None:
-    """Write the host's fingerprint as JSON: git, packages and build hashes, GPUs, driver, server, CPU."""
+    """Write the host's fingerprint as JSON: git, packages and build hashes, GPUs, driver, server, CPU.
+
+    With a benchmark (--bench, or the host profile /etc/debugagent/host.json), GPUs are
+    sampled while it runs and its results are recorded: a snapshot of the good state then
+    serves as --baseline-snapshot.
+    """
     from tools.registry import Runner
     from tools.snapshot import collect, dump
     with open_transport(host, ssh_opts(identity_file, known_hosts, accept_new_host_key, connect_timeout)) as tr:
         with err.status(f"snapshot of {host} …"):
-            snap = collect(Runner(tr), bench=bench, python=python, repo=repo)
+            snap = collect(Runner(tr), bench=bench, python=python, repo=repo, bench_runs=bench_runs)
     text = dump(snap)
     if output == "-":
         sys.stdout.write(text + "\n")

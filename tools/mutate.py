@@ -100,3 +100,24 @@ class SetGovernor(BaseModel):
     def command(self) -> str:
         return (f"for f in /sys/devices/system/cpu/cpu[0-9]*/cpufreq/scaling_governor; do echo {q(self.governor)} > \"$f\" || exit 1; done; "
                 f"echo governor={q(self.governor)}")
+
+
+class WorktreeCheckout(BaseModel):
+    """Move debugagent's own worktree (never the user's) to another commit, for bisection."""
+
+    model_config = ConfigDict(extra="forbid")
+    path: str
+    commit: str
+
+    def command(self) -> str:
+        return f"git -C {q(self.path)} checkout -q --detach {q(self.commit)} && git -C {q(self.path)} rev-parse HEAD"
+
+
+class RemoveFile(BaseModel):
+    """Remove a file debugagent itself left on the host (a saved environment)."""
+
+    model_config = ConfigDict(extra="forbid")
+    path: str
+
+    def command(self) -> str:
+        return f"rm -f {q(self.path)}"

@@ -77,8 +77,11 @@ TOOLS: dict[str, tuple[type[BaseModel], Callable[[Any, CommandResult], BaseModel
     "restart_server": (mutate.RestartServer, _ok(lambda i, r: mutate.parse_restart(r.stdout), "restart_server")),
     "set_power_limit": (mutate.SetPowerLimit, _ok(lambda i, r: Done(detail=r.tail(1)), "set_power_limit")),
     "set_governor": (mutate.SetGovernor, _ok(lambda i, r: Done(detail=r.tail(1)), "set_governor")),
+    "git_worktree_checkout": (mutate.WorktreeCheckout, _ok(lambda i, r: Done(detail=r.tail(1)), "git_worktree_checkout")),
+    "remove_file": (mutate.RemoveFile, _ok(lambda i, r: Done(detail=r.tail(1)), "remove_file")),
 }
-MUTATIONS = {"git_worktree_add", "git_worktree_remove", "restart_server", "set_power_limit", "set_governor"}
+MUTATIONS = {"git_worktree_add", "git_worktree_remove", "restart_server", "set_power_limit", "set_governor",
+             "git_worktree_checkout", "remove_file"}
 TIMEOUTS = {"python_packages": 120.0, "gpu_sample_under_load": 120.0, "bench": 900.0, "restart_server": 300.0}
 
 

@@ -57,6 +57,7 @@ class Snapshot(BaseModel):
     cpu: dict[str, Any] = Field(default_factory=dict)
     host_facts: HostFacts | None = None
     bench: dict[str, Any] = Field(default_factory=dict)
+    driver_files: dict[str, Any] = Field(default_factory=dict)
     errors: list[str] = Field(default_factory=list)
 
     @classmethod
@@ -73,29 +74,44 @@ class Snapshot(BaseModel):
 
 
 def collect(runner: Runner, *, bench: str | None = None, python: str | None = None, repo: str | None = None,
-            server_pattern: str | None = None, sample_seconds: float = 1.5) -> Snapshot:
-    """Gather the fingerprint in three concurrent waves; record what failed instead of raising."""
+            server_pattern: str | None = None, sample_seconds: float = 1.5,
+            known: tuple[HostFacts | None, ServerInfo | None] | None = None, bench_runs: int = 0,
+            metric: str | None = None) -> Snapshot:
+    """Gather the fingerprint in concurrent waves; record what failed instead of raising.
+
+    ``known`` passes host facts and the server found by discovery, so they are not asked
+    for again. ``bench_runs`` > 0 also runs the benchmark that many times (a baseline
+    snapshot then carries its own baseline number).
+    """
     errors: list[str] = []
-    wave1 = runner.call_many([
-        ("host_info", None, "hostname, kernel, cores, load, CPU governor, host profile"),
+    calls: list[tuple[str, Any, str]] = [
         ("gpu_query", None, "GPU clocks, power, PCIe, reasons (idle reading)"),
         ("gpu_q", None, "driver and CUDA versions, clock reasons, reset state"),
         ("gpu_processes", None, "processes holding GPU memory"),
-        ("find_servers", {"pattern": server_pattern} if server_pattern else None, "the inference server process"),
-    ])
-    host_o, gq_o, q_o, gp_o, fs_o = wave1
+        ("driver_files", None, "the driver's kernel module and library, and when it was installed"),
+    ]
+    if known is None:
+        calls += [("host_info", None, "hostname, kernel, cores, load, CPU governor, host profile"),
+                  ("find_servers", {"pattern": server_pattern} if server_pattern else None, "the inference server process")]
+    wave1 = runner.call_many(calls)
+    gq_o, q_o, gp_o, df_o = wave1[:4]
     for o in wave1:
         if not o.ok:
             errors.append(o.error or "")
-    facts = host_o.output if host_o.ok else None
+    server = None
+    if known is None:
+        host_o, fs_o = wave1[4:]
+        facts = host_o.output if host_o.ok else None
+        if fs_o.ok and fs_o.output.processes:
+            sd = runner.call("server_details", {"pid": fs_o.output.processes[0].pid}, why="its command line, environment, cwd")
+            server = sd.output if sd.ok else None
+            if not sd.ok:
+                errors.append(sd.error or "")
+    else:
+        facts, server = known
     profile = facts.profile if facts else {}
     bench = bench or profile.get("bench")
-    server = None
-    if fs_o.ok and fs_o.output.processes:
-        sd = runner.call("server_details", {"pid": fs_o.output.processes[0].pid}, why="its command line, environment, cwd")
-        server = sd.output if sd.ok else None
-        if not sd.ok:
-            errors.append(sd.error or "")
+    metric = metric or profile.get("metric")
     python = python or (server.python if server else None) or profile.get("python")
     repo = repo or profile.get("repo") or (server.cwd if server else None)
     wave3: list[tuple[str, Any, str]] = []
@@ -107,6 +123,14 @@ def collect(runner: Runner, *, bench: str | None = None, python: str | None = No
         wave3.append(("gpu_sample_under_load", {"load": bench, "cwd": repo, "seconds": sample_seconds},
                       "clocks and PCIe read while the benchmark runs"))
     outs = {o.tool: o for o in runner.call_many(wave3)}
+    samples: list[float] = []
+    if bench and metric and bench_runs > 0:
+        for _ in range(bench_runs):
+            b = runner.call("bench", {"cmd": bench, "metric": metric, "cwd": repo}, why="the benchmark in this state")
+            if b.ok:
+                samples.append(b.output.value)
+            else:
+                errors.append(b.error or "")
     pk = outs.get("python_packages")
     packages = pk.output if pk and pk.ok else None
     gi = outs.get("git_state")
@@ -142,7 +166,8 @@ def collect(runner: Runner, *, bench: str | None = None, python: str | None = No
         driver={"version": q_o.output.driver_version, "cuda": q_o.output.cuda_version} if q_o.ok else {},
         gpus=gpus, gpu_processes=procs, server=server, python=python, packages=packages, repo=git,
         cpu={"governor": facts.governor, "cores": facts.cores, "kernel": facts.kernel} if facts else {},
-        host_facts=facts, bench={"cmd": bench} if bench else {}, errors=[e for e in errors if e],
+        host_facts=facts, bench=({"cmd": bench, "metric": metric, "samples": samples} if bench else {}),
+        driver_files=df_o.output.model_dump() if df_o.ok else {}, errors=[e for e in errors if e],
     )
 
 

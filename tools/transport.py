@@ -220,3 +220,10 @@ class FakeTransport(BaseTransport):
 def q(arg: object) -> str:
     """Quote one argument for the shell. Every argument goes through here."""
     return shlex.quote(str(arg))
+
+
+def ssh_line(target: str, command: str) -> str:
+    """``ssh user@host "command"`` as a person would paste it (single-quoted when it must be)."""
+    if not any(c in command for c in '"$`\\!'):
+        return f'ssh {target} "{command}"'
+    return f"ssh {target} {shlex.quote(command)}"

@@ -18,7 +18,6 @@ nothing under the mapped roots reveals ``expect``, ``factors`` or which one matt
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -33,8 +32,15 @@ import venv
 from pathlib import Path
 from typing import Any, Literal
 
-from ..transport import DEFAULT_MAX_OUTPUT, DEFAULT_TIMEOUT_S, BaseTransport, CommandResult, run_subprocess
 from ..errors import ScenarioError
+from ..transport import (
+    DEFAULT_MAX_OUTPUT,
+    DEFAULT_TIMEOUT_S,
+    BaseTransport,
+    CommandResult,
+    run_subprocess,
+    ssh_line,
+)
 from .scenario import Scenario, load_scenario
 from .standin import so_bytes
 
@@ -279,8 +285,10 @@ class SimHost:
                "LANG": "C.UTF-8", **h["server"]["env"]}
         cwd = h["server"].get("cwd") or (h.get("repo") or {}).get("path") or "/root"
         self.path(cwd).mkdir(parents=True, exist_ok=True)
-        subprocess.Popen(argv, env=env, cwd=str(self.path(cwd)), stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(argv, env=env, cwd=str(self.path(cwd)), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        # reap it when it is stopped, as init would on a real host (a zombie still answers `kill -0`)
+        threading.Thread(target=proc.wait, daemon=True).start()
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             self.sync_proc()
@@ -403,7 +411,7 @@ class SimTransport(BaseTransport):
         return self.sim.exec(command, timeout=timeout, max_output=max_output, host=self.host)
 
     def display(self, command: str) -> str:
-        return f'ssh {self.user}@{self.hostname} "{command}"'
+        return ssh_line(f"{self.user}@{self.hostname}", command)
 
     def close(self) -> None:
         self.sim.close()

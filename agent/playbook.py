@@ -1,0 +1,256 @@
+"""Playbooks: YAML diagnostic trees, validated strictly, with rules in Jinja2's sandbox.
+
+A playbook lists hypotheses in the order they are worth checking. Each hypothesis names
+the checks it needs (typed tools), rules (``when`` expressions, as Ansible authors write
+them, evaluated in an immutable sandbox) that give a verdict with a ``because`` template
+citing the evidence, and the experiment a ``suspect`` verdict may lead to.
+
+Rule semantics, read top to bottom: every matching ``suspect`` or ``confirmed`` rule
+counts (a hypothesis can have several suspects); the first matching ``ruled_out`` or
+``inconclusive`` rule ends the list, and gives the verdict only if no suspect or
+confirmed rule matched above it. So a guard at the top (``repo is none`` ->
+inconclusive) protects the rules below it, and ``when: "true"`` at the end is the
+default. ``foreach`` evaluates a rule once per item of a list expression, binding
+``item``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from jinja2 import StrictUndefined, TemplateError, Undefined
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from tools.errors import PlaybookError
+
+Verdict = Literal["ruled_out", "confirmed", "suspect", "inconclusive"]
+CHECKS = ("host_info", "gpu_query", "gpu_q", "gpu_processes", "gpu_sample_under_load", "find_servers", "server_details",
+          "python_packages", "git_state", "driver_files")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Experiment(Strict):
+    """What to change (and so what to undo), measured by the benchmark."""
+
+    kind: Literal["code_revert", "server_restart", "restore_baseline_flags", "restore_baseline_env", "power_limit", "governor"]
+    title: str = ""
+    to: str | None = None                 # code_revert: commit (template)
+    bisect: bool = True                   # code_revert: bisect the range if the revert recovers
+    set_flags: dict[str, str] = Field(default_factory=dict)
+    unset_flags: list[str] = Field(default_factory=list)
+    set_env: dict[str, str] = Field(default_factory=dict)
+    unset_env: list[str] = Field(default_factory=list)
+    gpu: str | None = None                # power_limit: GPU index (template)
+    watts: str | None = None              # power_limit: watts (template)
+    governor: str | None = None           # governor: value
+
+
+class Rule(Strict):
+    when: str
+    verdict: Verdict
+    because: str
+    foreach: str | None = None
+    experiment: Experiment | None = None
+
+
+class Hypothesis(Strict):
+    id: str
+    title: str
+    cost: int = 1
+    checks: list[str] = Field(default_factory=list)
+    rules: list[Rule]
+    next: str | None = None
+
+    @model_validator(mode="after")
+    def _checks_known(self) -> Hypothesis:
+        for i, c in enumerate(self.checks):
+            if c not in CHECKS:
+                close = difflib.get_close_matches(c, CHECKS, n=1)
+                hint = f"; did you mean `{close[0]}`?" if close else f"; known: {', '.join(CHECKS)}"
+                raise ValueError(f"checks[{i}]: unknown tool `{c}`{hint}")
+        return self
+
+
+class Playbook(Strict):
+    version: Literal[1]
+    name: str
+    description: str = ""
+    knowledge: dict[str, Any] = Field(default_factory=dict)
+    hypotheses: list[Hypothesis]
+
+    source: str = Field(default="", exclude=True)
+    digest: str = Field(default="", exclude=True)
+
+    @model_validator(mode="after")
+    def _edges(self) -> Playbook:
+        ids = [h.id for h in self.hypotheses]
+        dup = {i for i in ids if ids.count(i) > 1}
+        if dup:
+            raise ValueError(f"hypothesis ids must be unique: {', '.join(sorted(dup))}")
+        for n, h in enumerate(self.hypotheses):
+            if h.next is not None and h.next not in ids:
+                close = difflib.get_close_matches(h.next, ids, n=1)
+                raise ValueError(f"hypotheses[{n}].next: `{h.next}` is not a hypothesis id"
+                                 + (f"; did you mean `{close[0]}`?" if close else ""))
+        return self
+
+    def order(self) -> list[str]:
+        """Hypothesis ids in the order the tree visits them (following ``next`` edges)."""
+        ids = [h.id for h in self.hypotheses]
+        by = {h.id: h for h in self.hypotheses}
+        seen: list[str] = []
+        cur: str | None = ids[0] if ids else None
+        while cur and cur not in seen:
+            seen.append(cur)
+            nxt = by[cur].next
+            if nxt is None:
+                rest = [i for i in ids if i not in seen]
+                nxt = rest[0] if rest else None
+            cur = nxt
+        return seen + [i for i in ids if i not in seen]
+
+    def get(self, hid: str) -> Hypothesis:
+        return next(h for h in self.hypotheses if h.id == hid)
+
+
+_ENV = ImmutableSandboxedEnvironment(undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+_LENIENT = ImmutableSandboxedEnvironment(undefined=Undefined, trim_blocks=True, lstrip_blocks=True)
+
+
+def _compile_all(pb: Playbook, file: str) -> None:
+    for n, h in enumerate(pb.hypotheses):
+        for m, r in enumerate(h.rules):
+            where = f"hypotheses[{n}] ({h.id}).rules[{m}]"
+            for field, text, kind in (("when", r.when, "expr"), ("foreach", r.foreach, "expr"), ("because", r.because, "tmpl")):
+                if text is None:
+                    continue
+                try:
+                    if kind == "expr":
+                        _ENV.compile_expression(text)
+                    else:
+                        _ENV.from_string(text)
+                except TemplateError as exc:
+                    raise PlaybookError(f"bad Jinja {('expression' if kind == 'expr' else 'template')}: {exc}",
+                                        file=file, field=f"{where}.{field}",
+                                        fix="rules use Jinja2 expressions, e.g. `server.flags.get('disable-cuda-graph')`") from exc
+
+
+def builtin_playbooks() -> list[str]:
+    return sorted(p.stem for p in Path(str(resources.files("playbooks"))).glob("*.yaml"))
+
+
+def load_playbook(ref: str | None) -> Playbook:
+    ref = ref or "gpu-inference-regression"
+    p = Path(ref)
+    if not (ref.endswith((".yaml", ".yml")) or "/" in ref):
+        p = Path(str(resources.files("playbooks"))) / f"{ref}.yaml"
+        if not p.is_file():
+            close = difflib.get_close_matches(ref, builtin_playbooks(), n=1)
+            raise PlaybookError("no built-in playbook of that name", file=ref,
+                                fix=(f"did you mean `{close[0]}`? " if close else "") + "`debugagent playbook list` names them")
+    if not p.is_file():
+        raise PlaybookError("no such file", file=ref, fix="give a path to a playbook .yaml or a built-in name")
+    return parse_playbook(p.read_text(), str(p))
+
+
+def parse_playbook(text: str, file: str = "<playbook>") -> Playbook:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise PlaybookError(f"not valid YAML: {getattr(exc, 'problem', exc)}", file=file,
+                            field=f"line {mark.line + 1}" if mark else "") from exc
+    if not isinstance(data, dict):
+        raise PlaybookError("the file must hold a mapping (version: 1, name: …, hypotheses: […])", file=file)
+    try:
+        pb = Playbook.model_validate(data)
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        loc = ".".join(str(x) for x in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = f"unknown key `{e['loc'][-1]}`"
+        raise PlaybookError(msg, file=file, field=loc, fix="`debugagent playbook schema` prints the JSON Schema") from exc
+    _compile_all(pb, file)
+    pb.source = file
+    pb.digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return pb
+
+
+# ---------------------------------------------------------------- evaluation
+class Finding(BaseModel):
+    verdict: Verdict
+    because: str
+    rule: int
+    experiment: dict[str, Any] | None = None
+
+
+def _render(value: Any, ctx: dict[str, Any]) -> Any:
+    if isinstance(value, str) and "{{" in value:
+        return _LENIENT.from_string(value).render(**ctx).strip()
+    if isinstance(value, dict):
+        return {(_render(k, ctx) if isinstance(k, str) else k): _render(v, ctx) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_render(v, ctx) for v in value]
+    return value
+
+
+def evaluate(h: Hypothesis, facts: dict[str, Any], file: str = "") -> list[Finding]:
+    """Apply a hypothesis' rules to the facts. Errors in a rule name the rule; they never pass silently."""
+    strong: list[Finding] = []
+    weak: Finding | None = None
+    for m, r in enumerate(h.rules):
+        where = f"{h.id}.rules[{m}]"
+        try:
+            items = [None]
+            if r.foreach:
+                items = list(_ENV.compile_expression(r.foreach)(**facts) or [])
+            for item in items:
+                ctx = dict(facts, item=item) if r.foreach else facts
+                if not _ENV.compile_expression(r.when)(**ctx):
+                    continue
+                because = _LENIENT.from_string(r.because).render(**ctx).strip()
+                exp = _render(r.experiment.model_dump(), ctx) if r.experiment else None
+                f = Finding(verdict=r.verdict, because=because, rule=m, experiment=exp)
+                if r.verdict in ("suspect", "confirmed"):
+                    strong.append(f)
+                elif weak is None:
+                    weak = f
+            if weak is not None:
+                break
+        except TemplateError as exc:
+            raise PlaybookError(f"rule failed on this host's facts: {exc}", file=file, field=where,
+                                fix="guard the rule, e.g. `server is not none and …`") from exc
+    if strong:
+        return strong
+    return [weak] if weak else [Finding(verdict="inconclusive", because="no rule matched", rule=-1)]
+
+
+def render_tree(pb: Playbook) -> str:
+    lines = [f"{pb.name} (version {pb.version}): {pb.description.strip().splitlines()[0] if pb.description else ''}"]
+    for i, hid in enumerate(pb.order(), 1):
+        h = pb.get(hid)
+        lines.append(f"{i}. {h.id}: {h.title}  [cost {h.cost}; checks: {', '.join(h.checks) or '-'}]")
+        for r in h.rules:
+            exp = f"  -> experiment {r.experiment.kind}" if r.experiment else ""
+            each = f" for each item in {r.foreach}" if r.foreach else ""
+            lines.append(f"     {r.verdict:<12} when {r.when}{each}{exp}")
+    return "\n".join(lines)
+
+
+def new_playbook(path: str) -> None:
+    p = Path(path)
+    if p.exists():
+        raise PlaybookError("file exists; not overwriting", file=path, fix="choose a new path")
+    src = Path(str(resources.files("playbooks"))) / "gpu-inference-regression.yaml"
+    text = src.read_text().replace("name: gpu-inference-regression", f"name: {p.stem}", 1)
+    p.write_text("# Started from the default playbook. Validate: debugagent playbook validate " + path + "\n" + text)

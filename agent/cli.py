@@ -218,7 +218,8 @@ def playbook_test(path: Annotated[str, typer.Argument()],
 
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        rv = app(standalone_mode=False)
+        sys.exit(rv if isinstance(rv, int) else 0)
     except DebugAgentError as exc:
         err.print(f"[red]error[/]: {exc.message}", markup=True)
         if exc.fix:

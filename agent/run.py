@@ -136,8 +136,13 @@ def execute(opts: RunOptions, *, folder: Path | None = None, resume: bool = Fals
     return int(output["exit_code"])
 
 
-def investigate(opts: RunOptions, *, folder: Path | None = None, resume: bool = False) -> dict[str, Any]:
-    """The investigation itself; returns the ``--json`` object."""
+def investigate(opts: RunOptions, *, folder: Path | None = None, resume: bool = False,
+                transport: Any = None) -> dict[str, Any]:
+    """The investigation itself; returns the ``--json`` object.
+
+    ``transport`` lets a caller (a test, a notebook) pass an open transport; it is then
+    left open.
+    """
     symptom, baseline, base_snap, playbook = prepare(opts)
     if folder is None:
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -150,8 +155,10 @@ def investigate(opts: RunOptions, *, folder: Path | None = None, resume: bool = 
         d = asdict(opts)
         (folder / "run.json").write_text(json.dumps(d, indent=1))
     transcript = Transcript(folder, run_id)
+    owned = transport is None
     try:
-        transport = open_transport(opts.host, opts.ssh)
+        if transport is None:
+            transport = open_transport(opts.host, opts.ssh)
     except TransportError as exc:
         transcript.emit("run_started", **header(opts, playbook, run_id)) if not resume else None
         transcript.emit("error", message=str(exc), kind="transport")
@@ -207,7 +214,8 @@ def investigate(opts: RunOptions, *, folder: Path | None = None, resume: bool = 
     finally:
         signal.signal(signal.SIGINT, old)
         conn.close()
-        transport.close()
+        if owned:
+            transport.close()
     transcript.close()
     conclusion = state.get("conclusion") or {}
     wall = time.monotonic() - started

@@ -8,7 +8,14 @@ from hypothesis import strategies as st
 
 from tests.conftest import vector
 from tools.errors import ParseError
-from tools.gpu import decode_reasons, parse_compute_apps, parse_load_samples, parse_q, parse_query_csv, parse_query_noheader
+from tools.gpu import (
+    decode_reasons,
+    parse_compute_apps,
+    parse_load_samples,
+    parse_q,
+    parse_query_csv,
+    parse_query_noheader,
+)
 
 
 def csv_block() -> str:

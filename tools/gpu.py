@@ -309,15 +309,15 @@ def parse_q(text: str) -> DriverInfo:
             "Clocks Throttle Reasons" if "Clocks Throttle Reasons" in g else "")
         reasons: list[str] = []
 
-        def walk(d: dict) -> None:
+        def walk(d: dict, out: list[str]) -> None:
             for k, v in d.items():
                 if isinstance(v, dict):
-                    walk(v)
+                    walk(v, out)
                 elif v == "Active" and k in Q_REASON_NAMES:
-                    reasons.append(Q_REASON_NAMES[k])
+                    out.append(Q_REASON_NAMES[k])
 
         if section_name:
-            walk(g[section_name])
+            walk(g[section_name], reasons)
         power = g.get("GPU Power Readings") or g.get("Power Readings") or {}
         pci = g.get("PCI", {})
         link = pci.get("GPU Link Info", {}) if isinstance(pci, dict) else {}

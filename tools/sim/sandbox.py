@@ -249,9 +249,14 @@ class SimHost:
             "factors": [f.model_dump(mode="json") for f in sc.factors],
             "bench": sc.bench.model_dump(mode="json"),
             "name": sc.name,
+            "server_entry": self._entry(),
         }
         (self.control / "host.json").write_text(json.dumps(data, indent=1))
         (self.control / "counter").write_text("0")
+
+    def _entry(self) -> str:
+        argv = self.state["server"]["cmd"].split()
+        return argv[argv.index("-m") + 1] if "-m" in argv and argv.index("-m") + 1 < len(argv) else argv[-1]
 
     def _shims(self) -> None:
         standin = Path(__file__).resolve().parent / "standin.py"
@@ -342,7 +347,7 @@ class SimHost:
     def env(self) -> dict[str, str]:
         return {
             "PATH": f"{self.bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            "HOME": str(self.path("/" + self.state["user"] if self.state["user"] != "root" else "/root")),
+            "HOME": str(self.path("/root" if self.state["user"] == "root" else "/home/" + self.state["user"])),
             "USER": self.state["user"], "LOGNAME": self.state["user"], "LANG": "C.UTF-8", "SHELL": "/bin/bash",
             "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null",
         }

@@ -72,7 +72,8 @@ class Ctl:
             except OSError:
                 continue
             args = [a.decode(errors="replace") for a in argv if a]
-            if any("launch_server" in a for a in args):
+            entry = self.data.get("server_entry") or "launch_server"
+            if any(entry in a for a in args):
                 envd = dict(e.decode(errors="replace").split("=", 1) for e in env if b"=" in e)
                 out.append((int(p.name), args, envd))
         return out
@@ -251,7 +252,7 @@ def q_text(ctl: Ctl, indices: list[int], loaded: bool) -> str:
     for idx in indices:
         v = gpu_view(ctl, idx, loaded)
         g = v["_raw"]
-        act = lambda r: "Active" if r in v["_reasons"] else "Not Active"  # noqa: E731
+        act = lambda r, _v=v: "Active" if r in _v["_reasons"] else "Not Active"  # noqa: E731
         out += [f"GPU {v['pci.bus_id']}", _line(4, "Product Name", v["name"]), _line(4, "Product Brand", "NVIDIA"),
                 _line(4, "Product Architecture", "Hopper"), _line(4, "Persistence Mode", "Enabled"),
                 _line(4, "GPU UUID", v["uuid"]), _line(4, "Minor Number", idx), _line(4, "VBIOS Version", v["vbios_version"]),

@@ -1,0 +1,235 @@
+"""The agent end to end over simulated hosts: every scenario, both baselines, unseen scenarios,
+the transcript, Ctrl-C in the middle of an experiment, and resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agent.run import RunOptions, investigate
+from tools.registry import Runner
+from tools.sim import SimTransport, builtin_names, load_scenario, parse_scenario
+from tools.snapshot import collect, diff, dump
+from tools.transport import BaseTransport
+
+ALL = builtin_names()
+
+
+def check(sc, out) -> None:
+    exp = sc.expect
+    if exp.root_cause is None:
+        assert out["exit_code"] == 3, out["summary"]
+        assert out["root_cause"] is None and out["root_causes"] == [] and out["suspects"] == []
+        return
+    assert out["exit_code"] == 0, out["summary"]
+    rc = out["root_cause"]
+    assert rc["hypothesis"] == exp.root_cause, out["summary"]
+    mentions = [exp.mentions] if isinstance(exp.mentions, str) else (exp.mentions or [])
+    for m in mentions:
+        assert m.lower() in json.dumps(rc).lower(), (m, rc)
+    assert set(exp.also) <= {c["hypothesis"] for c in out["root_causes"][1:]}
+    assert rc["explains"] is not None and 0.5 <= rc["explains"] <= 1.3 or exp.also
+    assert rc["hypothesis"] not in {r["hypothesis"] for r in out["ruled_out"]}
+    assert out["commands"] > 0 and Path(out["transcript"], "transcript.md").is_file()
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_scenario_with_numbers(name, tmp_path):
+    """Each built-in scenario is diagnosed from `--baseline METRIC VALUE UNIT`."""
+    sc = load_scenario(name)
+    out = investigate(RunOptions(host=f"sim:{name}", symptom=sc.symptom, baseline=sc.baseline, as_json=True,
+                                 out=str(tmp_path / "run")))
+    check(sc, out)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_scenario_with_baseline_snapshot(name, tmp_path):
+    """Each built-in scenario is diagnosed from a snapshot of its good state."""
+    sc = load_scenario(name)
+    snap = tmp_path / "good.json"
+    with SimTransport(f"sim:{name}@good") as t:
+        snap.write_text(dump(collect(Runner(t), bench_runs=3)))
+    out = investigate(RunOptions(host=f"sim:{name}", symptom=sc.symptom, baseline_snapshot=str(snap), as_json=True,
+                                 out=str(tmp_path / "run")))
+    check(sc, out)
+
+
+UNSEEN = """
+version: 1
+name: vllm-eager-p2p
+story: A vLLM host in /srv with --enforce-eager left on and NCCL P2P disabled.
+symptom: tpot 31ms
+baseline: tpot 24ms
+expect: {root_cause: serving_config, mentions: enforce-eager, also: [env_var]}
+host:
+  hostname: inference-b7
+  user: svc
+  driver: {version: 570.86.15, cuda: "12.8"}
+  gpus: [{name: NVIDIA H100 80GB HBM3, memory_mib: 81559, sm_clock_max: 1980}, {name: NVIDIA H100 80GB HBM3, memory_mib: 81559}]
+  python: /srv/py/bin/python3
+  packages:
+    vllm: {version: 0.10.1}
+    torch: {version: 2.7.1+cu128}
+  server:
+    cmd: /srv/py/bin/python3 -m vllm.entrypoints.openai.api_server
+    args: {model: Qwen/Qwen2.5-72B-Instruct, tensor-parallel-size: 2, enforce-eager: true}
+    env: {NCCL_P2P_DISABLE: "1", OPENAI_API_KEY: sk-abcdefghijklmnopqrstuvwx}
+    cwd: /srv/app
+  cpu: {governor: performance, cores: 48}
+bench: {metric: tpot, unit: ms, base: 24.0, noise_pct: 2, cmd: bench-serving}
+factors:
+  - {path: server.args.enforce-eager, good: null, bad: true, effect: +5.0}
+  - {path: server.env.NCCL_P2P_DISABLE, good: null, bad: "1", effect: +2.0}
+"""
+
+
+def test_unseen_scenario_is_diagnosed(tmp_path):
+    """A scenario no test has seen (other paths, user, tool, two causes) is diagnosed too."""
+    p = tmp_path / "unseen.yaml"
+    p.write_text(UNSEEN)
+    sc = parse_scenario(UNSEEN, str(p))
+    out = investigate(RunOptions(host=f"sim:{p}", symptom=sc.symptom, baseline=sc.baseline, as_json=True,
+                                 out=str(tmp_path / "run")))
+    check(sc, out)
+    assert "sk-abcdefghijklmnop" not in (Path(out["transcript"]) / "events.jsonl").read_text()
+
+
+def test_agent_and_playbook_name_no_scenario():
+    """Nothing in the agent or the playbook names a built-in scenario or reads scenario files."""
+    root = Path(__file__).resolve().parents[1]
+    text = "\n".join(p.read_text() for p in list((root / "agent").glob("*.py")) + list((root / "playbooks").glob("*.yaml")))
+    for name in ALL:
+        assert name not in text
+    assert "load_scenario" not in text and "factors" not in text
+
+
+def test_seed_transcript_reads_like_the_seeds(tmp_path):
+    """The seeds' story gives numbered messages with pasteable ssh lines, outputs, and a verdict table."""
+    out = investigate(RunOptions(host="sim:eagle3-flashinfer-rebuilt", symptom="verify 30ms", baseline="verify 20ms",
+                                 as_json=True, out=str(tmp_path / "run")))
+    md = (Path(out["transcript"]) / "transcript.md").read_text()
+    assert "[msg 1] [assistant]" in md
+    assert '[assistant] [bash] ssh root@gpu-node-3 "nvidia-smi --query-gpu=' in md
+    assert "Output:" in md
+    assert "git -C /root/sglang worktree add --detach" in md and "worktree remove" in md
+    for h in ["code_change", "gpu_clocks", "pcie_link", "serving_config", "compiled_dependency", "driver_cuda",
+              "env_var", "gpu_contention", "host_cpu"]:
+        assert f"| {h} |" in md
+    assert "| code_change | ruled out | experiment |" in md
+    assert "| serving_config | ruled out | experiment |" in md
+    assert "speculative-attention-mode decode" in md
+    assert "| compiled_dependency | CONFIRMED | elimination |" in md
+    events = (Path(out["transcript"]) / "events.jsonl").read_text()
+    assert "hf_live_secret_value" not in events and "hf_live_secret_value" not in md
+    names = {json.loads(line)["event"] for line in events.splitlines()}
+    assert {"run_started", "tool_call", "tool_result", "verdict", "experiment", "conclusion"} <= names
+
+
+class InterruptAt(BaseTransport):
+    """Wraps a transport; raises KeyboardInterrupt (what SIGINT raises) at the Nth benchmark of an experiment."""
+
+    def __init__(self, inner: BaseTransport, marker: str, nth: int) -> None:
+        self.inner, self.marker, self.nth = inner, marker, nth
+        self.host = inner.host
+        self.seen = 0
+        self.armed = True
+
+    def run(self, command, **kw):
+        r = self.inner.run(command, **kw)
+        if self.armed and self.marker in command:
+            self.seen += 1
+            if self.seen == self.nth:
+                self.armed = False
+                raise KeyboardInterrupt
+        return r
+
+    def display(self, command):
+        return self.inner.display(command)
+
+
+def test_sigint_mid_experiment_restores_host_and_resume_finishes(tmp_path):
+    """Ctrl-C during an experiment leaves the host exactly as found; `resume` then finishes the run."""
+    name = "launch-blocking"
+    sc = load_scenario(name)
+    with SimTransport(f"sim:{name}") as sim:
+        before = collect(Runner(sim))
+        # the 7th benchmark is the second one after the server was restarted without the variable
+        t = InterruptAt(sim, "gpu-bench", 7)
+        opts = RunOptions(host=f"sim:{name}", symptom=sc.symptom, baseline=sc.baseline, as_json=True, out=str(tmp_path / "run"))
+        out = investigate(opts, transport=t)
+        assert out.get("interrupted")
+        after = collect(Runner(sim))
+        assert diff(before, after) == []
+        assert before.server.flags == after.server.flags and before.server.env == after.server.env
+        events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+        phases = [e.get("phase") for e in events if e["event"] == "experiment"]
+        assert "undo_recorded" in phases and "undo" in phases
+        assert events[-1]["event"] == "interrupted"
+        assert not list(Path("/tmp").glob(f"debugagent-{Path(out['transcript']).name}-server.env"))
+        n_before = len(events)
+        out = investigate(opts, folder=tmp_path / "run", resume=True, transport=sim)
+        check(sc, out)
+        events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()][n_before:]
+        assert events[0]["event"] == "resumed"
+        redone = [e["tool"] for e in events if e["event"] == "tool_call"]
+        assert "python_packages" not in redone and "find_servers" in redone  # evidence kept, experiment redone
+        final = collect(Runner(sim))
+        assert diff(before, final) == []
+
+
+def test_cli_sigint_exit_130_and_resume(tmp_path):
+    """A real SIGINT to `debugagent run` mid-experiment exits 130 and `debugagent resume` finishes (exit 0)."""
+    run = tmp_path / "run"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    p = subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--host", "sim:cuda-graph-disabled", "--symptom",
+                          "decode 62 tok/s", "--baseline", "decode 89 tok/s", "--out", str(run), "--json"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        ev = run / "events.jsonl"
+        if ev.exists() and '"phase": "measure"' in ev.read_text() or (ev.exists() and '"tool": "restart_server"' in ev.read_text()):
+            break
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert "debugagent resume" in err
+    r = subprocess.run([sys.executable, "-m", "agent.cli", "resume", str(run), "--json"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["root_cause"]["hypothesis"] == "serving_config"
+
+
+def cli(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_cli_run_json_and_exit_codes(tmp_path):
+    """`run --json` prints one object with the contract's keys; exit 0 on a cause, 3 on none."""
+    r = cli("run", "--host", "sim:power-capped", "--symptom", "decode 74 tok/s", "--baseline", "decode 89 tok/s",
+            "--json", "--out", str(tmp_path / "a"))
+    assert r.returncode == 0, r.stderr
+    o = json.loads(r.stdout)
+    assert {"root_cause", "root_causes", "suspects", "ruled_out", "commands", "transcript"} <= set(o)
+    assert o["root_cause"]["hypothesis"] == "gpu_clocks" and o["root_cause"]["explains"] > 0.8
+    r = cli("run", "--host", "sim:no-regression", "--symptom", "decode 87 tok/s", "--baseline", "decode 89 tok/s",
+            "--json", "--out", str(tmp_path / "b"))
+    assert r.returncode == 3 and json.loads(r.stdout)["root_cause"] is None
+
+
+def test_cli_bad_inputs_exit_2(tmp_path):
+    """Bad symptom, unknown playbook, both baselines: exit 2 with the flag and a fix."""
+    r = cli("run", "--host", "sim:power-capped", "--symptom", "slow", "--baseline", "decode 89 tok/s")
+    assert r.returncode == 2 and "--symptom" in r.stderr and "decode 82 tok/s" in r.stderr
+    r = cli("run", "--host", "sim:power-capped", "--symptom", "decode 74 tok/s", "--playbook", "gpu-inference")
+    assert r.returncode == 2 and "gpu-inference-regression" in r.stderr
+    r = cli("run", "--host", "sim:power-capped", "--symptom", "decode 74 tok/s", "--baseline", "decode 89 tok/s",
+            "--baseline-snapshot", str(tmp_path / "x.json"))
+    assert r.returncode == 2

@@ -125,18 +125,20 @@ class Lab:
     def run(self, hyp: str, spec: dict[str, Any], facts: dict[str, Any], bad: list[float], regression: float) -> dict[str, Any]:
         r = self.runner_for(hyp)
         kind = spec["kind"]
-        try:
-            if kind == "code_revert":
-                return self._code(r, hyp, spec, facts, bad, regression)
-            if kind in ("server_restart", "restore_baseline_flags", "restore_baseline_env"):
-                return self._server(r, hyp, spec, facts, bad, regression)
-            if kind == "power_limit":
-                return self._simple(r, hyp, spec, bad, regression, facts)
-            if kind == "governor":
-                return self._simple(r, hyp, spec, bad, regression, facts)
+        body = {"code_revert": self._code, "server_restart": self._server, "restore_baseline_flags": self._server,
+                "restore_baseline_env": self._server, "power_limit": self._simple, "governor": self._simple}.get(kind)
+        if body is None:
             raise ExperimentError(f"unknown experiment kind {kind}")
-        finally:
-            self.do_undo(r)
+        try:
+            result = body(r, hyp, spec, facts, bad, regression)
+        except BaseException:
+            try:
+                self.do_undo(r)
+            except Exception:  # noqa: BLE001 - the run's restore() retries and reports what is left
+                pass
+            raise
+        self.do_undo(r)
+        return result
 
     def _result(self, spec: dict[str, Any], vals: list[float], d: Any, text: str, **extra: Any) -> dict[str, Any]:
         return {"kind": spec["kind"], "title": spec.get("title", ""), "samples": vals, "mean": statistics.fmean(vals),
@@ -249,7 +251,7 @@ class Lab:
                 break
         self.undo._save()
 
-    def _simple(self, r: Runner, hyp: str, spec: dict[str, Any], bad: list[float], regression: float, facts: dict[str, Any]) -> dict[str, Any]:
+    def _simple(self, r: Runner, hyp: str, spec: dict[str, Any], facts: dict[str, Any], bad: list[float], regression: float) -> dict[str, Any]:
         if spec["kind"] == "power_limit":
             gpu = int(float(spec["gpu"]))
             g = next(x for x in facts["gpus"] if x["index"] == gpu)

@@ -166,6 +166,8 @@ def investigate(opts: RunOptions, *, folder: Path | None = None, resume: bool = 
         write_markdown(folder)
         raise
     undo = UndoStack(folder / "undo.json")
+    if hasattr(transport, "on_event"):
+        transport.on_event = lambda kind, text: transcript.emit("error", kind=kind, message=text)
     advisor = None
     if opts.llm:
         from .llm import Advisor
@@ -227,11 +229,18 @@ def investigate(opts: RunOptions, *, folder: Path | None = None, resume: bool = 
 
 
 def restore(ctx: Ctx) -> None:
-    """Undo whatever an interrupted experiment left on the host."""
+    """Undo whatever an interrupted experiment left on the host; say so loudly if it cannot."""
     if not ctx.undo.steps:
         return
     lab = Lab(ctx.runner, lambda ev, **kw: ctx.transcript.emit(ev, **kw), ctx.undo, Measure("", "", None), ctx.run_id, True)
-    lab.do_undo(ctx.runner("undo"))
+    try:
+        lab.do_undo(ctx.runner("undo"))
+    except DebugAgentError as exc:
+        left = ", ".join(s.text for s in ctx.undo.steps) or "the step in flight"
+        msg = (f"could not undo on {ctx.transport.host}: {exc}; left to do by hand: {left} "
+               f"(also in {ctx.undo.path})")
+        ctx.transcript.emit("error", kind="undo", message=msg)
+        err.print(f"[red]warning[/]: {msg}")
 
 
 def header(opts: RunOptions, playbook: Any, run_id: str) -> dict[str, Any]:

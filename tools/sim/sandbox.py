@@ -42,6 +42,7 @@ from ..transport import (
     ssh_line,
 )
 from .scenario import Scenario, load_scenario
+from .shell import SimShell
 from .standin import so_bytes
 
 DEFAULT_INSTALLED = "2026-11-02T09:00:00+00:00"
@@ -66,9 +67,7 @@ class SimHost:
         self.bin = self.base / "bin"
         self._lock = threading.Lock()
         self.roots = self._roots()
-        self._rewrite = re.compile(
-            r"(?<![\w.~/-])(" + "|".join(re.escape(r) for r in sorted(self.roots, key=len, reverse=True)) + r")(?=[/\s'\";|&)<>:*\[]|$)"
-        )
+        self.shell = SimShell(str(self.sandbox), str(self.bin), self.roots, self.state["user"])
         self.labels: dict[str, str] = {}
         self._layout()
 
@@ -94,6 +93,7 @@ class SimHost:
         self._sys()
         self._write_control()
         self._shims()
+        self.shell.save(self.base)
         self.start_server()
 
     def _git(self) -> None:
@@ -304,53 +304,23 @@ class SimHost:
                             fix="use `PYTHON -m MODULE` with PYTHON = host.python")
 
     def _own_pids(self) -> list[int]:
-        """Real pids of every process started from this sandbox (its python)."""
-        marker = str(self.sandbox).encode()
-        pids = []
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry.name}/cmdline", "rb") as f:
-                    cmd = f.read()
-            except OSError:
-                continue
-            if marker in cmd.split(b"\0", 1)[0]:
-                pids.append(int(entry.name))
-        return pids
+        return self.shell.own_pids()
 
     def server_pids(self) -> list[int]:
         return [int(p.name) for p in self.path("/proc").iterdir() if p.name.isdigit()]
 
     def sync_proc(self) -> None:
-        """Make the sandbox's /proc hold exactly the live processes of this sandbox."""
-        proc = self.path("/proc")
-        live = set(self._own_pids())
-        for p in proc.iterdir():
-            if p.name.isdigit() and int(p.name) not in live:
-                p.unlink(missing_ok=True)
-        for pid in live:
-            link = proc / str(pid)
-            if not link.exists():
-                try:
-                    link.symlink_to(f"/proc/{pid}")
-                except FileExistsError:
-                    pass
+        self.shell.sync_proc()
 
     # ------------------------------------------------------------------ commands
     def rewrite(self, command: str) -> str:
-        return self._rewrite.sub(lambda m: str(self.sandbox) + m.group(1), command)
+        return self.shell.rewrite(command)
 
     def unrewrite(self, text: str) -> str:
-        return text.replace(str(self.sandbox), "")
+        return self.shell.unrewrite(text)
 
     def env(self) -> dict[str, str]:
-        return {
-            "PATH": f"{self.bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            "HOME": str(self.path("/root" if self.state["user"] == "root" else "/home/" + self.state["user"])),
-            "USER": self.state["user"], "LOGNAME": self.state["user"], "LANG": "C.UTF-8", "SHELL": "/bin/bash",
-            "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null",
-        }
+        return self.shell.env()
 
     def exec(self, command: str, *, timeout: float = DEFAULT_TIMEOUT_S, max_output: int = DEFAULT_MAX_OUTPUT,
              host: str = "sim") -> CommandResult:

@@ -1,0 +1,224 @@
+"""SSH against a real OpenSSH server on 127.0.0.1: conventions, faults, and the scenario suite."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import paramiko
+import pytest
+
+from agent.run import RunOptions, investigate
+from tools.errors import AuthError, ConnectError, HostKeyError, TransportError
+from tools.registry import Runner
+from tools.sim import builtin_names, load_scenario
+from tools.sim.serve import SSHD, free_port, start, start_sshd
+from tools.snapshot import collect, diff
+from tools.ssh import EXCEPTION_MAP, SSHTransport, translate
+
+pytestmark = [pytest.mark.ssh, pytest.mark.skipif(not Path(SSHD).is_file(), reason="needs Debian's openssh-server")]
+USER = os.environ.get("USER") or "root"
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    """A private sshd without a simulated host (plain shell), for transport tests."""
+    s = start_sshd(tmp_path_factory.mktemp("sshd"))
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def served():
+    """The seeds' simulated host behind a private sshd."""
+    with start("eagle3-flashinfer-rebuilt") as s:
+        yield s
+
+
+def connect(sshd, **kw) -> SSHTransport:
+    import getpass
+    kw.setdefault("known_hosts", str(sshd.known_hosts))
+    return SSHTransport.from_spec(f"{getpass.getuser()}@127.0.0.1:{sshd.port}", identity_file=str(sshd.identity), **kw)
+
+
+def test_every_paramiko_exception_is_mapped():
+    """Each exception class paramiko defines translates to one of ours."""
+    classes = [c for _, c in inspect.getmembers(paramiko.ssh_exception, inspect.isclass) if issubclass(c, Exception)]
+    assert classes
+    for c in classes:
+        assert c in EXCEPTION_MAP, c
+    assert isinstance(translate(ConnectionRefusedError(), "h"), ConnectError)
+    assert isinstance(translate(paramiko.AuthenticationException("no"), "h"), AuthError)
+
+
+def test_commands_results_and_concurrency(plain):
+    """Results are values; binary output is replaced; 16 concurrent commands share the connection."""
+    t = connect(plain)
+    r = t.run("echo out; echo err >&2; exit 3")
+    assert (r.stdout, r.stderr.strip(), r.exit_code) == ("out\n", "err", 3)
+    assert t.run("printf 'a\\377b'").stdout == "a\ufffdb"
+    start_t = time.monotonic()
+    rs = t.run_many([f"sleep 0.5; echo {i}" for i in range(16)])
+    assert [x.stdout.strip() for x in rs] == [str(i) for i in range(16)]
+    assert time.monotonic() - start_t < 3.0
+    t.close()
+
+
+def test_50mb_on_stderr_does_not_deadlock(plain):
+    """50 MB on stderr while stdout waits: both come back."""
+    t = connect(plain)
+    r = t.run("head -c 52428800 /dev/zero >&2; echo done", timeout=60, max_output=64 << 20)
+    assert r.stdout == "done\n" and len(r.stderr) == 52428800 and not r.truncated
+    t.close()
+
+
+def test_hanging_command_is_cut_and_ended_on_the_host(plain):
+    """A command past its timeout is cut, reported, and no longer runs on the host."""
+    t = connect(plain)
+    mark = f"sleep {4000 + os.getpid() % 1000}"
+    r = t.run(f"{mark}; echo never", timeout=1)
+    assert r.timed_out and r.exit_code == 124 and "cut at its timeout" in r.stderr
+    time.sleep(1.5)
+    assert t.run(f"pgrep -f '^{mark}$' || echo gone").stdout.strip() == "gone"
+    t.close()
+
+
+def test_unknown_host_key_refused_then_accepted_without_rewriting(plain, tmp_path):
+    """An unknown key is refused; with accept-new one line is appended and nothing else changes."""
+    kh = tmp_path / "known_hosts"
+    original = "# my hosts\n@cert-authority *.corp ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJunk\n|1|abc=|def= ssh-rsa AAAAB3Nz\n"
+    kh.write_text(original)
+    with pytest.raises(HostKeyError, match="unknown host key"):
+        connect(plain, known_hosts=str(kh))
+    t = connect(plain, known_hosts=str(kh), accept_new=True)
+    t.close()
+    text = kh.read_text()
+    assert text.startswith(original)
+    assert text[len(original):] == plain.host_key_line + "\n"
+    connect(plain, known_hosts=str(kh)).close()  # now known
+
+
+def test_changed_host_key_is_always_refused(plain, tmp_path):
+    """A changed key is refused even with accept-new."""
+    other = tmp_path / "k"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    pub = other.with_suffix(".pub").read_text().split()
+    kh = tmp_path / "known_hosts"
+    kh.write_text(f"[127.0.0.1]:{plain.port} {pub[0]} {pub[1]}\n")
+    with pytest.raises(HostKeyError, match="CHANGED"):
+        connect(plain, known_hosts=str(kh), accept_new=True)
+
+
+def test_wrong_key_is_auth_error(plain, tmp_path):
+    """A key the host does not know is an AuthError (exit 4)."""
+    k = tmp_path / "wrong"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(k)], check=True)
+    with pytest.raises(AuthError) as e:
+        SSHTransport.from_spec(f"{USER}@127.0.0.1:{plain.port}", identity_file=str(k), known_hosts=str(plain.known_hosts))
+    assert e.value.exit_code == 4
+
+
+def test_unreachable_host_exits_4_fast(tmp_path):
+    """Nothing listening: `snapshot` exits 4 at once with a message and a fix."""
+    port = free_port()
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "agent.cli", "snapshot", "--host", f"root@127.0.0.1:{port}", "-o",
+                        str(tmp_path / "s.json"), "--connect-timeout", "3"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 4 and "connection refused" in r.stderr and "fix:" in r.stderr
+    assert time.monotonic() - t0 < 10
+
+
+def sshd_children(listener: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(listener)], capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]
+
+
+def test_dropped_connection_is_remade(plain):
+    """The connection's sshd process is killed: the next command reconnects, says so, and succeeds."""
+    t = connect(plain)
+    events = []
+    t.on_event = lambda kind, text: events.append((kind, text))
+    assert t.run("true").ok
+    for pid in sshd_children(plain.proc.pid):
+        os.kill(pid, signal.SIGKILL)
+    time.sleep(0.3)
+    r = t.run("echo back")
+    assert r.stdout == "back\n" and t.reconnects == 1
+    assert events and events[0][0] == "reconnected"
+    t.close()
+
+
+def test_sshd_killed_for_good_gives_transport_error(tmp_path):
+    """sshd gone for good mid-session: a command raises a TransportError (exit 4) after bounded retries."""
+    s = start_sshd(tmp_path / "d")
+    t = connect(s)
+    assert t.run("true").ok
+    for pid in sshd_children(s.proc.pid):
+        os.kill(pid, signal.SIGKILL)
+    s.stop()
+    t0 = time.monotonic()
+    with pytest.raises(TransportError):
+        t.run("true")
+    assert time.monotonic() - t0 < 20
+
+
+def test_more_than_a_gib_through_one_transport(plain):
+    """1.1 GiB of benchmark-log-like output through one transport completes (re-key safe)."""
+    t = connect(plain)
+    total = 0
+    for _ in range(18):
+        r = t.run("head -c 67108864 /dev/zero | tr '\\0' 'x'", timeout=120, max_output=1 << 20)
+        assert r.ok and r.truncated
+        total += 64 << 20
+    assert total > 1 << 30
+    assert t.run("echo alive").stdout == "alive\n"
+    t.close()
+
+
+def test_ssh_shows_what_sim_shows(served, tmp_path):
+    """A login on the served host sees the scenario's host: same paths, same answers as sim:."""
+    t = SSHTransport.from_spec(served.target, identity_file=str(served.identity), known_hosts=str(tmp_path / "kh"),
+                               accept_new=True)
+    r = t.run("/root/ml-env/bin/python3 -c 'import sgl_kernel; print(sgl_kernel.__version__)'; hostname")
+    assert r.stdout == "0.3.21\ngpu-node-3\n"
+    snap = collect(Runner(t))
+    assert snap.server and snap.server.cwd == "/root/sglang" and snap.repo and snap.errors == []
+    t.close()
+
+
+@pytest.mark.parametrize("name", builtin_names())
+def test_scenario_over_ssh_matches_sim(name, tmp_path):
+    """`sim serve X` + `run --host user@127.0.0.1:PORT --accept-new-host-key` concludes as `--host sim:X` does."""
+    sc = load_scenario(name)
+    with start(name) as s:
+        before = collect(Runner(s_transport := SSHTransport.from_spec(
+            s.target, identity_file=str(s.identity), known_hosts=str(s.known_hosts))))
+        out = investigate(RunOptions(host=s.target, symptom=sc.symptom, baseline=sc.baseline, as_json=True,
+                                     allow_mutations=True, out=str(tmp_path / "run"),
+                                     ssh=__import__("agent.hosts", fromlist=["SSHOptions"]).SSHOptions(
+                                         identity_file=str(s.identity), known_hosts=str(tmp_path / "kh"),
+                                         accept_new_host_key=True)))
+        after = collect(Runner(s_transport))
+        s_transport.close()
+    want = sc.expect.root_cause
+    got = out["root_cause"]["hypothesis"] if out["root_cause"] else None
+    assert got == want, out["summary"]
+    assert diff(before, after) == []
+    events = (tmp_path / "run" / "events.jsonl").read_text()
+    assert f"ssh -p {s.port} " in events
+
+
+def test_cli_run_over_ssh_json(served, tmp_path):
+    """The CLI line `sim serve` prints works: exit 0 and the seeds' answer."""
+    r = subprocess.run([sys.executable, "-m", "agent.cli", "run", "--host", served.target, "--identity-file",
+                        str(served.identity), "--accept-new-host-key", "--known-hosts", str(tmp_path / "kh"),
+                        "--symptom", "verify 30ms", "--baseline", "verify 20ms", "--allow-mutations", "--json",
+                        "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["root_cause"]["hypothesis"] == "compiled_dependency"

@@ -1,0 +1,102 @@
+"""How a command reaches a simulated host's sandbox. Standard library only.
+
+Shared by ``SimHost.exec`` (``--host sim:…``) and by ``remote.py``, the command an
+OpenSSH server runs for ``debugagent sim serve``: so what ``ssh`` shows is what
+``sim:`` shows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+
+class SimShell:
+    def __init__(self, sandbox: str, bin_dir: str, roots: list[str], user: str) -> None:
+        self.sandbox = sandbox
+        self.bin = bin_dir
+        self.roots = roots
+        self.user = user
+        self._re = re.compile(
+            r"(?<![\w.~/-])(" + "|".join(re.escape(r) for r in sorted(roots, key=len, reverse=True))
+            + r")(?=[/\s'\";|&)<>:*\[]|$)")
+        self._marker = sandbox.encode()
+
+    @classmethod
+    def load(cls, base: str) -> SimShell:
+        d = json.loads((Path(base) / "exec.json").read_text())
+        return cls(d["sandbox"], d["bin"], d["roots"], d["user"])
+
+    def save(self, base: Path) -> None:
+        (base / "exec.json").write_text(json.dumps({"sandbox": self.sandbox, "bin": self.bin, "roots": self.roots,
+                                                    "user": self.user}))
+
+    def rewrite(self, command: str) -> str:
+        return self._re.sub(lambda m: self.sandbox + m.group(1), command)
+
+    def unrewrite(self, text: str) -> str:
+        return text.replace(self.sandbox, "")
+
+    def home(self) -> str:
+        return self.sandbox + ("/root" if self.user == "root" else "/home/" + self.user)
+
+    def env(self) -> dict[str, str]:
+        return {
+            "PATH": f"{self.bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": self.home(), "USER": self.user, "LOGNAME": self.user, "LANG": "C.UTF-8", "SHELL": "/bin/bash",
+            "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null",
+        }
+
+    def own_pids(self) -> list[int]:
+        """Real pids of every process started from this sandbox (its python)."""
+        pids = []
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                    cmd = f.read()
+            except OSError:
+                continue
+            if self._marker in cmd.split(b"\0", 1)[0]:
+                pids.append(int(entry.name))
+        return pids
+
+    def sync_proc(self) -> None:
+        """Make the sandbox's /proc hold exactly the live processes of this sandbox."""
+        proc = Path(self.sandbox) / "proc"
+        live = set(self.own_pids())
+        for p in proc.iterdir():
+            if p.name.isdigit() and int(p.name) not in live:
+                p.unlink(missing_ok=True)
+        for pid in live:
+            link = proc / str(pid)
+            if not link.is_symlink():
+                try:
+                    link.symlink_to(f"/proc/{pid}")
+                except FileExistsError:
+                    pass
+
+
+class StreamUnrewrite:
+    """Removes the sandbox prefix from a byte stream, also where a chunk boundary splits it."""
+
+    def __init__(self, sandbox: str) -> None:
+        self.needle = sandbox.encode()
+        self.tail = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = (self.tail + chunk).replace(self.needle, b"")
+        keep = 0
+        for k in range(min(len(self.needle) - 1, len(data)), 0, -1):
+            if self.needle.startswith(data[-k:]):
+                keep = k
+                break
+        self.tail = data[len(data) - keep:] if keep else b""
+        return data[: len(data) - keep]
+
+    def flush(self) -> bytes:
+        out, self.tail = self.tail, b""
+        return out

@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from tools.errors import DebugAgentError
@@ -23,14 +24,14 @@ from .hosts import SSHOptions, open_transport
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_enable=False,
     help="Diagnose performance regressions on GPU inference hosts.\n\n"
-         "Example: debugagent run --host sim:eagle3-flashinfer-rebuilt --symptom 'verify 30ms' --baseline 'verify 20ms'",
+         "Example: debugagent run --host gpu-box --symptom 'verify 30ms' --baseline 'verify 20ms'. Try it on a simulated host: debugagent sim list, then --host sim:NAME.",
 )
 sim_app = typer.Typer(no_args_is_help=True, help="The built-in simulated GPU hosts.")
 playbook_app = typer.Typer(no_args_is_help=True, help="List, show, validate, test and start playbooks.")
 app.add_typer(sim_app, name="sim")
 app.add_typer(playbook_app, name="playbook")
-err = Console(stderr=True, highlight=False)
-out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
+out = Console(highlight=False, soft_wrap=True, emoji=False)
 
 HostOpt = Annotated[str, typer.Option("--host", help="user@host[:port], an ~/.ssh/config alias, `local`, or sim:NAME[@good] / sim:PATH.yaml")]
 IdentOpt = Annotated[str | None, typer.Option("--identity-file", "-i", help="private key file for SSH")]  # noqa: UP007
@@ -120,7 +121,7 @@ def snapshot(
         err.print(f"wrote {output}: {len(snap.packages.packages) if snap.packages else 0} packages, "
                   f"{len(snap.gpus)} GPUs, {snap.commands} commands" + (f", {len(snap.errors)} errors" if snap.errors else ""))
     for e in snap.errors:
-        err.print(f"  [yellow]note[/]: {e}")
+        err.print(f"  [yellow]note[/]: {escape(e)}")
 
 
 @app.command("diff")
@@ -140,7 +141,7 @@ def diff_cmd(a: Annotated[str, typer.Argument(help="snapshot of the good state")
         out.print(f"[bold]{hyp}[/]")
         for c in cs:
             note = f"  ({c.note})" if c.note else ""
-            out.print(f"  {c.path}: {c.a!r} -> {c.b!r}{note}")
+            out.print(escape(f"  {c.path}: {c.a!r} -> {c.b!r}{note}"))
 
 
 # ---------------------------------------------------------------- sim
@@ -151,7 +152,7 @@ def sim_list() -> None:
     t = Table("name", "symptom", "baseline", "story", box=None)
     for n in builtin_names():
         s = load_scenario(n)
-        t.add_row(n, s.symptom, s.baseline, " ".join(s.story.split())[:90])
+        t.add_row(n, escape(s.symptom), escape(s.baseline), escape(" ".join(s.story.split())[:90]))
     out.print(t)
 
 
@@ -171,14 +172,14 @@ def playbook_list() -> None:
     from .playbook import builtin_playbooks, load_playbook
     for n in builtin_playbooks():
         pb = load_playbook(n)
-        out.print(f"{n}: {pb.description.strip().splitlines()[0] if pb.description else ''}")
+        out.print(escape(f"{n}: {pb.description.strip().splitlines()[0] if pb.description else ''}"))
 
 
 @playbook_app.command("show")
 def playbook_show(name: Annotated[str, typer.Argument()]) -> None:
     """Print a playbook's tree: hypotheses in order, their checks, rules and experiments."""
     from .playbook import load_playbook, render_tree
-    out.print(render_tree(load_playbook(name)))
+    out.print(render_tree(load_playbook(name)), markup=False)
 
 
 @playbook_app.command("validate")
@@ -221,7 +222,8 @@ def main() -> None:
         rv = app(standalone_mode=False)
         sys.exit(rv if isinstance(rv, int) else 0)
     except DebugAgentError as exc:
-        err.print(f"[red]error[/]: {exc.message}", markup=True)
+        err.print("[red]error[/]: ", end="")
+        err.print(exc.message, markup=False)
         if exc.fix:
             err.print(f"  fix: {exc.fix}", markup=False)
         sys.exit(exc.exit_code)

@@ -17,6 +17,7 @@ from typing import Any
 from langgraph.checkpoint.sqlite import SqliteSaver
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from tools.errors import DebugAgentError, TransportError, UsageError
@@ -30,7 +31,7 @@ from .playbook import load_playbook
 from .symptom import check_pair, parse_symptom
 from .transcript import SCHEMA_VERSION, Transcript, write_markdown
 
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
 
 
 @dataclass
@@ -74,7 +75,7 @@ class View:
         t = Table(box=None, show_header=False)
         for h, st in self.status.items():
             t.add_row(self.ICON.get(st, "?"), h, st.replace("_", " "))
-        t.add_row("", "[dim]" + self.line[:110] + "[/]", "")
+        t.add_row("", "[dim]" + escape(self.line[:110]) + "[/]", "")
         return t
 
     def update(self, kind: str, data: dict[str, Any]) -> None:
@@ -83,9 +84,9 @@ class View:
         elif kind == "verdict":
             self.status[data["hypothesis"]] = data["status"]
             if not self.live and not self.quiet:
-                err.print(f"[verdict] {data['hypothesis']}: {data['status'].replace('_', ' ')}")
+                err.print(escape(f"[verdict] {data['hypothesis']}: {data['status'].replace('_', ' ')}"))
         elif kind == "reasoning" and not self.live and not self.quiet:
-            err.print(f"[agent] {data.get('text', '')[:200]}")
+            err.print(escape(f"[agent] {data.get('text', '')[:200]}"))
         if self.live:
             self.live.update(self.table())
 
@@ -182,7 +183,7 @@ def investigate(opts: RunOptions, *, folder: Path | None = None, resume: bool = 
     if resume:
         transcript.emit("resumed", text=f"resumed on {transport.host}; the last finished step is kept, the rest runs again")
     else:
-        transcript.emit("run_started", **header(opts, playbook, run_id))
+        transcript.emit("run_started", **header(opts, playbook, run_id, base_snap))
     conn = sqlite3.connect(str(folder / "checkpoints.sqlite"), check_same_thread=False)
     graph = build_graph(ctx, checkpointer=SqliteSaver(conn))
     config = {"configurable": {"thread_id": run_id}, "recursion_limit": RECURSION_LIMIT}
@@ -240,27 +241,28 @@ def restore(ctx: Ctx) -> None:
         msg = (f"could not undo on {ctx.transport.host}: {exc}; left to do by hand: {left} "
                f"(also in {ctx.undo.path})")
         ctx.transcript.emit("error", kind="undo", message=msg)
-        err.print(f"[red]warning[/]: {msg}")
+        err.print(f"[red]warning[/]: {escape(msg)}")
 
 
-def header(opts: RunOptions, playbook: Any, run_id: str) -> dict[str, Any]:
+def header(opts: RunOptions, playbook: Any, run_id: str, snap: Snapshot | None = None) -> dict[str, Any]:
     return {"schema_version": SCHEMA_VERSION, "debugagent_version": __version__, "run_id": run_id, "host": opts.host,
             "symptom": opts.symptom, "baseline": opts.baseline, "baseline_snapshot": opts.baseline_snapshot,
             "playbook": playbook.name, "playbook_source": os.path.basename(playbook.source), "playbook_digest": playbook.digest,
-            "inputs": {"bench": opts.bench, "repo": opts.repo, "python": opts.python,
-                       "allow_mutations": opts.allow_mutations, "llm": bool(opts.llm)}}
+            "inputs": {"bench": opts.bench, "repo": opts.repo, "python": opts.python, "server_pattern": opts.server_pattern,
+                       "bench_regex": opts.bench_regex, "allow_mutations": opts.allow_mutations, "llm": bool(opts.llm)},
+            "baseline_snapshot_data": snap.model_dump(mode="json") if snap else None}
 
 
 def print_human(o: dict[str, Any]) -> None:
-    out = Console(highlight=False, soft_wrap=True)
+    out = Console(highlight=False, soft_wrap=True, emoji=False)
     out.print()
-    out.print(f"[bold]{o['summary']}[/]")
+    out.print(f"[bold]{escape(o['summary'])}[/]")
     for s in o.get("suspects") or []:
-        out.print(f"  suspect {s['hypothesis']}: {s['because']}")
+        out.print(f"  suspect {s['hypothesis']}: {escape(s['because'])}")
     for r in o.get("ruled_out") or []:
-        out.print(f"  [dim]ruled out {r['hypothesis']}: {r['because'][:160]}[/]")
+        out.print(f"  [dim]ruled out {r['hypothesis']}: {escape(r['because'][:160])}[/]")
     for n in o.get("notes") or []:
-        out.print(f"  [yellow]note[/]: {n}")
+        out.print(f"  [yellow]note[/]: {escape(n)}")
     out.print(f"\n{o['commands']} commands, {o.get('bench_runs') or 0} benchmark runs, {o['wall_s']} s. "
               f"Transcript: {o['transcript']}/transcript.md")
 

@@ -1,0 +1,117 @@
+"""Record and replay: every kept transcript replays to its conclusion with no host at all."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.playbook import load_playbook
+from agent.replay import replay_events, replay_run
+from agent.transcript import read_events
+from tools.errors import RecordingError, ReplayMiss
+from tools.replay import ReplayTransport
+
+ROOT = Path(__file__).resolve().parents[1]
+KEPT = sorted(p.parent for p in (ROOT / "transcripts").glob("*/events.jsonl"))
+
+
+def test_enough_recordings_are_kept():
+    """At least 8 recorded runs, diverse across hypothesis ids, the seeds' story among them."""
+    assert len(KEPT) >= 8
+    causes = set()
+    for run in KEPT:
+        ev = read_events(run / "events.jsonl")
+        conc = next(e for e in ev if e["event"] == "conclusion")
+        causes |= {c["hypothesis"] for c in conc["root_causes"]} or {"none"}
+        assert (run / "transcript.md").is_file()
+    assert len(causes) >= 6
+    assert any("eagle3" in r.name for r in KEPT)
+
+
+@pytest.mark.parametrize("run", KEPT, ids=[r.name for r in KEPT])
+def test_kept_transcript_replays_to_its_conclusion(run, tmp_path):
+    """Replaying a kept recording (no network, no simulated host) reaches the recorded conclusion."""
+    res = replay_events(read_events(run / "events.jsonl"), playbook=None, out=tmp_path / "replay")
+    assert res["same"], "\n".join(res["diff"])
+    assert res["unused_results"] == 0
+
+
+def test_recording_header_and_redaction():
+    """The header names schema, version, playbook and its hash, and the inputs; no secret is recorded."""
+    for run in KEPT:
+        text = (run / "events.jsonl").read_text()
+        head = json.loads(text.splitlines()[0])
+        assert head["event"] == "run_started" and head["schema_version"] == 1
+        assert head["playbook"] == "gpu-inference-regression" and len(head["playbook_digest"]) == 16
+        assert "inputs" in head and head["debugagent_version"]
+        assert "hf_live_secret" not in text and "sk-" not in text
+
+
+def test_changed_rule_fails_replay_with_verdict_diff(tmp_path):
+    """A default-playbook edit that misses a recorded cause fails the replay and shows the changed verdict."""
+    run = next(r for r in KEPT if "launch-blocking" in r.name)
+    text = (ROOT / "playbooks" / "gpu-inference-regression.yaml").read_text()
+    edited = text.replace('- {var: CUDA_LAUNCH_BLOCKING, value: "1",', '- {var: CUDA_LAUNCH_BLOCKIN, value: "1",')
+    assert edited != text
+    p = tmp_path / "edited.yaml"
+    p.write_text(edited)
+    res = replay_events(read_events(run / "events.jsonl"), playbook=str(p), out=tmp_path / "replay")
+    assert not res["same"]
+    assert any(line.strip().startswith("env_var: confirmed (recorded) -> ruled_out (replayed)") for line in res["diff"])
+    r = subprocess.run([sys.executable, "-m", "agent.cli", "playbook", "test", str(p), "--transcript", str(run)],
+                       capture_output=True, text=True)
+    assert r.returncode == 5 and "env_var: confirmed (recorded) -> ruled_out (replayed)" in r.stderr
+
+
+def test_unrecorded_command_stops_the_replay():
+    """A command the recording lacks raises ReplayMiss naming the step and what was recorded next."""
+    run = KEPT[0]
+    t = ReplayTransport(read_events(run / "events.jsonl"))
+    with pytest.raises(ReplayMiss) as e:
+        t.run("rm -rf /")
+    assert e.value.step == 1 and "recorded next" in str(e.value) and e.value.exit_code == 5
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garble", "unknown-event", "headless"])
+def test_tampered_recording_exit_2_with_line(tmp_path, damage):
+    """A tampered or truncated events.jsonl gives exit 2 with the line number, never a traceback."""
+    run = KEPT[0]
+    lines = (run / "events.jsonl").read_text().splitlines()
+    if damage == "truncate":
+        lines[-1] = lines[-1][: len(lines[-1]) // 2]
+    elif damage == "garble":
+        lines[5] = "{not json"
+    elif damage == "unknown-event":
+        lines[7] = json.dumps({"event": "made_up"})
+    else:
+        lines = lines[1:]
+    (tmp_path / "events.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(RecordingError):
+        read_events(tmp_path / "events.jsonl")
+    r = subprocess.run([sys.executable, "-m", "agent.cli", "replay", str(tmp_path)], capture_output=True, text=True)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "events.jsonl:" in r.stderr
+
+
+def test_replay_cli_same_conclusion():
+    """`debugagent replay RUN` exits 0 and says the conclusion is the same."""
+    r = subprocess.run([sys.executable, "-m", "agent.cli", "replay", str(KEPT[0])], capture_output=True, text=True)
+    assert r.returncode == 0 and "same conclusion" in r.stderr
+
+
+def test_playbook_authors_helpers(tmp_path):
+    """The shipped helpers: a fake transport driven by a function, and a transcript builder."""
+    from debugagent_testing import FakeTransport, TranscriptBuilder
+    b = TranscriptBuilder(symptom="verify 30ms", baseline="verify 20ms")
+    b.result("hostname", "box\n")
+    path = b.write(tmp_path / "rec")
+    ev = read_events(path / "events.jsonl")
+    assert [e["event"] for e in ev] == ["run_started", "tool_call", "tool_result", "conclusion"]
+    t = FakeTransport(lambda cmd: "box\n" if cmd == "hostname" else (_ for _ in ()).throw(KeyError(cmd)))
+    assert t.run("hostname").stdout == "box\n" and t.run("ls").exit_code == 127
+    assert load_playbook(None).name == "gpu-inference-regression"
+    assert replay_run(str(KEPT[0]), out=str(tmp_path / "r")) == 0

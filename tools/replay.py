@@ -1,0 +1,70 @@
+"""Replay: a transport that answers from a recording and never falls through to a host.
+
+Matching is by the exact command (after redaction, as the recording was redacted), in
+recorded order for repeated identical commands (benchmark samples replay in the order
+they were recorded). A command the recording lacks raises ``ReplayMiss`` naming the
+step, the command asked for, and what was recorded next.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Any
+
+from .errors import RecordingError, ReplayMiss
+from .redact import redact_text
+from .transport import DEFAULT_MAX_OUTPUT, DEFAULT_TIMEOUT_S, BaseTransport, CommandResult
+
+RESULT_FIELDS = ("command", "stdout", "stderr", "exit_code")
+
+
+class ReplayTransport(BaseTransport):
+    max_parallel = 1  # replay in a deterministic order
+
+    def __init__(self, events: list[dict[str, Any]], file: str = "events.jsonl") -> None:
+        self.host = "replay:" + str(events[0].get("host", "?"))
+        self._queues: dict[str, deque[dict[str, Any]]] = {}
+        self._order: list[dict[str, Any]] = []
+        self._display: dict[str, str] = {}
+        for n, ev in enumerate(events, 1):
+            if ev["event"] == "tool_call":
+                self._display.setdefault(ev.get("command", ""), ev.get("display", ""))
+            if ev["event"] != "tool_result":
+                continue
+            missing = [f for f in RESULT_FIELDS if f not in ev]
+            if missing:
+                raise RecordingError(f"tool_result lacks {', '.join(missing)}", file=file, line=n,
+                                     fix="the recording is edited or truncated; record the run again")
+            self._queues.setdefault(ev["command"], deque()).append(ev)
+            self._order.append(ev)
+        self._used: set[int] = set()
+        self.step = 0
+        self._lock = threading.Lock()
+
+    def run(self, command: str, *, timeout: float = DEFAULT_TIMEOUT_S, max_output: int = DEFAULT_MAX_OUTPUT) -> CommandResult:
+        key = redact_text(command)
+        with self._lock:
+            self.step += 1
+            q = self._queues.get(key)
+            if not q:
+                nxt = next((e for e in self._order if id(e) not in self._used), None)
+                raise ReplayMiss(
+                    f"replay step {self.step}: the agent asked for a command the recording does not hold:\n"
+                    f"  asked:         {command[:300]}\n"
+                    f"  recorded next: {(nxt or {}).get('command', '(nothing: the recording is exhausted)')[:300]}",
+                    step=self.step, asked=command, recorded_next=(nxt or {}).get("command"),
+                    fix="the playbook or the agent changed what it asks; record the run again against a host "
+                        "(debugagent run … --out DIR) if the change is intended")
+            ev = q.popleft()
+            self._used.add(id(ev))
+        return CommandResult(command=command, host=self.host, stdout=ev["stdout"], stderr=ev["stderr"],
+                             exit_code=int(ev["exit_code"]), duration_ms=float(ev.get("duration_ms", 0.0)),
+                             truncated=bool(ev.get("truncated", False)), timed_out=bool(ev.get("timed_out", False)))
+
+    def display(self, command: str) -> str:
+        return self._display.get(redact_text(command)) or command
+
+    @property
+    def unused(self) -> int:
+        return len(self._order) - len(self._used)

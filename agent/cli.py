@@ -49,17 +49,21 @@ def ssh_opts(identity_file: str | None, known_hosts: str | None, accept: bool, t
 def run(
     host: HostOpt,
     symptom: Annotated[str, typer.Option("--symptom", help="what got worse: `verify 30ms`, `decode 82 tok/s`, `ttft 1.2 s`")],
-    baseline: Annotated[str | None, typer.Option("--baseline", help="what it was when good: `verify 20ms`")] = None,  # noqa: UP007
-    baseline_snapshot: Annotated[str | None, typer.Option("--baseline-snapshot", help="a snapshot of the good state (debugagent snapshot)")] = None,  # noqa: UP007
-    playbook: Annotated[str | None, typer.Option("--playbook", help="playbook name or YAML path (default gpu-inference-regression)")] = None,  # noqa: UP007
-    bench: Annotated[str | None, typer.Option("--bench", help="benchmark command printing METRIC=VALUE UNIT")] = None,  # noqa: UP007
-    repo: Annotated[str | None, typer.Option("--repo", help="the server's git checkout on the host")] = None,  # noqa: UP007
-    python: Annotated[str | None, typer.Option("--python", help="the server's Python interpreter on the host")] = None,  # noqa: UP007
+    baseline: Annotated[str | None, typer.Option("--baseline", help="what it was when good: `verify 20ms`")] = None,
+    baseline_snapshot: Annotated[str | None, typer.Option("--baseline-snapshot", help="a snapshot of the good state (debugagent snapshot)")] = None,
+    playbook: Annotated[str | None, typer.Option("--playbook", help="playbook name or YAML path (default gpu-inference-regression)")] = None,
+    bench: Annotated[str | None, typer.Option("--bench", help="benchmark command printing METRIC=VALUE UNIT")] = None,
+    repo: Annotated[str | None, typer.Option("--repo", help="the server's git checkout on the host")] = None,
+    python: Annotated[str | None, typer.Option("--python", help="the server's Python interpreter on the host")] = None,
     allow_mutations: Annotated[bool, typer.Option("--allow-mutations", help="run experiments (each undone afterwards) without asking")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object on stdout")] = False,
-    out_dir: Annotated[str | None, typer.Option("--out", help="transcript folder (default transcripts/<UTC time>-<slug>/)")] = None,  # noqa: UP007
-    llm: Annotated[str | None, typer.Option("--llm", help="OpenAI-compatible base URL of an LLM that advises on the plan (optional)")] = None,  # noqa: UP007
+    out_dir: Annotated[str | None, typer.Option("--out", help="transcript folder (default transcripts/<UTC time>-<slug>/)")] = None,
+    llm: Annotated[str | None, typer.Option("--llm", help="OpenAI-compatible base URL of an LLM that advises on the plan (optional)")] = None,
     llm_model: Annotated[str, typer.Option("--llm-model", help="model name for --llm")] = "gpt-4o-mini",
+    server_pattern: Annotated[str | None, typer.Option("--server-pattern", help="regex for the server's command line (default: SGLang, vLLM, TGI, TensorRT-LLM)")] = None,
+    bench_regex: Annotated[str | None, typer.Option("--bench-regex", help="regex whose group 1 is the metric in the benchmark's output")] = None,
+    reproduce_runs: Annotated[int, typer.Option("--reproduce-runs", min=2, help="benchmark runs to reproduce the regression")] = 5,
+    max_runs: Annotated[int, typer.Option("--max-runs", min=3, help="most benchmark runs per experiment (fewer once decided)")] = 8,
     identity_file: IdentOpt = None, known_hosts: KnownOpt = None, accept_new_host_key: AcceptOpt = False,
     connect_timeout: TimeoutOpt = 10.0,
 ) -> None:
@@ -67,7 +71,8 @@ def run(
     from .run import RunOptions, execute
     opts = RunOptions(host=host, symptom=symptom, baseline=baseline, baseline_snapshot=baseline_snapshot,
                       playbook=playbook, bench=bench, repo=repo, python=python, allow_mutations=allow_mutations,
-                      as_json=as_json, out=out_dir, llm=llm, llm_model=llm_model,
+                      as_json=as_json, out=out_dir, llm=llm, llm_model=llm_model, server_pattern=server_pattern,
+                      bench_regex=bench_regex, reproduce_runs=reproduce_runs, max_runs=max_runs,
                       ssh=ssh_opts(identity_file, known_hosts, accept_new_host_key, connect_timeout))
     raise typer.Exit(execute(opts))
 
@@ -83,7 +88,7 @@ def resume(run_dir: Annotated[str, typer.Argument(help="the transcript folder of
 
 @app.command()
 def replay(run_dir: Annotated[str, typer.Argument(help="a transcript folder (or its events.jsonl)")],
-           playbook: Annotated[str | None, typer.Option("--playbook", help="replay against another playbook")] = None,  # noqa: UP007
+           playbook: Annotated[str | None, typer.Option("--playbook", help="replay against another playbook")] = None,
            as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Re-run a recorded run against its recorded outputs: same conclusion (exit 0) or a diff (exit 5)."""
     from .replay import replay_run
@@ -95,9 +100,9 @@ def replay(run_dir: Annotated[str, typer.Argument(help="a transcript folder (or 
 def snapshot(
     host: HostOpt,
     output: Annotated[str, typer.Option("-o", "--output", help="where to write the JSON (- for stdout)")],
-    bench: Annotated[str | None, typer.Option("--bench", help="benchmark to run while GPUs are sampled")] = None,  # noqa: UP007
-    repo: Annotated[str | None, typer.Option("--repo")] = None,  # noqa: UP007
-    python: Annotated[str | None, typer.Option("--python")] = None,  # noqa: UP007
+    bench: Annotated[str | None, typer.Option("--bench", help="benchmark to run while GPUs are sampled")] = None,
+    repo: Annotated[str | None, typer.Option("--repo")] = None,
+    python: Annotated[str | None, typer.Option("--python")] = None,
     bench_runs: Annotated[int, typer.Option("--bench-runs", help="benchmark runs recorded in the snapshot (its baseline number)")] = 3,
     identity_file: IdentOpt = None, known_hosts: KnownOpt = None, accept_new_host_key: AcceptOpt = False,
     connect_timeout: TimeoutOpt = 10.0,

@@ -59,6 +59,7 @@ class Measure:
     cwd: str | None
     regex: str | None = None
     ready_timeout_s: float = 600.0
+    max_runs: int = 8
 
 
 class Lab:
@@ -88,7 +89,8 @@ class Lab:
             time.sleep(min(5.0, max(0.2, m.ready_timeout_s / 100)))
 
     def sample(self, r: Runner, cwd: str | None, bad: list[float], regression: float, why: str,
-               first: int = 3, most: int = 8) -> tuple[list[float], Any]:
+               first: int = 3) -> tuple[list[float], Any]:
+        most = max(first, self.measure_spec.max_runs)
         vals: list[float] = []
         d = None
         while len(vals) < most:
@@ -168,11 +170,11 @@ class Lab:
         return self._result(spec, vals, d, text, **extra)
 
     def _bisect(self, r: Runner, wt: str, facts: dict[str, Any], good_sha: str, bad: list[float], good_vals: list[float]):
-        commits = facts["repo"]["commits"]  # newest first
-        shas = [c["sha"] for c in commits]
-        if good_sha not in shas:
+        o = r.call("git_range", {"repo": facts["repo"]["path"], "good": good_sha, "bad": facts["repo"]["head"]},
+                   why="the commits to bisect, oldest first")
+        if not o.ok:
             return None, []
-        rng = list(reversed(commits[: shas.index(good_sha)]))  # oldest -> newest, all after good
+        rng = [c.model_dump() for c in o.output.commits]  # oldest -> newest, all after good
         if len(rng) <= 1:
             return (dict(rng[0]) if rng else None), []
         good_mean, bad_mean = statistics.fmean(good_vals), statistics.fmean(bad)

@@ -12,6 +12,7 @@ can save it after each step); the transport, the transcript and the playbook are
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -66,6 +67,7 @@ class Ctx:
     on_status: Callable[[str, dict[str, Any]], None] = lambda kind, data: None
     overrides: dict[str, Any] = field(default_factory=dict)
     _runners: dict[str | None, Runner] = field(default_factory=dict)
+    _ids: Any = field(default_factory=lambda: itertools.count(1))
 
     def runner(self, hypothesis: str | None = None) -> Runner:
         if hypothesis not in self._runners:
@@ -74,9 +76,7 @@ class Ctx:
             def observe(event: str, data: dict[str, Any], _obs=obs) -> None:
                 _obs(event, data)
                 self.on_status(event, {**data, "hypothesis": hypothesis})
-            r = Runner(self.transport, observe)
-            if self._runners:
-                r.count = max(x.count for x in self._runners.values())
+            r = Runner(self.transport, observe, ids=self._ids)
             self._runners[hypothesis] = r
         return self._runners[hypothesis]
 
@@ -189,11 +189,12 @@ def probe(ctx: Ctx, s: State) -> State:
     regression: dict[str, Any] = {}
     runs = 0
     if d.get("bench"):
-        ctx.say(f"Reproducing first: {REPRODUCE_RUNS} runs of the benchmark as the host is now.")
+        n_runs = int(ctx.overrides.get("reproduce_runs") or REPRODUCE_RUNS)
+        ctx.say(f"Reproducing first: {n_runs} runs of the benchmark as the host is now.")
         vals = []
-        for i in range(REPRODUCE_RUNS):
+        for i in range(n_runs):
             o = r.call("bench", {"cmd": d["bench"], "metric": d["metric"], "cwd": d.get("repo"),
-                                 "regex": ctx.overrides.get("bench_regex")}, why=f"reproduce, run {i + 1} of {REPRODUCE_RUNS}")
+                                 "regex": ctx.overrides.get("bench_regex")}, why=f"reproduce, run {i + 1} of {n_runs}")
             runs += 1
             if o.ok:
                 vals.append(o.output.value)
@@ -257,7 +258,7 @@ def evaluate_node(ctx: Ctx, s: State) -> State:
         ctx.transcript.emit("verdict", hypothesis=cur["hyp"], status=h["status"], how=h["how"],
                             because=h["because"][-1], share=h.get("share"))
         ctx.on_status("verdict", {"hypothesis": cur["hyp"], "status": h["status"]})
-        return {"hyps": hyps, "current": None, "done": s["done"] + [cur["hyp"] + ":" + cur["spec"]["kind"]]}
+        return {"hyps": hyps, "current": None, "done": s["done"] + [exp_key(cur["hyp"], cur["spec"])]}
     facts = _facts(ctx, s)
     for hid in ctx.playbook.order():
         hp = ctx.playbook.get(hid)
@@ -280,6 +281,11 @@ def evaluate_node(ctx: Ctx, s: State) -> State:
     return {"hyps": hyps, "facts": _jsonable(facts)}
 
 
+def exp_key(hid: str, spec: dict[str, Any]) -> str:
+    """One experiment's identity: a hypothesis can hold several of the same kind (one per flag)."""
+    return f"{hid}:{spec['kind']}:{spec.get('title', '')}"
+
+
 def _explained(hyps: dict[str, dict[str, Any]]) -> float:
     return sum(h.get("share") or 0 for h in hyps.values() if h["status"] == "confirmed")
 
@@ -294,7 +300,7 @@ def plan(ctx: Ctx, s: State) -> State:
         ctx.say(f"The confirmed causes explain {_explained(hyps):.0%} of the regression; no further experiment is needed.")
         return {"current": None}
     candidates = [(hid, e) for hid in ctx.playbook.order() for e in hyps[hid]["experiments"]
-                  if hyps[hid]["status"] in ("suspect", "confirmed") and f"{hid}:{e['kind']}" not in s["done"]
+                  if hyps[hid]["status"] in ("suspect", "confirmed") and exp_key(hid, e) not in s["done"]
                   and not (hyps[hid]["status"] == "confirmed" and hyps[hid]["how"] == "experiment")]
     if not candidates:
         return {"current": None}
@@ -311,7 +317,7 @@ def plan(ctx: Ctx, s: State) -> State:
         ctx.say(note, hid)
         notes.append(note)
         hyps[hid]["experiments"] = [e for e in hyps[hid]["experiments"] if e != spec]
-        done.append(f"{hid}:{spec['kind']}")
+        done.append(exp_key(hid, spec))
     return {"current": None, "hyps": hyps, "done": done, "notes": notes}
 
 
@@ -324,7 +330,8 @@ def experiment(ctx: Ctx, s: State) -> State:
     regression = abs(reg.get("delta") or 0) or abs(reg["mean"] - (reg.get("baseline") or reg["mean"])) or 1e-9
     lab = Lab(ctx.runner, lambda ev, **kw: ctx.transcript.emit(ev, hypothesis=hid, **kw), ctx.undo,
               Measure(bench=d["bench"], metric=d["metric"], cwd=d.get("repo"), regex=ctx.overrides.get("bench_regex"),
-                      ready_timeout_s=float(ctx.overrides.get("ready_timeout_s", 600))),
+                      ready_timeout_s=float(ctx.overrides.get("ready_timeout_s") or 600),
+                      max_runs=int(ctx.overrides.get("max_runs") or 8)),
               ctx.run_id, ctx.symptom.direction == "lower")
     ctx.transcript.emit("experiment", hypothesis=hid, phase="start", text=spec.get("title") or spec["kind"], spec=spec)
     try:

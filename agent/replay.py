@@ -72,7 +72,8 @@ def replay_events(events: list[dict[str, Any]], *, playbook: str | None, out: Pa
               undo=UndoStack(out / "undo.json"), symptom=symptom, baseline=baseline, baseline_snapshot=snap,
               allow_mutations=True, advisor=advisor,
               overrides={"bench": inputs.get("bench"), "repo": inputs.get("repo"), "python": inputs.get("python"),
-                         "server_pattern": inputs.get("server_pattern"), "bench_regex": inputs.get("bench_regex")})
+                         "server_pattern": inputs.get("server_pattern"), "bench_regex": inputs.get("bench_regex"),
+                         "reproduce_runs": inputs.get("reproduce_runs"), "max_runs": inputs.get("max_runs")})
     t0 = time.monotonic()
     try:
         state = build_graph(ctx).invoke({"inputs": {}}, {"recursion_limit": RECURSION_LIMIT})

@@ -52,6 +52,8 @@ class RunOptions:
     ssh: SSHOptions = field(default_factory=SSHOptions)
     server_pattern: str | None = None
     bench_regex: str | None = None
+    reproduce_runs: int = 5
+    max_runs: int = 8
 
 
 def slug(text: str) -> str:
@@ -179,7 +181,8 @@ def investigate(opts: RunOptions, *, folder: Path | None = None, resume: bool = 
               baseline=baseline, baseline_snapshot=base_snap, allow_mutations=opts.allow_mutations or sim,
               confirm=make_confirm(opts.as_json), advisor=advisor, on_status=view.update,
               overrides={"bench": opts.bench, "repo": opts.repo, "python": opts.python,
-                         "server_pattern": opts.server_pattern, "bench_regex": opts.bench_regex})
+                         "server_pattern": opts.server_pattern, "bench_regex": opts.bench_regex,
+                         "reproduce_runs": opts.reproduce_runs, "max_runs": opts.max_runs})
     if resume:
         transcript.emit("resumed", text=f"resumed on {transport.host}; the last finished step is kept, the rest runs again")
     else:
@@ -249,7 +252,8 @@ def header(opts: RunOptions, playbook: Any, run_id: str, snap: Snapshot | None =
             "symptom": opts.symptom, "baseline": opts.baseline, "baseline_snapshot": opts.baseline_snapshot,
             "playbook": playbook.name, "playbook_source": os.path.basename(playbook.source), "playbook_digest": playbook.digest,
             "inputs": {"bench": opts.bench, "repo": opts.repo, "python": opts.python, "server_pattern": opts.server_pattern,
-                       "bench_regex": opts.bench_regex, "allow_mutations": opts.allow_mutations, "llm": bool(opts.llm)},
+                       "bench_regex": opts.bench_regex, "reproduce_runs": opts.reproduce_runs, "max_runs": opts.max_runs,
+                       "allow_mutations": opts.allow_mutations, "llm": bool(opts.llm)},
             "baseline_snapshot_data": snap.model_dump(mode="json") if snap else None}
 
 

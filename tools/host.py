@@ -517,3 +517,33 @@ def parse_driver_files(text: str) -> DriverFacts:
                 mv = re.search(r"libcuda\.so\.([0-9.]+)$", parts[1])
                 version = mv.group(1) if mv else None
     return DriverFacts(module_version=m.group(1) if m else None, library_version=version, installed_at=newest)
+
+
+class GitRange(BaseModel):
+    """Input of ``git_range``: the commits after ``good`` up to ``bad``, oldest first (for bisection)."""
+
+    model_config = ConfigDict(extra="forbid")
+    repo: str
+    good: str
+    bad: str = "HEAD"
+
+    def command(self) -> str:
+        return (f"git -C {q(self.repo)} log --reverse --ancestry-path --format='%H%x1f%h%x1f%cI%x1f%s' "
+                f"{q(self.good)}..{q(self.bad)}")
+
+
+class CommitList(BaseModel):
+    commits: list[Commit]
+
+
+@parser("git_range")
+def parse_git_range(text: str) -> CommitList:
+    out = []
+    for ln in text.splitlines():
+        if not ln.strip():
+            continue
+        parts = ln.split(SEP)
+        if len(parts) != 4:
+            raise ParseError("a log line without 4 fields", tool="git_range", excerpt=ln)
+        out.append(Commit(sha=parts[0], short=parts[1], date=parts[2], subject=parts[3]))
+    return CommitList(commits=out)

@@ -69,6 +69,7 @@ TOOLS: dict[str, tuple[type[BaseModel], Callable[[Any, CommandResult], BaseModel
     "server_details": (host.ServerDetails, _ok(lambda i, r: host.parse_server_details(i.pid, r.stdout), "server_details")),
     "python_packages": (host.PythonPackages, _ok(lambda i, r: host.parse_python_packages(r.stdout), "python_packages")),
     "git_state": (host.GitState, _ok(lambda i, r: host.parse_git_state(i.repo, r.stdout), "git_state")),
+    "git_range": (host.GitRange, _ok(lambda i, r: host.parse_git_range(r.stdout), "git_range")),
     "driver_files": (host.DriverFiles, _ok(lambda i, r: host.parse_driver_files(r.stdout), "driver_files")),
     "bench": (host.Bench, _ok(lambda i, r: BenchValue(**dict(zip(("value", "unit"), host.parse_bench(r.stdout, i.metric, i.regex), strict=True))), "bench")),
     # mutations: experiments only, each with its undo
@@ -109,10 +110,12 @@ Observer = Callable[[str, dict[str, Any]], None]
 class Runner:
     """Sends typed tool calls over a transport and reports each to ``observer``."""
 
-    def __init__(self, transport: Transport, observer: Observer | None = None, timeout_scale: float = 1.0) -> None:
+    def __init__(self, transport: Transport, observer: Observer | None = None, timeout_scale: float = 1.0,
+                 ids: Any = None) -> None:
         self.transport = transport
         self.observer = observer or (lambda event, data: None)
         self.count = 0
+        self._ids = ids  # a shared itertools.count when several runners share one transcript
         self._lock = threading.Lock()
         self.timeout_scale = timeout_scale
 
@@ -125,7 +128,7 @@ class Runner:
             inp = model.model_validate(inp or {})
         with self._lock:
             self.count += 1
-            call_id = self.count
+            call_id = next(self._ids) if self._ids is not None else self.count
         command = self.command_of(tool, inp)
         shown = inp.display_command() if hasattr(inp, "display_command") else command
         data_in = inp.model_dump(mode="json")

@@ -15,7 +15,6 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from tools.errors import DebugAgentError
 
@@ -154,11 +153,11 @@ def diff_cmd(a: Annotated[str, typer.Argument(help="snapshot of the good state")
 def sim_list() -> None:
     """Name the built-in simulated hosts, with their story."""
     from tools.sim import builtin_names, load_scenario
-    t = Table("name", "symptom", "baseline", "story", box=None)
     for n in builtin_names():
         s = load_scenario(n)
-        t.add_row(n, escape(s.symptom), escape(s.baseline), escape(" ".join(s.story.split())[:90]))
-    out.print(t)
+        out.print(f"[bold]{n}[/]  {escape(s.symptom)} (was {escape(s.baseline)})")
+        out.print("    " + escape(" ".join(s.story.split())), style="dim")
+    out.print("\nrun one: debugagent run --host sim:NAME --symptom '…' --baseline '…'  (the symptom and baseline above)")
 
 
 @sim_app.command("serve")

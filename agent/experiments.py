@@ -52,6 +52,10 @@ class ExperimentError(Exception):
     """An experiment could not be applied (its undo has run)."""
 
 
+class ConnectionLost(ExperimentError):
+    """The connection dropped during an experiment (its undo has run; it may run again)."""
+
+
 @dataclass
 class Measure:
     bench: str
@@ -74,6 +78,7 @@ class Lab:
         self.run_id = run_id
         self.lower = lower_is_better
         self.bench_runs = 0
+        self._reconnects = 0
 
     # ------------------------------------------------------------ measuring
     def bench(self, r: Runner, cwd: str | None, why: str) -> float | None:
@@ -88,6 +93,14 @@ class Lab:
                 return None
             time.sleep(min(5.0, max(0.2, m.ready_timeout_s / 100)))
 
+    def _check_connection(self, r: Runner) -> None:
+        """A connection re-made mid-experiment: stop, so the host is restored before anything else."""
+        now = getattr(r.transport, "reconnects", 0)
+        if now != self._reconnects:
+            self._reconnects = now
+            raise ConnectionLost("the connection was lost and re-made during the experiment; the host is "
+                                 "restored first and the experiment runs again")
+
     def sample(self, r: Runner, cwd: str | None, bad: list[float], regression: float, why: str,
                first: int = 3) -> tuple[list[float], Any]:
         most = max(first, self.measure_spec.max_runs)
@@ -97,6 +110,7 @@ class Lab:
             need = first if not vals else 2
             for _ in range(need):
                 v = self.bench(r, cwd, why)
+                self._check_connection(r)
                 if v is None:
                     raise ExperimentError("the benchmark kept failing after the change (see its output above)")
                 vals.append(v)
@@ -126,6 +140,7 @@ class Lab:
     # ------------------------------------------------------------ kinds
     def run(self, hyp: str, spec: dict[str, Any], facts: dict[str, Any], bad: list[float], regression: float) -> dict[str, Any]:
         r = self.runner_for(hyp)
+        self._reconnects = getattr(r.transport, "reconnects", 0)
         kind = spec["kind"]
         body = {"code_revert": self._code, "server_restart": self._server, "restore_baseline_flags": self._server,
                 "restore_baseline_env": self._server, "power_limit": self._simple, "governor": self._simple}.get(kind)

@@ -25,7 +25,7 @@ from tools.registry import Runner
 from tools.snapshot import Snapshot, collect
 from tools.transport import BaseTransport
 
-from .experiments import ExperimentError, Lab, Measure, UndoStack
+from .experiments import ConnectionLost, ExperimentError, Lab, Measure, UndoStack
 from .facts import build_facts
 from .playbook import Playbook, evaluate
 from .stats import regression_is_real
@@ -334,10 +334,19 @@ def experiment(ctx: Ctx, s: State) -> State:
                       max_runs=int(ctx.overrides.get("max_runs") or 8)),
               ctx.run_id, ctx.symptom.direction == "lower")
     ctx.transcript.emit("experiment", hypothesis=hid, phase="start", text=spec.get("title") or spec["kind"], spec=spec)
-    try:
-        result = lab.run(hid, spec, facts, reg["samples"], regression)
-    except ExperimentError as exc:
-        result = {"kind": spec["kind"], "error": str(exc), "significant": False, "share": 0.0, "text": str(exc)}
+    retried = cur.get("retried", 0)
+    while True:
+        try:
+            result = lab.run(hid, spec, facts, reg["samples"], regression)
+        except ConnectionLost as exc:
+            ctx.say(str(exc), hid)
+            if retried < 2:
+                retried += 1
+                continue
+            result = {"kind": spec["kind"], "error": str(exc), "significant": False, "share": 0.0, "text": str(exc)}
+        except ExperimentError as exc:
+            result = {"kind": spec["kind"], "error": str(exc), "significant": False, "share": 0.0, "text": str(exc)}
+        break
     ctx.transcript.emit("experiment", hypothesis=hid, phase="result", text=result["text"],
                         share=result.get("share"), significant=result.get("significant"))
     cur["result"] = result

@@ -222,3 +222,110 @@ def test_cli_run_over_ssh_json(served, tmp_path):
                         "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["root_cause"]["hypothesis"] == "compiled_dependency"
+
+
+class KillAt:
+    """Wraps an SSH transport; after the Nth command containing `marker`, kills the session's sshd processes
+    (and with `for_good`, sshd itself)."""
+
+    def __init__(self, inner: SSHTransport, served, marker: str, nth: int, for_good: bool = False) -> None:
+        self.inner, self.served, self.marker, self.nth, self.for_good = inner, served, marker, nth, for_good
+        self.host = inner.host
+        self.seen = 0
+        self.supports_retry = True
+
+    @property
+    def reconnects(self) -> int:
+        return self.inner.reconnects
+
+    @property
+    def on_event(self):
+        return self.inner.on_event
+
+    @on_event.setter
+    def on_event(self, fn) -> None:
+        self.inner.on_event = fn
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def run(self, command, **kw):
+        r = self.inner.run(command, **kw)
+        if self.marker in command:
+            self.seen += 1
+            if self.seen == self.nth:
+                if self.for_good:
+                    self.served.proc.send_signal(signal.SIGTERM)
+                    self.served.proc.wait()
+                for pid in sshd_children(self.served.proc.pid) if not self.for_good else []:
+                    os.kill(pid, signal.SIGKILL)
+                if self.for_good:
+                    subprocess.run(["pkill", "-KILL", "-f", f"sshd.*{self.served.folder}"], capture_output=True)
+                    out = subprocess.run(["pgrep", "-f", "sshd: "], capture_output=True, text=True).stdout.split()
+                    for pid in out:
+                        try:
+                            os.kill(int(pid), signal.SIGKILL)
+                        except (ProcessLookupError, PermissionError, ValueError):
+                            pass
+                time.sleep(0.3)
+        return r
+
+    def run_many(self, commands, **kw):
+        return [self.run(c, **kw) for c in commands]
+
+    def display(self, command):
+        return self.inner.display(command)
+
+
+def test_connection_lost_mid_experiment_restores_then_reruns(tmp_path):
+    """The connection drops during an experiment: on reconnect the host is restored first, the
+    experiment runs again, the conclusion is right, and the host ends as it was found."""
+    sc = load_scenario("launch-blocking")
+    with start("launch-blocking") as s:
+        inner = SSHTransport.from_spec(s.target, identity_file=str(s.identity), known_hosts=str(s.known_hosts))
+        before = collect(Runner(inner))
+        t = KillAt(inner, s, "gpu-bench", 7)  # 5 reproduce runs, then the 2nd run after the restart
+        from agent.hosts import SSHOptions
+        out = investigate(RunOptions(host=s.target, symptom=sc.symptom, baseline=sc.baseline, as_json=True,
+                                     allow_mutations=True, out=str(tmp_path / "run"),
+                                     ssh=SSHOptions(identity_file=str(s.identity), known_hosts=str(s.known_hosts))),
+                          transport=t)
+        after = collect(Runner(inner))
+        inner.close()
+    assert out["root_cause"]["hypothesis"] == "env_var", out["summary"]
+    text = (tmp_path / "run" / "events.jsonl").read_text()
+    assert "reconnected" in text and "restored first" in text
+    assert diff(before, after) == []
+
+
+def test_host_unreachable_mid_run_exit_4_with_transcript(tmp_path):
+    """sshd goes away for good mid-run: TransportError (exit 4), and what was learned is in the transcript."""
+    sc = load_scenario("launch-blocking")
+    with start("launch-blocking") as s:
+        inner = SSHTransport.from_spec(s.target, identity_file=str(s.identity), known_hosts=str(s.known_hosts))
+        t = KillAt(inner, s, "gpu-bench", 3, for_good=True)
+        with pytest.raises(TransportError) as e:
+            investigate(RunOptions(host=s.target, symptom=sc.symptom, baseline=sc.baseline, as_json=True,
+                                   allow_mutations=True, out=str(tmp_path / "run")), transport=t)
+        assert e.value.exit_code == 4
+        inner.close()
+    md = (tmp_path / "run" / "transcript.md").read_text()
+    assert "Reproducing first" in md and "[error]" in md
+    assert "nvidia-smi --query-gpu" in md
+
+
+def test_ssh_config_alias_and_proxyjump(plain, served, tmp_path, monkeypatch):
+    """An ~/.ssh/config alias with HostName, Port, User, IdentityFile and ProxyJump is honoured."""
+    import getpass
+    home = Path(os.environ["HOME"])
+    (home / ".ssh").mkdir(exist_ok=True)
+    (home / ".ssh" / "config").write_text(
+        f"Host jumpbox\n  HostName 127.0.0.1\n  Port {plain.port}\n  User {getpass.getuser()}\n  IdentityFile {plain.identity}\n\n"
+        f"Host gpu-box\n  HostName 127.0.0.1\n  Port {served.port}\n  User {served.user}\n  IdentityFile {served.identity}\n"
+        f"  ProxyJump jumpbox\n")
+    kh = tmp_path / "kh"
+    kh.write_text(plain.host_key_line + "\n" + served.host_key_line + "\n")
+    t = SSHTransport.from_spec("gpu-box", known_hosts=str(kh))
+    assert t.proxyjump == "jumpbox" and t.port == served.port
+    assert t.run("hostname").stdout == "gpu-node-3\n"
+    t.close()

@@ -177,8 +177,9 @@ def resolve(spec: str, identity_file: str | None) -> dict[str, Any]:
         host = rest
     cfg: dict[str, Any] = {}
     ssh = shutil.which("ssh")
-    if ssh and Path.home().joinpath(".ssh", "config").is_file():
-        r = subprocess.run([ssh, "-G", host], capture_output=True, text=True, timeout=10)
+    config = Path.home() / ".ssh" / "config"
+    if ssh and config.is_file():
+        r = subprocess.run([ssh, "-F", str(config), "-G", host], capture_output=True, text=True, timeout=10)
         if r.returncode == 0:
             for line in r.stdout.splitlines():
                 k, _, v = line.partition(" ")

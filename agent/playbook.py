@@ -22,12 +22,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from jinja2 import StrictUndefined, TemplateError, Undefined
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tools.errors import PlaybookError
+from tools.errors import PlaybookError, load_yaml_mapping
 
 Verdict = Literal["ruled_out", "confirmed", "suspect", "inconclusive"]
 CHECKS = ("host_info", "gpu_query", "gpu_q", "gpu_processes", "gpu_sample_under_load", "find_servers", "server_details",
@@ -163,14 +162,7 @@ def load_playbook(ref: str | None) -> Playbook:
 
 
 def parse_playbook(text: str, file: str = "<playbook>") -> Playbook:
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise PlaybookError(f"not valid YAML: {getattr(exc, 'problem', exc)}", file=file,
-                            field=f"line {mark.line + 1}" if mark else "") from exc
-    if not isinstance(data, dict):
-        raise PlaybookError("the file must hold a mapping (version: 1, name: …, hypotheses: […])", file=file)
+    data = load_yaml_mapping(text, file, PlaybookError, "version: 1, name: …, hypotheses: […]")
     try:
         pb = Playbook.model_validate(data)
     except ValidationError as exc:

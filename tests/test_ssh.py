@@ -139,6 +139,14 @@ def sshd_children(listener: int) -> list[int]:
     return [int(x) for x in out.split()]
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (an sshd listener's connections and their sessions), deepest first."""
+    out: list[int] = []
+    for child in sshd_children(pid):
+        out += descendants(child) + [child]
+    return out
+
+
 def test_dropped_connection_is_remade(plain):
     """The connection's sshd process is killed: the next command reconnects, says so, and succeeds."""
     t = connect(plain)
@@ -254,19 +262,15 @@ class KillAt:
         if self.marker in command:
             self.seen += 1
             if self.seen == self.nth:
+                listener = self.served.proc.pid
+                doomed = descendants(listener) + ([listener] if self.for_good else [])
+                for pid in doomed:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
                 if self.for_good:
-                    self.served.proc.send_signal(signal.SIGTERM)
                     self.served.proc.wait()
-                for pid in sshd_children(self.served.proc.pid) if not self.for_good else []:
-                    os.kill(pid, signal.SIGKILL)
-                if self.for_good:
-                    subprocess.run(["pkill", "-KILL", "-f", f"sshd.*{self.served.folder}"], capture_output=True)
-                    out = subprocess.run(["pgrep", "-f", "sshd: "], capture_output=True, text=True).stdout.split()
-                    for pid in out:
-                        try:
-                            os.kill(int(pid), signal.SIGKILL)
-                        except (ProcessLookupError, PermissionError, ValueError):
-                            pass
                 time.sleep(0.3)
         return r
 

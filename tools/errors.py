@@ -138,3 +138,18 @@ def parser(tool: str):
                                  tool=tool) from exc
         return wrapped
     return deco
+
+
+def load_yaml_mapping(text: str, file: str, error: type[ScenarioError] | type[PlaybookError], example: str) -> dict:
+    """YAML text -> a mapping, or ``error`` naming the file and the line."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise error(f"not valid YAML: {getattr(exc, 'problem', exc)}", file=file,
+                    field=f"line {mark.line + 1}" if mark else "") from exc
+    if not isinstance(data, dict):
+        raise error(f"the file must hold a mapping ({example})", file=file)
+    return data

@@ -30,7 +30,6 @@ from __future__ import annotations
 import fcntl
 import getpass
 import os
-import select
 import shutil
 import socket
 import subprocess
@@ -153,6 +152,16 @@ class Policy(paramiko.MissingHostKeyPolicy):
         self.added = line.strip()
 
 
+def fast_transport(sock: Any, **kw: Any) -> paramiko.Transport:
+    """A paramiko Transport that prefers AES-GCM (one AEAD pass: ~20% faster on 1 MB here) when
+    the server offers it, and falls back to paramiko's usual order otherwise."""
+    t = paramiko.Transport(sock, **kw)
+    opts = t.get_security_options()
+    gcm = tuple(c for c in opts.ciphers if "gcm" in c)
+    opts.ciphers = gcm + tuple(c for c in opts.ciphers if c not in gcm)
+    return t
+
+
 # ---------------------------------------------------------------- config
 def resolve(spec: str, identity_file: str | None) -> dict[str, Any]:
     """``user@host[:port]`` or an ~/.ssh/config alias -> host, port, user, identities, proxyjump.
@@ -206,6 +215,8 @@ class SSHTransport(BaseTransport):
 
     max_parallel = 8
     supports_retry = True
+    window_size = 2 << 20       # paramiko default; larger windows and packets measured no faster here
+    max_packet_size = 32 << 10
     renew_after = 256 << 20
     idle_check_s = 30.0
 
@@ -271,7 +282,7 @@ class SSHTransport(BaseTransport):
             client.connect(self.hostname, self.port, username=self.user, sock=sock, timeout=self.connect_timeout,
                            banner_timeout=self.connect_timeout, auth_timeout=self.connect_timeout,
                            pkey=pkeys[0] if pkeys else None, allow_agent=not self.explicit_identity,
-                           look_for_keys=not pkeys)
+                           look_for_keys=not pkeys, transport_factory=fast_transport)
         except UsageError:
             raise
         except BaseException as exc:  # noqa: BLE001 - the one boundary where paramiko's errors become ours
@@ -404,7 +415,11 @@ class SSHTransport(BaseTransport):
                 self._active += 1
             chan = None
             try:
-                chan = t.open_session(timeout=self.connect_timeout)
+                chan = t.open_session(window_size=self.window_size, max_packet_size=self.max_packet_size,
+                                      timeout=self.connect_timeout)
+                # asks the login shell to skip ~/.bashrc (~100 ms with `pyenv init` there); sshd honours
+                # it only where AcceptEnv allows SHLVL; no reply is awaited, so it costs nothing otherwise
+                chan.set_environment_variable("SHLVL", "1")
                 chan.exec_command(self.wrap(command))
                 chan.shutdown_write()
                 out, err, truncated, timed_out = self._read(chan, start + timeout, max_output)
@@ -427,8 +442,12 @@ class SSHTransport(BaseTransport):
         bufs: tuple[list[bytes], list[bytes]] = ([], [])
         sizes = [0, 0]
         truncated = False
-        fd = chan.fileno()
+        # one Event set by either stream's buffer (and at EOF): cheaper than fileno()'s pipes
+        ready_ev = threading.Event()
+        chan.in_buffer.set_event(ready_ev)
+        chan.in_stderr_buffer.set_event(ready_ev)
         while True:
+            ready_ev.clear()
             got = False
             for i, ready, recv in ((0, chan.recv_ready, chan.recv), (1, chan.recv_stderr_ready, chan.recv_stderr)):
                 while ready():
@@ -446,7 +465,7 @@ class SSHTransport(BaseTransport):
                     break
                 if time.monotonic() > deadline:
                     return b"".join(bufs[0]), b"".join(bufs[1]), truncated, True
-                select.select([fd], [], [], min(0.05, max(0.0, deadline - time.monotonic())))
+                ready_ev.wait(min(0.05, max(0.0, deadline - time.monotonic())))
         return b"".join(bufs[0]), b"".join(bufs[1]), truncated, False
 
     def display(self, command: str) -> str:

@@ -84,6 +84,10 @@ class SimHost:
         return self.sandbox / p.lstrip("/")
 
     def _layout(self) -> None:
+        for prog, pkg in (("git", "git"), ("bash", "bash")):
+            if shutil.which(prog) is None:
+                raise ScenarioError(f"`{prog}` is not installed here; simulated hosts need it", file=self.scenario.source,
+                                    fix=f"apt-get install {pkg}")
         for d in (self.sandbox, self.control / "load", self.bin, self.path("/proc"), self.path("/etc/debugagent")):
             d.mkdir(parents=True, exist_ok=True)
         h = self.state

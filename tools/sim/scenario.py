@@ -14,10 +14,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ..errors import ScenarioError
+from ..errors import ScenarioError, load_yaml_mapping
 
 HYPOTHESIS_IDS = (
     "code_change", "gpu_clocks", "pcie_link", "gpu_contention", "serving_config",
@@ -309,14 +308,7 @@ def load_scenario(ref: str) -> Scenario:
 
 
 def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark else ""
-        raise ScenarioError(f"not valid YAML: {getattr(exc, 'problem', exc)}", file=file, field=where) from exc
-    if not isinstance(data, dict):
-        raise ScenarioError("the file must hold a mapping (version: 1, name: …)", file=file)
+    data = load_yaml_mapping(text, file, ScenarioError, "version: 1, name: …")
     try:
         sc = Scenario.model_validate(data)
     except ValidationError as exc:

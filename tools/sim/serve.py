@@ -50,12 +50,7 @@ class Served:
         return f"{self.user}@127.0.0.1:{self.port}"
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        stop_process(self.proc)
         self.sim.close()
 
     def __enter__(self) -> Served:
@@ -75,12 +70,16 @@ class Sshd:
     host_key_line: str
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        stop_process(self.proc)
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def start_sshd(d: Path, port: int = 0, *, force_command: str | None = None, max_sessions: int = 64,
@@ -155,8 +154,8 @@ def serve(spec: str, port: int = 0) -> int:
     sc = served.sim.scenario
     print(f"serving {sc.name} ({served.sim.which} state) over SSH on 127.0.0.1:{served.port}; Ctrl-C stops it", flush=True)
     print(f"\n  debugagent run --host {served.target} --identity-file {served.identity} --accept-new-host-key "
-          f"--known-hosts {tempfile.gettempdir()}/debugagent-sim-known_hosts --symptom '{sc.symptom}' --baseline '{sc.baseline}'",
-          flush=True)
+          f"--known-hosts {served.folder}/client_known_hosts --allow-mutations --symptom '{sc.symptom}' "
+          f"--baseline '{sc.baseline}'", flush=True)
     print(f"\n  ssh -i {served.identity} -p {served.port} -o UserKnownHostsFile={served.known_hosts} {served.user}@127.0.0.1",
           flush=True)
     stop = {"now": False}

@@ -26,7 +26,7 @@ from jinja2 import StrictUndefined, TemplateError, Undefined
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tools.errors import PlaybookError, load_yaml_mapping
+from tools.errors import PlaybookError, describe_validation, load_yaml_mapping
 
 Verdict = Literal["ruled_out", "confirmed", "suspect", "inconclusive"]
 CHECKS = ("host_info", "gpu_query", "gpu_q", "gpu_processes", "gpu_sample_under_load", "find_servers", "server_details",
@@ -166,11 +166,7 @@ def parse_playbook(text: str, file: str = "<playbook>") -> Playbook:
     try:
         pb = Playbook.model_validate(data)
     except ValidationError as exc:
-        e = exc.errors()[0]
-        loc = ".".join(str(x) for x in e["loc"])
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = f"unknown key `{e['loc'][-1]}`"
+        loc, msg = describe_validation(exc)
         raise PlaybookError(msg, file=file, field=loc, fix="`debugagent playbook schema` prints the JSON Schema") from exc
     _compile_all(pb, file)
     pb.source = file

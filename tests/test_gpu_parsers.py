@@ -126,3 +126,11 @@ def test_noheader_and_apps_never_crash(text):
             fn(text)
         except ParseError:
             pass
+
+
+def test_samples_under_load_from_a_real_h200():
+    """Samples taken on an H200 while a decode-like benchmark ran: idle rows first, busy rows after."""
+    s = parse_load_samples(vector("sample_under_load.txt"))
+    assert len(s.samples) == 9 and len(s.loaded) >= 2
+    g = s.per_gpu()[0]
+    assert g.sm_clock == 1980 and g.power_draw > 200 and g.pcie_gen == 5 and g.event_reasons == []

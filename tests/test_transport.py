@@ -58,3 +58,22 @@ def test_run_many_keeps_order_and_runs_concurrently():
     rs = LocalTransport().run_many([f"sleep 0.3; echo {i}" for i in range(4)])
     assert [r.stdout.strip() for r in rs] == ["0", "1", "2", "3"]
     assert time.monotonic() - t < 1.0
+
+
+def test_find_servers_finds_a_process_and_never_itself():
+    """On this machine's real /proc: the pattern finds a matching process, and neither the probe's
+    own shell nor a helper process is reported (patterns may contain spaces)."""
+    import subprocess
+
+    from tools.host import FindServers, parse_find_servers
+    marker = "30.4242"
+    p = subprocess.Popen(["sleep", marker])
+    try:
+        r = LocalTransport().run(FindServers(pattern=f"sleep {marker}").command())
+        found = parse_find_servers(r.stdout)
+        assert [x.pid for x in found] == [p.pid]
+        assert found[0].argv == ["sleep", marker]
+        assert r.stderr == ""
+    finally:
+        p.kill()
+        p.wait()

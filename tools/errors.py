@@ -153,3 +153,13 @@ def load_yaml_mapping(text: str, file: str, error: type[ScenarioError] | type[Pl
     if not isinstance(data, dict):
         raise error(f"the file must hold a mapping ({example})", file=file)
     return data
+
+
+def describe_validation(exc: Exception) -> tuple[str, str]:
+    """A pydantic ValidationError's first problem as (field path, message) for a user-facing error."""
+    e = exc.errors()[0]  # type: ignore[attr-defined]
+    loc = ".".join(str(x) for x in e["loc"])
+    msg = e["msg"].removeprefix("Value error, ")
+    if e["type"] == "extra_forbidden":
+        msg = f"unknown key `{e['loc'][-1]}`"
+    return loc, msg

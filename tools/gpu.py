@@ -405,14 +405,19 @@ class GpuSampleUnderLoad(BaseModel):
     cwd: str | None = None
     seconds: float = 2.0
     interval: float = 0.25
+    limit_s: float = 300.0
 
     def command(self) -> str:
+        """Run the load (repeated until ``seconds`` have passed, and at least once, however long it
+        takes: a real benchmark spends seconds importing before the GPU works) and sample the GPUs
+        for as long as it runs, up to ``limit_s``."""
         fields = ",".join(n for n, _ in QUERY_FIELDS)
         load = self.load if not self.cwd else f"cd {q(self.cwd)} && {self.load}"
-        loop = f"timeout {self.seconds:g} bash -c {q('while :; do ' + load + '; done')}"
+        loop = f"s=$SECONDS; while :; do {load}; [ $((SECONDS - s)) -ge {max(1, int(round(self.seconds)))} ] && break; done"
+        most = int(self.limit_s / max(self.interval, 0.05))
         return (
-            f"( {loop} ) >/dev/null 2>&1 & b=$!; sleep {min(0.5, self.seconds / 4):g}; n=0; "
-            f"while kill -0 $b 2>/dev/null && [ $n -lt 40 ]; do "
+            f"timeout {self.limit_s:g} bash -c {q(loop)} >/dev/null 2>&1 & b=$!; n=0; "
+            f"while kill -0 $b 2>/dev/null && [ $n -lt {most} ]; do "
             f"nvidia-smi --query-gpu={fields} --format=csv,noheader; n=$((n+1)); sleep {self.interval:g}; done; wait $b; true"
         )
 

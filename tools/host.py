@@ -29,10 +29,13 @@ class FindServers(BaseModel):
     pattern: str = SERVER_PATTERN
 
     def command(self) -> str:
+        # The match runs in bash itself (no grep process whose own arguments would match), and
+        # the loop's shell and its subshells carry the marker token, so they skip themselves.
         return (
-            "for p in /proc/[0-9]*; do c=$(tr '\\0' '\\037' < \"$p/cmdline\" 2>/dev/null) || continue; "
-            "[ -n \"$c\" ] && printf '%s\\t%s\\n' \"${p#/proc/}\" \"$c\"; done | "
-            f"grep -E {q(self.pattern)} | grep -v -e 'grep -E' -e 'for p in /proc' || true"
+            f": debugagent-find-servers; pat={q(self.pattern)}; for p in /proc/[0-9]*; do "
+            "c=$( { tr '\\0' '\\037' < \"$p/cmdline\"; } 2>/dev/null ) || continue; "
+            "case \"$c\" in ''|*debugagent-find-servers*) continue;; esac; "
+            "m=${c//$'\\037'/ }; [[ $m =~ $pat ]] && printf '%s\\t%s\\n' \"${p#/proc/}\" \"$c\"; done; true"
         )
 
 
@@ -493,7 +496,8 @@ class DriverFiles(BaseModel):
 
     def command(self) -> str:
         return ("cat /proc/driver/nvidia/version 2>/dev/null; echo '== libs'; "
-                "stat -c '%Y %n' /usr/lib/x86_64-linux-gnu/libcuda.so.*.* /usr/lib64/libcuda.so.*.* 2>/dev/null; echo '== end'")
+                "stat -c '%Y %n' /usr/lib/x86_64-linux-gnu/libcuda.so.*.* /usr/lib64/libcuda.so.*.* "
+                "/usr/local/nvidia/lib64/libcuda.so.*.* /usr/lib/wsl/lib/libcuda.so.*.* 2>/dev/null; echo '== end'")
 
 
 class DriverFacts(BaseModel):
@@ -512,8 +516,10 @@ def parse_driver_files(text: str) -> DriverFacts:
         parts = ln.split(None, 1)
         if len(parts) == 2 and parts[0].isdigit():
             ts = int(parts[0])
+            if ts < 946684800:  # before 2000: a container's bind mount, not an install time
+                ts = 0
             if newest is None or ts > newest:
-                newest = ts
+                newest = ts or None
                 mv = re.search(r"libcuda\.so\.([0-9.]+)$", parts[1])
                 version = mv.group(1) if mv else None
     return DriverFacts(module_version=m.group(1) if m else None, library_version=version, installed_at=newest)

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ..errors import ScenarioError, load_yaml_mapping
+from ..errors import ScenarioError, describe_validation, load_yaml_mapping
 
 HYPOTHESIS_IDS = (
     "code_change", "gpu_clocks", "pcie_link", "gpu_contention", "serving_config",
@@ -312,11 +312,7 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
     try:
         sc = Scenario.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"])
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            msg = f"unknown key `{err['loc'][-1]}`"
+        loc, msg = describe_validation(exc)
         raise ScenarioError(msg, file=file, field=loc, fix="see the scenario format in DESIGN.md / README (version 1)") from exc
     sc.source = file
     _check_factors(sc, file)

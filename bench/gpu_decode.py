@@ -1,0 +1,30 @@
+#!/usr/bin/env python3
+"""A decode-like GPU step for a real host: 32 layers of small bf16 matmuls at batch 8,
+timed eagerly for --seconds; prints `decode_step_ms=VALUE ms` (METRIC=VALUE UNIT)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=2.0)
+    a = ap.parse_args()
+    x = torch.randn(8, 4096, device="cuda", dtype=torch.bfloat16)
+    ws = [torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(32)]
+    steps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < a.seconds:
+        h = x
+        for w in ws:
+            h = h @ w
+        torch.cuda.synchronize()
+        steps += 1
+    print(f"decode_step_ms={(time.perf_counter() - t0) * 1000 / steps:.3f} ms")
+
+
+if __name__ == "__main__":
+    main()

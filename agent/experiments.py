@@ -245,7 +245,7 @@ class Lab:
                 elif c["a"] != "[REDACTED]":
                     set_env[var] = c["a"]
         argv = edit_argv(srv.argv, set_flags, unset_flags)
-        env_file = f"/tmp/debugagent-{self.run_id}-server.env"
+        env_file = f"/tmp/debugagent-{self.run_id}-{srv.pid}.env"
         change = "; ".join(filter(None, [
             " ".join(f"--{f} removed" for f in unset_flags), " ".join(f"--{k} {v}" for k, v in set_flags.items()),
             " ".join(f"{v} unset" for v in unset_env), " ".join(f"{k}={v}" for k, v in set_env.items())]))
@@ -253,7 +253,7 @@ class Lab:
         self.push_undo("restart_server", {"pid": 0, "argv": srv.argv, "cwd": srv.cwd, "env_file": env_file},
                        "restart the server as it was found (same command line, same environment)")
         o = r.call("restart_server", {"pid": srv.pid, "argv": argv, "cwd": srv.cwd, "env_file": env_file,
-                                      "unset": unset_env, "set": set_env}, why=f"restart with {change}")
+                                      "unset": unset_env, "set": set_env, "save_env": True}, why=f"restart with {change}")
         if not o.ok:
             raise ExperimentError(o.error or "restart failed")
         self._retarget_restart(o.output.pid)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import signal
 import sqlite3
 import sys
@@ -153,10 +154,14 @@ def investigate(opts: RunOptions, *, folder: Path | None = None, resume: bool = 
         if (folder / "events.jsonl").exists():
             raise UsageError(f"--out {folder} already holds a run", fix="choose a new folder, or `debugagent resume` it")
     folder.mkdir(parents=True, exist_ok=True)
-    run_id = folder.name
     if not resume:
+        # unique on the host too: it names debugagent's worktree and saved files there
+        run_id = f"{folder.name}-{secrets.token_hex(3)}"
         d = asdict(opts)
+        d["run_id"] = run_id
         (folder / "run.json").write_text(json.dumps(d, indent=1))
+    else:
+        run_id = json.loads((folder / "run.json").read_text()).get("run_id") or folder.name
     transcript = Transcript(folder, run_id)
     owned = transport is None
     try:
@@ -277,6 +282,7 @@ def resume_run(run_dir: str, *, allow_mutations: bool = False, as_json: bool = F
     if not p.is_file():
         raise UsageError(f"{run_dir}: no run.json (not a debugagent run folder)", fix="give the folder `debugagent run` wrote")
     d = json.loads(p.read_text())
+    d.pop("run_id", None)
     d["ssh"] = SSHOptions(**d.get("ssh", {}))
     opts = RunOptions(**d)
     opts.allow_mutations = opts.allow_mutations or allow_mutations

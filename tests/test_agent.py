@@ -173,7 +173,7 @@ def test_sigint_mid_experiment_restores_host_and_resume_finishes(tmp_path):
         phases = [e.get("phase") for e in events if e["event"] == "experiment"]
         assert "undo_recorded" in phases and "undo" in phases
         assert events[-1]["event"] == "interrupted"
-        assert not list(Path("/tmp").glob(f"debugagent-{Path(out['transcript']).name}-server.env"))
+        assert not list(Path("/tmp").glob(f"debugagent-{events[0]['run_id']}-*.env"))
         n_before = len(events)
         out = investigate(opts, folder=tmp_path / "run", resume=True, transport=sim)
         check(sc, out)

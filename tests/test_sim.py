@@ -102,7 +102,7 @@ def test_benchmark_follows_state_and_is_noisy(sim):
     pid = runner.call("find_servers").output.processes[0].pid
     d = runner.call("server_details", {"pid": pid}).output
     r = runner.call("restart_server", {"pid": pid, "argv": d.argv, "cwd": d.cwd, "env_file": f"/tmp/da-{pid}.env",
-                                       "unset": ["CUDA_LAUNCH_BLOCKING"]})
+                                       "unset": ["CUDA_LAUNCH_BLOCKING"], "save_env": True})
     assert r.ok, r.error
     vals = [runner.call("bench", {"cmd": "gpu-bench", "metric": "verify"}).output.value for _ in range(3)]
     assert all(16 < v < 24 for v in vals)

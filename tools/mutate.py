@@ -39,8 +39,9 @@ class RestartServer(BaseModel):
     """Stop the server process ``pid`` and start ``argv`` in ``cwd`` with its environment.
 
     The environment is read on the host from ``env_file`` (NUL-separated, as
-    ``/proc/PID/environ``; saved there with mode 600 the first time), minus ``unset``,
-    plus ``set``: secrets in it never leave the host. The new process is detached
+    ``/proc/PID/environ``), minus ``unset``, plus ``set``: secrets in it never leave the
+    host. With ``save_env`` (the experiment's restart) the file is first written afresh
+    from the running process, mode 600; the undo restart reads what was saved. The new process is detached
     (``setsid nohup``), its output goes to ``log``, and the command prints the new pid.
     Used both to apply an experiment and to undo it.
     """
@@ -52,6 +53,7 @@ class RestartServer(BaseModel):
     env_file: str
     unset: list[str] = Field(default_factory=list)
     set: dict[str, str] = Field(default_factory=dict)
+    save_env: bool = False
     log: str = "/tmp/debugagent-server.log"
     wait_s: float = 10.0
 
@@ -60,8 +62,9 @@ class RestartServer(BaseModel):
         argv = " ".join(q(a) for a in self.argv)
         drop = " ".join(q(n) for n in self.unset)
         add = " ".join(q(f"{k}={v}") for k, v in sorted(self.set.items()))
-        return (
-            f"[ -s {q(self.env_file)} ] || (umask 077; cat /proc/{pid}/environ > {q(self.env_file)}) || exit 1; "
+        save = (f"(umask 077; cat /proc/{pid}/environ > {q(self.env_file)}) || exit 1; " if self.save_env else
+                f"[ -s {q(self.env_file)} ] || {{ echo 'the saved environment is missing'; exit 1; }}; ")
+        script = save + (
             f"mapfile -d '' E < {q(self.env_file)}; N=(); for kv in \"${{E[@]}}\"; do keep=1; "
             f"for u in {drop}; do [ \"${{kv%%=*}}\" = \"$u\" ] && keep=0; done; [ $keep = 1 ] && N+=(\"$kv\"); done; "
             f"N+=({add}); "
@@ -71,6 +74,7 @@ class RestartServer(BaseModel):
             f"new=$!; sleep 0.3; if kill -0 $new 2>/dev/null; then echo \"started pid=$new\"; "
             f"else echo 'server exited at start:'; tail -5 {q(self.log)}; exit 1; fi"
         )
+        return f"bash -c {q(script)}"  # mapfile and arrays: bash, whatever the login shell is
 
 
 class Restarted(BaseModel):

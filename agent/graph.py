@@ -400,8 +400,11 @@ def conclude(ctx: Ctx, s: State) -> State:
                  f"by {c['how']}): {c['summary']}" for c in causes]
         summary = "Root cause" + ("s" if len(causes) > 1 else "") + ": " + " | ".join(parts)
     else:
+        undecided = [h for h in order if hyps[h]["status"] == "inconclusive"]
         summary = "The tree is exhausted without a confirmed root cause." + (
-            f" Suspects: {', '.join(x['hypothesis'] for x in suspects)}." if suspects else "")
+            f" Suspects: {', '.join(x['hypothesis'] for x in suspects)}." if suspects else "") + (
+            " Could not decide: " + "; ".join(f"{h} ({hyps[h]['because'][0]})" for h in undecided) + "."
+            if undecided else "")
     exit_code = 0 if causes else 3
     table = [{"id": h, "status": hyps[h]["status"], "how": hyps[h]["how"], "because": hyps[h]["because"],
               "share": hyps[h].get("share")} for h in order]

@@ -413,7 +413,9 @@ class GpuSampleUnderLoad(BaseModel):
         for as long as it runs, up to ``limit_s``."""
         fields = ",".join(n for n, _ in QUERY_FIELDS)
         load = self.load if not self.cwd else f"cd {q(self.cwd)} && {self.load}"
-        loop = f"s=$SECONDS; while :; do {load}; [ $((SECONDS - s)) -ge {max(1, int(round(self.seconds)))} ] && break; done"
+        ms = int(self.seconds * 1000)
+        loop = (f"e=$(( $(date +%s%3N) + {ms} )); while :; do {load}; "
+                f"[ $(date +%s%3N) -ge $e ] && break; done")
         most = int(self.limit_s / max(self.interval, 0.05))
         return (
             f"timeout {self.limit_s:g} bash -c {q(loop)} >/dev/null 2>&1 & b=$!; n=0; "

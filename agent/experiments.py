@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tools.registry import Outcome, Runner
+from tools.registry import Runner
 
 from .stats import decide
 
@@ -309,7 +309,3 @@ def edit_argv(argv: list[str], set_flags: dict[str, Any], unset: list[str]) -> l
         elif v not in (None, False, ""):
             out += [f"--{k}", str(v)]
     return out
-
-
-def outcome_text(o: Outcome) -> str:
-    return o.error or o.result.tail(1)

@@ -26,7 +26,7 @@ from jinja2 import StrictUndefined, TemplateError, Undefined
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tools.errors import PlaybookError, describe_validation, load_yaml_mapping
+from tools.errors import PlaybookError, describe_validation, load_yaml_mapping, resolve_yaml_ref
 
 Verdict = Literal["ruled_out", "confirmed", "suspect", "inconclusive"]
 CHECKS = ("host_info", "gpu_query", "gpu_q", "gpu_processes", "gpu_sample_under_load", "find_servers", "server_details",
@@ -148,16 +148,8 @@ def builtin_playbooks() -> list[str]:
 
 
 def load_playbook(ref: str | None) -> Playbook:
-    ref = ref or "gpu-inference-regression"
-    p = Path(ref)
-    if not (ref.endswith((".yaml", ".yml")) or "/" in ref):
-        p = Path(str(resources.files("playbooks"))) / f"{ref}.yaml"
-        if not p.is_file():
-            close = difflib.get_close_matches(ref, builtin_playbooks(), n=1)
-            raise PlaybookError("no built-in playbook of that name", file=ref,
-                                fix=(f"did you mean `{close[0]}`? " if close else "") + "`debugagent playbook list` names them")
-    if not p.is_file():
-        raise PlaybookError("no such file", file=ref, fix="give a path to a playbook .yaml or a built-in name")
+    p = resolve_yaml_ref(ref or "gpu-inference-regression", Path(str(resources.files("playbooks"))), PlaybookError,
+                         "playbook", "debugagent playbook list")
     return parse_playbook(p.read_text(), str(p))
 
 

@@ -103,7 +103,7 @@ class View:
             self.live.__exit__(*a)
 
 
-def make_confirm(as_json: bool):
+def make_confirm():
     if not sys.stdin.isatty():
         return None
 
@@ -184,7 +184,7 @@ def investigate(opts: RunOptions, *, folder: Path | None = None, resume: bool = 
     sim = opts.host.startswith("sim:")
     ctx = Ctx(transport=transport, transcript=transcript, playbook=playbook, run_id=run_id, undo=undo, symptom=symptom,
               baseline=baseline, baseline_snapshot=base_snap, allow_mutations=opts.allow_mutations or sim,
-              confirm=make_confirm(opts.as_json), advisor=advisor, on_status=view.update,
+              confirm=make_confirm(), advisor=advisor, on_status=view.update,
               overrides={"bench": opts.bench, "repo": opts.repo, "python": opts.python,
                          "server_pattern": opts.server_pattern, "bench_regex": opts.bench_regex,
                          "reproduce_runs": opts.reproduce_runs, "max_runs": opts.max_runs})

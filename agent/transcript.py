@@ -55,8 +55,6 @@ class Transcript:
 
     def emit(self, event: str, **data: Any) -> None:
         assert event in EVENTS, event
-        with self._lock:
-            pass
         self.log.msg(event, **data)
 
     def observer(self, hypothesis: str | None = None):

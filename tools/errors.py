@@ -22,6 +22,8 @@ message names the thing, shows the evidence and gives a fix.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class DebugAgentError(Exception):
     """Base of every error debugagent raises on purpose."""
@@ -163,3 +165,21 @@ def describe_validation(exc: Exception) -> tuple[str, str]:
     if e["type"] == "extra_forbidden":
         msg = f"unknown key `{e['loc'][-1]}`"
     return loc, msg
+
+
+def resolve_yaml_ref(ref: str, folder: Path, error: type[ScenarioError] | type[PlaybookError], what: str,
+                     list_cmd: str) -> Path:
+    """A path to a ``.yaml`` file, or the name of a built-in one in ``folder``; ``error`` names what is wrong."""
+    import difflib
+
+    if ref.endswith((".yaml", ".yml")) or "/" in ref:
+        p = Path(ref)
+        if not p.is_file():
+            raise error("no such file", file=ref, fix=f"give a path to a {what} .yaml, or a built-in name (`{list_cmd}`)")
+        return p
+    p = folder / f"{ref}.yaml"
+    if not p.is_file():
+        close = difflib.get_close_matches(ref, sorted(x.stem for x in folder.glob("*.yaml")), n=1)
+        hint = f"did you mean `{close[0]}`? " if close else ""
+        raise error(f"no built-in {what} of that name", file=ref, fix=f"{hint}`{list_cmd}` names them all")
+    return p

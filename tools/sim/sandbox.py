@@ -274,8 +274,8 @@ class SimHost:
             shim.chmod(0o755)
 
     # ------------------------------------------------------------------ processes
-    def server_argv(self, host: dict[str, Any] | None = None) -> list[str]:
-        h = host or self.state
+    def server_argv(self) -> list[str]:
+        h = self.state
         argv = h["server"]["cmd"].split()
         for k, v in h["server"]["args"].items():
             if v is True:

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import copy
 import re
-from datetime import UTC, datetime
+from datetime import datetime
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ..errors import ScenarioError, describe_validation, load_yaml_mapping
+from ..errors import ScenarioError, describe_validation, load_yaml_mapping, resolve_yaml_ref
 
 HYPOTHESIS_IDS = (
     "code_change", "gpu_clocks", "pcie_link", "gpu_contention", "serving_config",
@@ -292,18 +292,7 @@ def builtin_names() -> list[str]:
 
 def load_scenario(ref: str) -> Scenario:
     """Load ``NAME`` (built-in) or a path to a ``.yaml`` file; strict validation."""
-    p = Path(ref)
-    if ref.endswith((".yaml", ".yml")) or "/" in ref:
-        if not p.is_file():
-            raise ScenarioError("no such file", file=ref, fix="give a path to a scenario .yaml, or a built-in name (`debugagent sim list`)")
-    else:
-        p = builtin_dir() / f"{ref}.yaml"
-        if not p.is_file():
-            import difflib
-            close = difflib.get_close_matches(ref, builtin_names(), n=1)
-            hint = f"did you mean `{close[0]}`? " if close else ""
-            raise ScenarioError("no built-in scenario of that name", file=ref,
-                                fix=f"{hint}`debugagent sim list` names them all")
+    p = resolve_yaml_ref(ref, builtin_dir(), ScenarioError, "scenario", "debugagent sim list")
     return parse_scenario(p.read_text(), str(p))
 
 
@@ -317,11 +306,3 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
     sc.source = file
     _check_factors(sc, file)
     return sc
-
-
-def iso(dt: datetime | None, default: str) -> str:
-    if dt is None:
-        return default
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S+00:00")

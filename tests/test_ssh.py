@@ -70,6 +70,67 @@ def test_commands_results_and_concurrency(plain):
     t.close()
 
 
+def test_commands_share_a_shell_session_but_nothing_else(plain):
+    """Sequential commands reuse one bash session, yet cwd, variables and stdin never carry over,
+    and output that looks like an end mark (or has no final newline) comes back as it is."""
+    t = connect(plain)
+    home = t.run("pwd").stdout
+    assert t.run("echo $$").stdout == t.run("echo $$").stdout and t.sessions is True
+    assert t.run("cd /tmp; X=1; export Y=2").ok
+    assert t.run('pwd; echo "${X:-unset} ${Y:-unset}"').stdout == home + "unset unset\n"
+    assert t.run("cat; printf 'no newline'").stdout == "no newline"   # stdin is /dev/null: cat ends at once
+    r = t.run("printf '\\037deadbeefdeadbeef:0\\n'; printf 'x\\037%s\\n' ab >&2; echo tail")
+    assert (r.stdout, r.stderr) == ("\x1fdeadbeefdeadbeef:0\ntail\n", "x\x1fab\n")
+    r = t.run("for i in 1 2; do\n  echo \"$i 'q'\"\ndone\nexit 7")
+    assert (r.stdout, r.exit_code) == ("1 'q'\n2 'q'\n", 7)
+    t.close()
+
+
+def test_host_without_bash_gets_a_channel_per_command(tmp_path):
+    """Where bash cannot start, each command runs on its own exec channel, with the same results."""
+    s = start_sshd(tmp_path / "d", force_command='/usr/bin/env PATH=/nonexistent /bin/sh -c "$SSH_ORIGINAL_COMMAND"')
+    try:
+        t = connect(s)
+        events = []
+        t.on_event = lambda kind, text: events.append(kind)
+        r = t.run("echo hi; echo err >&2; exit 3")
+        assert (r.stdout, r.stderr.strip(), r.exit_code) == ("hi\n", "err", 3)
+        assert t.sessions is False and events == ["sessions"]
+        r = t.run("/bin/sleep 30; echo never", timeout=1)
+        assert r.timed_out and r.stdout == ""
+        t.close()
+    finally:
+        s.stop()
+
+
+def test_hung_peer_is_noticed_after_idling(tmp_path):
+    """The peer stops answering (its sshd processes stopped) while idle: the next command's liveness
+    probe gives up after 5 s, the connection is re-made, and the command runs."""
+    s = start_sshd(tmp_path / "d")
+    stopped: list[int] = []
+    try:
+        t = connect(s)
+        t.idle_check_s = 0.5
+        events = []
+        t.on_event = lambda kind, text: events.append(kind)
+        assert t.run("true").ok
+        stopped = descendants(s.proc.pid)
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        time.sleep(0.7)
+        t0 = time.monotonic()
+        assert t.run("echo back").stdout == "back\n"
+        assert events == ["reconnected"] and t.reconnects == 1 and time.monotonic() - t0 < 15
+        t.close()
+    finally:
+        for pid in stopped:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        s.stop()
+
+
 def test_50mb_on_stderr_does_not_deadlock(plain):
     """50 MB on stderr while stdout waits: both come back."""
     t = connect(plain)

@@ -3,7 +3,8 @@
 ``python -S remote.py BASE``: runs ``$SSH_ORIGINAL_COMMAND`` in the simulated host laid
 out under BASE, exactly as ``SimHost.exec`` does, streaming stdout and stderr back with
 the sandbox folder removed. With no command (an interactive login) it reads commands
-line by line at a prompt. Standard library only.
+line by line at a prompt. For the shell-session protocol of ``tools/session.py`` it runs
+one bash in the sandbox and feeds it each frame rewritten. Standard library only.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import sys
 import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from session import SESSION_COMMAND, frame, parse_frame  # noqa: E402
 from shell import SimShell, StreamUnrewrite  # noqa: E402
 
 
@@ -45,10 +48,41 @@ def run(sh: SimShell, command: str, stdin=None) -> int:
     return code
 
 
+def session(sh: SimShell) -> int:
+    """A shell session (tools/session.py): one bash in the sandbox, each frame rewritten on its way in."""
+    sh.sync_proc()
+    os.makedirs(sh.home(), exist_ok=True)
+    p = subprocess.Popen(["bash", "--noprofile", "--norc"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=sh.env(), cwd=sh.home())
+    assert p.stdin is not None
+    ts = [threading.Thread(target=pump, args=(p.stdout, sys.stdout.buffer, sh.sandbox)),
+          threading.Thread(target=pump, args=(p.stderr, sys.stderr.buffer, sh.sandbox))]
+    for t in ts:
+        t.start()
+    try:
+        for line in iter(sys.stdin.buffer.readline, b""):
+            sh.sync_proc()
+            text = line.decode("utf-8", "surrogateescape")
+            parsed = parse_frame(text)
+            p.stdin.write(frame(sh.rewrite(parsed[0]), parsed[1]) if parsed
+                          else sh.rewrite(text).encode("utf-8", "surrogateescape"))
+            p.stdin.flush()
+        p.stdin.close()
+    except BrokenPipeError:
+        pass
+    code = p.wait()
+    for t in ts:
+        t.join()
+    sh.sync_proc()
+    return code
+
+
 def main() -> int:
     sh = SimShell.load(sys.argv[1])
     hostname = sys.argv[2] if len(sys.argv) > 2 else "sim"
     command = os.environ.get("SSH_ORIGINAL_COMMAND")
+    if command == SESSION_COMMAND:
+        return session(sh)
     if command is not None:
         return run(sh, command)
     code = 0

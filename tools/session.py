@@ -1,0 +1,116 @@
+"""The shell-session protocol: many commands through one long-lived ``bash`` on one SSH channel.
+
+Standard library only: ``tools/sim/remote.py`` (behind ``debugagent sim serve``'s sshd)
+speaks it too.
+
+A session channel runs :data:`SESSION_COMMAND`. Each command is sent as one line, a *frame*::
+
+    ( eval $'<command>' ) </dev/null; printf '\\037<nonce>:%d\\n' $?; printf '\\037<nonce>\\n' >&2
+
+The command runs in a subshell (nothing it sets, ``cd`` included, reaches the next one) with
+stdin from ``/dev/null``; then the session prints an end mark on stdout (with the exit
+status) and one on stderr. The nonce is random per command, so output can never fake an
+end. ANSI-C quoting (``$'…'``) turns every control character into an escape, so a frame
+is always exactly one line and always parses, whatever the command holds.
+
+Why: an ``exec`` request costs sshd a fork, a session set-up and a shell start (~2 ms of
+~3 ms for ``true`` on loopback); a frame costs a subshell (~0.5 ms).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+SESSION_COMMAND = "exec bash --noprofile --norc"
+
+_QUOTE = {i: f"\\x{i:02x}" for i in range(0x20)} | {0x7F: "\\x7f", ord("\\"): "\\\\", ord("'"): "\\'"}
+
+
+def ansi_c_quote(text: str) -> str:
+    """``$'…'`` quoting: one line whatever ``text`` holds (NUL cannot reach bash at all)."""
+    return "$'" + text.translate(_QUOTE) + "'"
+
+
+_UNQUOTE = re.compile(r"\\(x[0-9a-f]{2}|\\|')")
+
+
+def ansi_c_unquote(body: str) -> str:
+    """The inverse of :func:`ansi_c_quote` (the text between ``$'`` and ``'``)."""
+    return _UNQUOTE.sub(lambda m: chr(int(m.group(1)[1:], 16)) if m.group(1)[0] == "x" else m.group(1), body)
+
+
+def new_nonce() -> str:
+    return os.urandom(8).hex()
+
+
+def frame(command: str, nonce: str) -> bytes:
+    return (f"( eval {ansi_c_quote(command)} ) </dev/null; "
+            f"printf '\\037{nonce}:%d\\n' $?; printf '\\037{nonce}\\n' >&2\n").encode("utf-8", "surrogateescape")
+
+
+_FRAME = re.compile(r"\( eval \$'((?:[^'\\]|\\.)*)' \) </dev/null; printf '\\037([0-9a-f]+):%d\\n' \$\?; "
+                    r"printf '\\037\2\\n' >&2\n\Z")
+
+
+def parse_frame(line: str) -> tuple[str, str] | None:
+    """(command, nonce) of a frame line, or None when the line is not one."""
+    m = _FRAME.match(line)
+    return (ansi_c_unquote(m.group(1)), m.group(2)) if m else None
+
+
+class EndMark:
+    """Collects one stream of a framed command (keeping at most ``cap`` bytes) until its end mark."""
+
+    TAIL = 64
+
+    def __init__(self, nonce: str, cap: int, with_status: bool) -> None:
+        self.mark = b"\x1f" + nonce.encode() + (b":" if with_status else b"\n")
+        self.with_status = with_status
+        self.cap = cap
+        self.chunks: list[bytes] = []
+        self.kept = 0
+        self.total = 0
+        self.tail = b""
+        self.done = False
+        self.status: int | None = None
+        self._mark_len = 0
+
+    def feed(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self.cap + self.TAIL - self.kept
+        if room > 0:
+            part = data if len(data) <= room else data[:room]
+            self.chunks.append(part)
+            self.kept += len(part)
+        self.tail = data[-self.TAIL:] if len(data) >= self.TAIL else (self.tail + data)[-self.TAIL:]
+        if not self.tail.endswith(b"\n"):
+            return
+        i = self.tail.rfind(self.mark)
+        if i < 0:
+            return
+        rest = self.tail[i + len(self.mark):]
+        if self.with_status:
+            if not rest[:-1].isdigit() or not rest.endswith(b"\n"):
+                return
+            self.status = int(rest[:-1])
+        elif rest:
+            return
+        self.done = True
+        self._mark_len = len(self.tail) - i
+
+    def output(self) -> tuple[bytes, bool]:
+        """The stream without its end mark, and whether it was cut at ``cap``."""
+        size = self.total - self._mark_len
+        keep = min(size, self.cap)
+        drop = self.kept - keep
+        chunks = self.chunks
+        while drop > 0 and chunks:   # the mark (and anything past the cap) comes off the end
+            last = chunks[-1]
+            if len(last) <= drop:
+                chunks.pop()
+                drop -= len(last)
+            else:
+                chunks[-1] = last[: len(last) - drop]
+                drop = 0
+        return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), size > self.cap

@@ -103,6 +103,20 @@ def test_host_without_bash_gets_a_channel_per_command(tmp_path):
         s.stop()
 
 
+def test_what_a_login_prints_stays_out_of_every_command(tmp_path):
+    """A login that greets on stdout and warns on stderr (rc files do): no command's output has it."""
+    s = start_sshd(tmp_path / "d", force_command='echo welcome; echo warning >&2; eval "$SSH_ORIGINAL_COMMAND"')
+    try:
+        t = connect(s)
+        for _ in range(2):
+            r = t.run("echo hi; echo err >&2")
+            assert (r.stdout, r.stderr) == ("hi\n", "err\n")
+        assert t.sessions is True
+        t.close()
+    finally:
+        s.stop()
+
+
 def test_hung_peer_is_noticed_after_idling(tmp_path):
     """The peer stops answering (its sshd processes stopped) while idle: the next command's liveness
     probe gives up after 5 s, the connection is re-made, and the command runs."""

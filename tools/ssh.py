@@ -580,8 +580,11 @@ class SSHTransport(BaseTransport):
             raise
         shell = _Shell(chan, t)
         try:
-            out, _, code, _, timed_out = self._frame(shell, 'printf %s "$$"', time.monotonic() + self.connect_timeout, 64)
-            shell.pid = int(out) if code == 0 and not timed_out and out.isdigit() else None
+            # whatever the login shell's rc files print lands here, before the pid, and goes no further
+            out, _, code, _, timed_out = self._frame(shell, 'printf \'\\n%s\' "$$"', time.monotonic() + self.connect_timeout,
+                                                     1 << 20)
+            pid = out.rpartition(b"\n")[2]
+            shell.pid = int(pid) if code == 0 and not timed_out and pid.isdigit() else None
         except ShellEnded:
             shell.pid = None
         if shell.pid is None:

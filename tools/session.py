@@ -59,30 +59,56 @@ def parse_frame(line: str) -> tuple[str, str] | None:
     return (ansi_c_unquote(m.group(1)), m.group(2)) if m else None
 
 
-class EndMark:
-    """Collects one stream of a framed command (keeping at most ``cap`` bytes) until its end mark."""
+class Capped:
+    """One stream of a command's output, keeping at most ``cap`` bytes (and ``extra`` more)."""
+
+    def __init__(self, cap: int, extra: int = 0) -> None:
+        self.cap = cap
+        self.limit = cap + extra
+        self.chunks: list[bytes] = []
+        self.kept = 0
+        self.total = 0
+
+    def feed(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self.limit - self.kept
+        if room > 0:
+            part = data if len(data) <= room else data[:room]
+            self.chunks.append(part)
+            self.kept += len(part)
+
+    def output(self, size: int | None = None) -> tuple[bytes, bool]:
+        """The first ``size`` bytes of the stream (all by default) up to ``cap``, and whether it was cut."""
+        size = self.total if size is None else size
+        drop = self.kept - min(size, self.cap)
+        chunks = self.chunks
+        while drop > 0 and chunks:   # what lies past the cap (or past ``size``) comes off the end
+            last = chunks[-1]
+            if len(last) <= drop:
+                chunks.pop()
+                drop -= len(last)
+            else:
+                chunks[-1] = last[: len(last) - drop]
+                drop = 0
+        return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), size > self.cap
+
+
+class EndMark(Capped):
+    """One stream of a framed command, until its end mark (which :meth:`output` leaves out)."""
 
     TAIL = 64
 
     def __init__(self, nonce: str, cap: int, with_status: bool) -> None:
+        super().__init__(cap, self.TAIL)
         self.mark = b"\x1f" + nonce.encode() + (b":" if with_status else b"\n")
         self.with_status = with_status
-        self.cap = cap
-        self.chunks: list[bytes] = []
-        self.kept = 0
-        self.total = 0
         self.tail = b""
         self.done = False
         self.status: int | None = None
         self._mark_len = 0
 
     def feed(self, data: bytes) -> None:
-        self.total += len(data)
-        room = self.cap + self.TAIL - self.kept
-        if room > 0:
-            part = data if len(data) <= room else data[:room]
-            self.chunks.append(part)
-            self.kept += len(part)
+        super().feed(data)
         self.tail = data[-self.TAIL:] if len(data) >= self.TAIL else (self.tail + data)[-self.TAIL:]
         if not self.tail.endswith(b"\n"):
             return
@@ -99,18 +125,5 @@ class EndMark:
         self.done = True
         self._mark_len = len(self.tail) - i
 
-    def output(self) -> tuple[bytes, bool]:
-        """The stream without its end mark, and whether it was cut at ``cap``."""
-        size = self.total - self._mark_len
-        keep = min(size, self.cap)
-        drop = self.kept - keep
-        chunks = self.chunks
-        while drop > 0 and chunks:   # the mark (and anything past the cap) comes off the end
-            last = chunks[-1]
-            if len(last) <= drop:
-                chunks.pop()
-                drop -= len(last)
-            else:
-                chunks[-1] = last[: len(last) - drop]
-                drop = 0
-        return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), size > self.cap
+    def output(self, size: int | None = None) -> tuple[bytes, bool]:
+        return super().output(self.total - self._mark_len if size is None else size)

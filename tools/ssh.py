@@ -50,7 +50,7 @@ from paramiko import ssh_exception as px
 from paramiko.buffered_pipe import BufferedPipe, PipeTimeout
 
 from .errors import AuthError, ConnectError, HostKeyError, TransportError, UsageError
-from .session import SESSION_COMMAND, EndMark, frame, new_nonce
+from .session import SESSION_COMMAND, Capped, EndMark, frame, new_nonce
 from .transport import (
     DEFAULT_MAX_OUTPUT,
     DEFAULT_TIMEOUT_S,
@@ -308,6 +308,14 @@ class ChunkPipe(BufferedPipe):
             return self._size
 
 
+def watch(chan: paramiko.Channel) -> threading.Event:
+    """One Event set by either stream's buffer (see ChunkPipe) and at EOF: cheaper than fileno()'s pipes."""
+    ev = threading.Event()
+    chan.in_buffer.set_event(ev)
+    chan.in_stderr_buffer.set_event(ev)
+    return ev
+
+
 class _Shell:
     """One long-lived ``bash`` on its own channel (tools/session.py); one command at a time."""
 
@@ -315,10 +323,7 @@ class _Shell:
         self.chan = chan
         self.transport = transport
         self.pid: int | None = None
-        # one Event set by either stream's buffer (and at EOF): cheaper than fileno()'s pipes
-        self.ready = threading.Event()
-        chan.in_buffer.set_event(self.ready)
-        chan.in_stderr_buffer.set_event(self.ready)
+        self.ready = watch(chan)
 
     def usable(self, transport: paramiko.Transport | None) -> bool:
         c = self.chan
@@ -574,11 +579,7 @@ class SSHTransport(BaseTransport):
                 if shell.usable(t):
                     return shell
                 shell.close()
-        try:
-            chan = self._open(t, SESSION_COMMAND)
-        except paramiko.ChannelException:
-            raise
-        shell = _Shell(chan, t)
+        shell = _Shell(self._open(t, SESSION_COMMAND), t)
         try:
             # whatever the login shell's rc files print lands here, before the pid, and goes no further
             out, _, code, _, timed_out = self._frame(shell, 'printf \'\\n%s\' "$$"', time.monotonic() + self.connect_timeout,
@@ -624,29 +625,32 @@ class SSHTransport(BaseTransport):
         except (OSError, EOFError, paramiko.SSHException) as exc:
             raise ShellUnusable(str(exc)) from exc
         marks = (EndMark(nonce, cap, with_status=True), EndMark(nonce, cap, with_status=False))
-        ready_ev = shell.ready
+        timed_out = self._pump(chan, shell.ready, marks, deadline, until_marks=True)
+        (out, t_out), (err, t_err) = marks[0].output(), marks[1].output()
+        return out, err, -1 if timed_out else marks[0].status, t_out or t_err, timed_out
+
+    def _pump(self, chan: paramiko.Channel, ready_ev: threading.Event, sinks: tuple[Capped, Capped], deadline: float,
+              until_marks: bool) -> bool:
+        """Feeds stdout and stderr together into ``sinks`` until both end marks (``until_marks``)
+        or EOF, or the deadline; True when the deadline came first."""
         while True:
             ready_ev.clear()
             ended = chan.eof_received or chan.closed   # read before draining: data comes before EOF
-            for mark, ready, recv in ((marks[0], chan.recv_ready, chan.recv), (marks[1], chan.recv_stderr_ready,
-                                                                                 chan.recv_stderr)):
+            for sink, ready, recv in ((sinks[0], chan.recv_ready, chan.recv),
+                                      (sinks[1], chan.recv_stderr_ready, chan.recv_stderr)):
                 while ready():
                     data = recv(1 << 30)
                     self._received += len(data)
-                    mark.feed(data)
-            if marks[0].done and marks[1].done:
-                break
+                    sink.feed(data)
+            if until_marks and all(getattr(s, "done", False) for s in sinks):
+                return False
             if ended:
-                raise ShellEnded(f"the shell session on {self.host} ended before the command finished")
+                if until_marks:
+                    raise ShellEnded(f"the shell session on {self.host} ended before the command finished")
+                return False
             if time.monotonic() > deadline:
-                out, t_out = marks[0].output()
-                err, t_err = marks[1].output()
-                return out, err, -1, t_out or t_err, True
+                return True
             ready_ev.wait(min(0.05, max(0.0, deadline - time.monotonic())))
-        out, t_out = marks[0].output()
-        err, t_err = marks[1].output()
-        assert marks[0].status is not None
-        return out, err, marks[0].status, t_out or t_err, False
 
     # ------------------------------------------------------------ one-off exec channels
     def _exec_channel(self, t: paramiko.Transport, command: str, timeout: float,
@@ -656,7 +660,10 @@ class SSHTransport(BaseTransport):
         try:
             chan = self._open(t, self.wrap(command))
             chan.shutdown_write()
-            out, err, truncated, timed_out = self._read(chan, start + timeout, max_output)
+            sinks = (Capped(max_output), Capped(max_output))
+            timed_out = self._pump(chan, watch(chan), sinks, start + timeout, until_marks=False)
+            (out, t_out), (err, t_err) = sinks[0].output(), sinks[1].output()
+            truncated = t_out or t_err
             code = -1
             if not timed_out:
                 if not chan.status_event.wait(max(1.0, start + timeout - time.monotonic())):
@@ -671,38 +678,6 @@ class SSHTransport(BaseTransport):
             line, _, err = err.partition(b"\n")
             pid = int(line[len(self.PID_MARK):] or 0) or None
         return out, err, code, truncated, timed_out, pid
-
-    def _read(self, chan: paramiko.Channel, deadline: float, cap: int) -> tuple[bytes, bytes, bool, bool]:
-        """Read stdout and stderr together until EOF (or the deadline); keep at most ``cap`` of each."""
-        bufs: tuple[list[bytes], list[bytes]] = ([], [])
-        sizes = [0, 0]
-        truncated = False
-        # one Event set by either stream's buffer (and at EOF): cheaper than fileno()'s pipes
-        ready_ev = threading.Event()
-        chan.in_buffer.set_event(ready_ev)
-        chan.in_stderr_buffer.set_event(ready_ev)
-        while True:
-            ready_ev.clear()
-            ended = chan.eof_received or chan.closed   # read before draining: data comes before EOF
-            got = False
-            for i, ready, recv in ((0, chan.recv_ready, chan.recv), (1, chan.recv_stderr_ready, chan.recv_stderr)):
-                while ready():
-                    data = recv(1 << 20)
-                    got = True
-                    self._received += len(data)
-                    room = cap - sizes[i]
-                    if room > 0:
-                        bufs[i].append(data[:room])
-                        sizes[i] += min(room, len(data))
-                    if len(data) > room:
-                        truncated = True
-            if ended:
-                break
-            if not got:
-                if time.monotonic() > deadline:
-                    return b"".join(bufs[0]), b"".join(bufs[1]), truncated, True
-                ready_ev.wait(min(0.05, max(0.0, deadline - time.monotonic())))
-        return b"".join(bufs[0]), b"".join(bufs[1]), truncated, False
 
     def display(self, command: str) -> str:
         target = f"{self.user}@{self.hostname}"

@@ -89,6 +89,9 @@ def read_events(path: Path) -> list[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------- Markdown
+# transport events that say the connection carried on (a reconnect, exec channels instead of sessions)
+NOTICES = ("reconnected", "sessions")
+
 STATUS_WORD = {"confirmed": "CONFIRMED", "ruled_out": "ruled out", "suspect": "suspect", "inconclusive": "inconclusive",
                "pending": "not reached"}
 
@@ -148,7 +151,8 @@ def render_markdown(events: list[dict[str, Any]]) -> str:
                       f"{ev.get('answer')!r} ({'used' if ev.get('used') else 'not used'}: {ev.get('note', '')})", ""]
         elif e in ("error", "interrupted", "resumed"):
             msg += 1
-            lines += [f"[msg {msg}] [{e}] {ev.get('text', ev.get('message', ''))}", ""]
+            tag = "transport" if ev.get("kind") in NOTICES else e   # the connection recovered: not an error
+            lines += [f"[msg {msg}] [{tag}] {ev.get('text', ev.get('message', ''))}", ""]
         elif e == "conclusion":
             lines += render_conclusion(ev)
     return "\n".join(lines).rstrip() + "\n"

@@ -374,6 +374,8 @@ def test_connection_lost_mid_experiment_restores_then_reruns(tmp_path):
     assert out["root_cause"]["hypothesis"] == "env_var", out["summary"]
     text = (tmp_path / "run" / "events.jsonl").read_text()
     assert "reconnected" in text and "restored first" in text
+    md = (tmp_path / "run" / "transcript.md").read_text()
+    assert "] [transport] connection to" in md and "reconnected on attempt" in md
     assert diff(before, after) == []
 
 

@@ -40,6 +40,16 @@ def test_a_frame_runs_in_bash_with_its_marks():
     assert r.stderr == f"\x1f{n1}\nunset\n\x1f{n2}\n".encode()
 
 
+def test_a_job_left_in_the_background_is_flagged():
+    n = new_nonce()
+    r = subprocess.run(["bash", "--noprofile", "--norc"], input=frame("sleep 0 & echo now; exit 4", n),
+                       capture_output=True, timeout=10)
+    assert r.stdout == f"now\n\x1f{n}:4\n".encode()
+    m = EndMark(n, 1 << 20, with_status=False)
+    m.feed(r.stderr)
+    assert m.done and m.output() == (b"", False) and m.background
+
+
 @given(st.binary(max_size=300), st.integers(0, 255), st.integers(0, 400), st.lists(st.integers(1, 50), max_size=40))
 def test_end_mark_found_wherever_the_stream_is_cut(payload, status, cap, cuts):
     nonce = "0123456789abcdef"

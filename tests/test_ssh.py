@@ -83,6 +83,12 @@ def test_commands_share_a_shell_session_but_nothing_else(plain):
     assert (r.stdout, r.stderr) == ("\x1fdeadbeefdeadbeef:0\ntail\n", "x\x1fab\n")
     r = t.run("for i in 1 2; do\n  echo \"$i 'q'\"\ndone\nexit 7")
     assert (r.stdout, r.exit_code) == ("1 'q'\n2 'q'\n", 7)
+    # a job left running that writes later: its session is retired, so the next command stays clean
+    pid = t.run("echo $$").stdout
+    r = t.run("(sleep 0.3; echo late; echo late >&2) & echo now")
+    assert (r.stdout, r.stderr) == ("now\n", "")
+    r = t.run("sleep 0.6; echo next")
+    assert (r.stdout, r.stderr) == ("next\n", "") and t.run("echo $$").stdout != pid
     t.close()
 
 

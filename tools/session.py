@@ -5,13 +5,19 @@ speaks it too.
 
 A session channel runs :data:`SESSION_COMMAND`. Each command is sent as one line, a *frame*::
 
-    ( eval $'<command>' ) </dev/null; printf '\\037<nonce>:%d\\n' $?; printf '\\037<nonce>\\n' >&2
+    ( trap '[ -z "${!:-}" ] || printf "\\037<nonce>:bg\\n" >&2' EXIT; eval $'<command>' ) </dev/null; \
+    printf '\\037<nonce>:%d\\n' $?; printf '\\037<nonce>\\n' >&2
 
 The command runs in a subshell (nothing it sets, ``cd`` included, reaches the next one) with
 stdin from ``/dev/null``; then the session prints an end mark on stdout (with the exit
 status) and one on stderr. The nonce is random per command, so output can never fake an
 end. ANSI-C quoting (``$'…'``) turns every control character into an escape, so a frame
 is always exactly one line and always parses, whatever the command holds.
+
+A command that leaves a job in the background may write into the session after its end
+marks, into the next command's output. The subshell's exit trap says so (``$!`` is set
+once it started one) with a third mark on stderr; the client then retires that session.
+Best effort: a command that replaces the trap or ``exec``s goes unflagged.
 
 Why: an ``exec`` request costs sshd a fork, a session set-up and a shell start (~2 ms of
 ~3 ms for ``true`` on loopback); a frame costs a subshell (~0.5 ms).
@@ -45,18 +51,19 @@ def new_nonce() -> str:
 
 
 def frame(command: str, nonce: str) -> bytes:
-    return (f"( eval {ansi_c_quote(command)} ) </dev/null; "
-            f"printf '\\037{nonce}:%d\\n' $?; printf '\\037{nonce}\\n' >&2\n").encode("utf-8", "surrogateescape")
+    return (f"( trap '[ -z \"${{!:-}}\" ] || printf \"\\037{nonce}:bg\\n\" >&2' EXIT; eval {ansi_c_quote(command)} ) "
+            f"</dev/null; printf '\\037{nonce}:%d\\n' $?; printf '\\037{nonce}\\n' >&2\n").encode("utf-8", "surrogateescape")
 
 
-_FRAME = re.compile(r"\( eval \$'((?:[^'\\]|\\.)*)' \) </dev/null; printf '\\037([0-9a-f]+):%d\\n' \$\?; "
-                    r"printf '\\037\2\\n' >&2\n\Z")
+_FRAME = re.compile(r"\( trap '\[ -z \"\$\{!:-\}\" \] \|\| printf \"\\037([0-9a-f]+):bg\\n\" >&2' EXIT; "
+                    r"eval \$'((?:[^'\\]|\\.)*)' \) </dev/null; printf '\\037\1:%d\\n' \$\?; "
+                    r"printf '\\037\1\\n' >&2\n\Z")
 
 
 def parse_frame(line: str) -> tuple[str, str] | None:
     """(command, nonce) of a frame line, or None when the line is not one."""
     m = _FRAME.match(line)
-    return (ansi_c_unquote(m.group(1)), m.group(2)) if m else None
+    return (ansi_c_unquote(m.group(2)), m.group(1)) if m else None
 
 
 class Capped:
@@ -101,7 +108,9 @@ class EndMark(Capped):
     def __init__(self, nonce: str, cap: int, with_status: bool) -> None:
         super().__init__(cap, self.TAIL)
         self.mark = b"\x1f" + nonce.encode() + (b":" if with_status else b"\n")
+        self.bg_mark = b"\x1f" + nonce.encode() + b":bg\n"
         self.with_status = with_status
+        self.background = False   # the command left a job running (stderr's third mark, see the module doc)
         self.tail = b""
         self.done = False
         self.status: int | None = None
@@ -126,4 +135,8 @@ class EndMark(Capped):
         self._mark_len = len(self.tail) - i
 
     def output(self, size: int | None = None) -> tuple[bytes, bool]:
-        return super().output(self.total - self._mark_len if size is None else size)
+        out, cut = super().output(self.total - self._mark_len if size is None else size)
+        if not self.with_status and self.bg_mark in out:
+            self.background = True
+            out = out.replace(self.bg_mark, b"", 1)
+        return out, cut

@@ -323,6 +323,7 @@ class _Shell:
         self.chan = chan
         self.transport = transport
         self.pid: int | None = None
+        self.retire = False
         self.ready = watch(chan)
 
     def usable(self, transport: paramiko.Transport | None) -> bool:
@@ -604,7 +605,7 @@ class SSHTransport(BaseTransport):
         clean = False
         try:
             out, err, code, truncated, timed_out = self._frame(shell, command, start + timeout, max_output)
-            clean = not timed_out
+            clean = not timed_out and not shell.retire
         finally:
             if clean:
                 with self._lock:
@@ -612,7 +613,7 @@ class SSHTransport(BaseTransport):
                         self._idle.append(shell)
                     else:
                         shell.close()
-            else:  # cut, interrupted or lost: the shell may still be busy, so it is never reused
+            else:  # cut, interrupted, lost, or a job left behind that may still write: never reused
                 shell.close()
         return out, err, code, truncated, timed_out, shell.pid
 
@@ -627,6 +628,7 @@ class SSHTransport(BaseTransport):
         marks = (EndMark(nonce, cap, with_status=True), EndMark(nonce, cap, with_status=False))
         timed_out = self._pump(chan, shell.ready, marks, deadline, until_marks=True)
         (out, t_out), (err, t_err) = marks[0].output(), marks[1].output()
+        shell.retire = marks[1].background
         return out, err, -1 if timed_out else marks[0].status, t_out or t_err, timed_out
 
     def _pump(self, chan: paramiko.Channel, ready_ev: threading.Event, sinks: tuple[Capped, Capped], deadline: float,

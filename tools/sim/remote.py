@@ -32,49 +32,47 @@ def pump(src, dst, sandbox: str) -> None:
     dst.flush()
 
 
-def run(sh: SimShell, command: str, stdin=None) -> int:
+def bash_in_sandbox(sh: SimShell, args: list[str], stdin, feed=None) -> int:
+    """Runs ``bash ARGS`` in the sandbox, its output streamed back unrewritten; ``feed(p)``, if
+    given, writes its stdin. Returns bash's exit code."""
     sh.sync_proc()
     os.makedirs(sh.home(), exist_ok=True)
-    p = subprocess.Popen(["bash", "-c", sh.rewrite(command)], stdin=stdin, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, env=sh.env(), cwd=sh.home())
+    p = subprocess.Popen(["bash", *args], stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=sh.env(),
+                         cwd=sh.home())
     ts = [threading.Thread(target=pump, args=(p.stdout, sys.stdout.buffer, sh.sandbox)),
           threading.Thread(target=pump, args=(p.stderr, sys.stderr.buffer, sh.sandbox))]
     for t in ts:
         t.start()
+    if feed is not None:
+        feed(p)
     code = p.wait()
     for t in ts:
         t.join()
     sh.sync_proc()
     return code
+
+
+def run(sh: SimShell, command: str, stdin=None) -> int:
+    return bash_in_sandbox(sh, ["-c", sh.rewrite(command)], stdin)
 
 
 def session(sh: SimShell) -> int:
     """A shell session (tools/session.py): one bash in the sandbox, each frame rewritten on its way in."""
-    sh.sync_proc()
-    os.makedirs(sh.home(), exist_ok=True)
-    p = subprocess.Popen(["bash", "--noprofile", "--norc"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, env=sh.env(), cwd=sh.home())
-    assert p.stdin is not None
-    ts = [threading.Thread(target=pump, args=(p.stdout, sys.stdout.buffer, sh.sandbox)),
-          threading.Thread(target=pump, args=(p.stderr, sys.stderr.buffer, sh.sandbox))]
-    for t in ts:
-        t.start()
-    try:
-        for line in iter(sys.stdin.buffer.readline, b""):
-            sh.sync_proc()
-            text = line.decode("utf-8", "surrogateescape")
-            parsed = parse_frame(text)
-            p.stdin.write(frame(sh.rewrite(parsed[0]), parsed[1]) if parsed
-                          else sh.rewrite(text).encode("utf-8", "surrogateescape"))
-            p.stdin.flush()
-        p.stdin.close()
-    except BrokenPipeError:
-        pass
-    code = p.wait()
-    for t in ts:
-        t.join()
-    sh.sync_proc()
-    return code
+
+    def feed(p: subprocess.Popen) -> None:
+        try:
+            for line in iter(sys.stdin.buffer.readline, b""):
+                sh.sync_proc()
+                text = line.decode("utf-8", "surrogateescape")
+                parsed = parse_frame(text)
+                p.stdin.write(frame(sh.rewrite(parsed[0]), parsed[1]) if parsed
+                              else sh.rewrite(text).encode("utf-8", "surrogateescape"))
+                p.stdin.flush()
+            p.stdin.close()
+        except BrokenPipeError:
+            pass
+
+    return bash_in_sandbox(sh, ["--noprofile", "--norc"], subprocess.PIPE, feed)
 
 
 def main() -> int:

@@ -14,7 +14,7 @@ How the server is found, first match wins:
    TGI, TensorRT-LLM launchers, ``vllm serve`` included);
 3. ``gpu``: a process that ``nvidia-smi`` lists as a compute app;
 4. ``port``: a process listening on a TCP port that the benchmark names (``:8000``,
-   ``--port 8000``), or else a Python process listening on any port.
+   ``--port 8000``); a listener the benchmark does not name is never guessed at.
 
 Matches are grouped into process trees: a match whose ancestor also matches is that
 one's worker; for the GPU and port fallbacks, a process climbs to its parent while the
@@ -26,9 +26,10 @@ GPU memory, then the oldest; the others are recorded as other servers (GPU tenan
 named by its pid), never told apart by name.
 
 debugagent's own processes are never candidates: the probe's shell, its ancestors and
-descendants, any ``debugagent`` process (``debugagent …``, ``python -m agent.cli``) and
-everything under it, and everything under the SSH connection the probe came through
-(``sshd: USER@notty``).
+descendants, its siblings that run the same shell (the transport's other commands, a
+benchmark among them, when debugagent runs inside another program), any ``debugagent``
+process (``debugagent …``, ``python -m agent.cli``) and everything under it, and
+everything under the SSH connection the probe came through (``sshd: USER@notty``).
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ from .host import SERVER_PATTERN, HostFacts, Proc, ProcTable, ServerInfo
 from .registry import Outcome, Runner
 
 FoundBy = Literal["known", "pattern", "gpu", "port"]
-PYTHON_RE = re.compile(r"python[0-9.]*$")
 PORT_RE = re.compile(r"(?::|--port[= ]|-p )([0-9]{2,5})\b")
 
 
@@ -135,13 +135,18 @@ def is_debugagent(argv: list[str]) -> bool:
 
 
 def own_pids(table: ProcTable) -> set[int]:
-    """debugagent's own processes: the probe, its ancestors and descendants, debugagent processes and
-    their descendants, and everything under the SSH connection the probe came through."""
+    """debugagent's own processes: the probe, its ancestors and descendants, its siblings running the same
+    shell, debugagent processes and their descendants, and everything under the probe's SSH connection."""
     own: set[int] = set()
     procs = table.by_pid()
     if table.self_pid is not None:
         chain = table.ancestors(table.self_pid)
         own |= {table.self_pid, *chain, *table.descendants(table.self_pid)}
+        me = procs.get(table.self_pid)
+        if me is not None:  # the probe's siblings that run its shell: concurrent commands of the same transport
+            for p in table.procs:
+                if p.ppid == me.ppid and p.pid != me.pid and _program(p) == _program(me):
+                    own |= {p.pid, *table.descendants(p.pid)}
         for a in chain:
             argv = procs[a].argv
             if argv and argv[0].startswith("sshd:") and "@notty" in argv[0]:
@@ -215,16 +220,10 @@ def candidates(table: ProcTable, gpu: list[GpuProcess], inp: DiscoveryInput) -> 
         return _trees(table, roots, own, "gpu", "nvidia-smi lists it (or its worker) as a compute process",
                       gpu_mib), own
     wanted = bench_ports(inp.bench)
-    listening = [(ln.port, pid) for ln in table.listeners for pid in ln.pids if pid in procs]
-    if wanted:
-        hits = sorted({pid for port, pid in listening if port in wanted})
-        why = f"it listens on port {', '.join(map(str, sorted(wanted)))}, which the benchmark names"
-    else:
-        hits = sorted({pid for _, pid in listening if PYTHON_RE.search(_program(procs[pid]).rsplit("/", 1)[-1])
-                       or PYTHON_RE.search(procs[pid].argv[0].rsplit("/", 1)[-1])})
-        why = "a Python process listening on a TCP port (no other server was found)"
+    hits = sorted({pid for ln in table.listeners if ln.port in wanted for pid in ln.pids if pid in procs})
     if hits:
         roots = sorted({climb(table, pid, own) for pid in hits})
+        why = f"it listens on port {', '.join(map(str, sorted(wanted)))}, which the benchmark names"
         return _trees(table, roots, own, "port", why, gpu_mib), own
     return [], own
 
@@ -333,9 +332,12 @@ def describe(process: ServerProcess | None, others: list[ServerProcess], own: se
     if process is None:
         text = ("No inference server process was found (by "
                 + (f"--server-pattern `{inp.server_pattern}`" if inp.server_pattern else "the default pattern")
-                + ", nvidia-smi's compute processes, or a listening port)")
+                + ", nvidia-smi's compute processes, or a port the benchmark names)")
     else:
         text = f"The server is {process.label}: {process.why}"
+        if process.found_by in ("gpu", "port"):
+            text += (" (no process matches " + (f"--server-pattern `{inp.server_pattern}`" if inp.server_pattern
+                                                 else "the default pattern") + ")")
         if process.workers:
             text += f"; its workers: pid {', '.join(map(str, process.workers))} (the parent, pid {process.pid}, is the one to restart)"
         if process.ports:

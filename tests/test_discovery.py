@@ -363,3 +363,36 @@ def test_baseline_snapshot_without_numbers_gives_no_absurd_share(sim, tmp_path):
     assert out["root_cause"]["how"] == "experiment"
     assert [c["explains"] for c in out["root_causes"]] == [None]
     assert "share unknown" in out["summary"] and "no baseline number" in out["summary"]
+
+
+@pytest.mark.ssh
+def test_over_ssh_session_shells_are_own_and_the_server_is_found(servers, tmp_path):
+    """Over a real sshd: the connection's other session shells (one running a command that holds the pattern)
+    are debugagent's own; the real server with the same pattern is found."""
+    import getpass
+
+    from tools.sim.serve import SSHD, start_sshd
+    from tools.ssh import SSHTransport
+    if not Path(SSHD).is_file():
+        pytest.skip("needs Debian's openssh-server")
+    name = token()
+    info = servers.start("1", "spawn", name)
+    sshd = start_sshd(tmp_path / "sshd")
+    try:
+        t = SSHTransport.from_spec(f"{getpass.getuser()}@127.0.0.1:{sshd.port}", identity_file=str(sshd.identity),
+                                   known_hosts=str(sshd.known_hosts))
+        try:
+            holder = threading.Thread(target=t.run, args=(f"bash -c 'sleep 15; : {name}'",), kwargs={"timeout": 30},
+                                      daemon=True)
+            holder.start()
+            deadline = time.monotonic() + 20
+            while t.run(f"pgrep -f -- ': {name}' >/dev/null").exit_code != 0:  # the holder's shell is up
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            d = discover(Runner(t), DiscoveryInput(server_pattern=name))
+        finally:
+            t.close()
+    finally:
+        sshd.stop()
+    assert d.server is not None and d.server.pid == info["pid"] and d.server.workers == info["workers"]
+    assert d.others == []

@@ -396,3 +396,29 @@ def test_over_ssh_session_shells_are_own_and_the_server_is_found(servers, tmp_pa
         sshd.stop()
     assert d.server is not None and d.server.pid == info["pid"] and d.server.workers == info["workers"]
     assert d.others == []
+
+
+def test_experiment_lookup_uses_the_runs_own_pattern(servers):
+    """The lookup an experiment makes before a restart uses the run's --server-pattern (the default pattern
+    cannot see this server), and prefers the command line found at discovery."""
+    from agent.discovery import find_server, run_input
+    name = token()
+    info = servers.start("0", "fork", name)
+    with LocalTransport() as t:
+        r = Runner(t)
+        srv = find_server(r, run_input({"server_pattern": name}, "latency"))
+        assert srv is not None and srv.pid == info["pid"]
+        default = find_server(r, run_input({}, "latency"))  # other people's simulated servers may match it
+        assert default is None or default.pid != info["pid"]
+        again = find_server(r, run_input({}, "latency", known=srv.model_dump()))
+        assert again is not None and again.pid == info["pid"] and again.found_by == "known"
+
+
+def test_cli_run_bad_server_pattern_exit_2_writes_nothing(tmp_path):
+    """`run --server-pattern '('` is refused at input (exit 2) and writes no run folder."""
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "agent.cli", "run", "--host", "local", "--symptom", "latency 3 ms",
+                        "--baseline", "latency 2 ms", "--server-pattern", "(", "--out", str(out)],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 2 and "--server-pattern `(`" in r.stderr and "fix:" in r.stderr
+    assert not out.exists()

@@ -99,31 +99,48 @@ def replay(run_dir: Annotated[str, typer.Argument(help="a transcript folder (or 
 def snapshot(
     host: HostOpt,
     output: Annotated[str, typer.Option("-o", "--output", help="where to write the JSON (- for stdout)")],
-    bench: Annotated[str | None, typer.Option("--bench", help="benchmark to run while GPUs are sampled")] = None,
-    repo: Annotated[str | None, typer.Option("--repo")] = None,
-    python: Annotated[str | None, typer.Option("--python")] = None,
-    bench_runs: Annotated[int, typer.Option("--bench-runs", help="benchmark runs recorded in the snapshot (its baseline number)")] = 3,
+    bench: Annotated[str | None, typer.Option("--bench", help="benchmark command printing METRIC=VALUE UNIT; run while GPUs are sampled, and --bench-runs times for the snapshot's own numbers")] = None,
+    metric: Annotated[str | None, typer.Option("--metric", help="the METRIC the benchmark prints (as in --symptom 'METRIC VALUE UNIT'); default: the host profile's")] = None,
+    bench_regex: Annotated[str | None, typer.Option("--bench-regex", help="regex whose group 1 is the number in the benchmark's output (instead of --metric)")] = None,
+    repo: Annotated[str | None, typer.Option("--repo", help="the server's git checkout on the host")] = None,
+    python: Annotated[str | None, typer.Option("--python", help="the server's Python interpreter on the host")] = None,
+    server_pattern: Annotated[str | None, typer.Option("--server-pattern", help="regex for the server's command line (default: SGLang, vLLM, TGI, TensorRT-LLM)")] = None,
+    bench_runs: Annotated[int, typer.Option("--bench-runs", min=0, help="benchmark runs recorded in the snapshot (its baseline numbers)")] = 3,
     identity_file: IdentOpt = None, known_hosts: KnownOpt = None, accept_new_host_key: AcceptOpt = False,
     connect_timeout: TimeoutOpt = 10.0,
 ) -> None:
     """Write the host's fingerprint as JSON: git, packages and build hashes, GPUs, driver, server, CPU.
 
-    With a benchmark (--bench, or the host profile /etc/debugagent/host.json), GPUs are
-    sampled while it runs and its results are recorded: a snapshot of the good state then
-    serves as --baseline-snapshot.
+    The server is found as `run` finds it (the same --server-pattern, --python, --repo,
+    --bench overrides). With a benchmark (--bench with --metric or --bench-regex, or the
+    host profile /etc/debugagent/host.json), GPUs are sampled while it runs and
+    --bench-runs results are recorded: a snapshot of the good state then serves as
+    --baseline-snapshot with its own baseline numbers.
     """
     from tools.registry import Runner
     from tools.snapshot import collect, dump
+
+    from .discovery import DiscoveryInput, check_input
+    check_input(DiscoveryInput(server_pattern=server_pattern, python=python, repo=repo, bench=bench,
+                               bench_regex=bench_regex, metric=metric), bench_runs=bench_runs)
     with open_transport(host, ssh_opts(identity_file, known_hosts, accept_new_host_key, connect_timeout)) as tr:
         with err.status(f"snapshot of {host} …"):
-            snap = collect(Runner(tr), bench=bench, python=python, repo=repo, bench_runs=bench_runs)
+            snap = collect(Runner(tr), bench=bench, python=python, repo=repo, server_pattern=server_pattern,
+                           metric=metric, bench_regex=bench_regex, bench_runs=bench_runs)
     text = dump(snap)
     if output == "-":
         sys.stdout.write(text + "\n")
     else:
         Path(output).write_text(text + "\n")
+        samples = snap.bench.get("samples") or []
         err.print(f"wrote {output}: {len(snap.packages.packages) if snap.packages else 0} packages, "
-                  f"{len(snap.gpus)} GPUs, {snap.commands} commands" + (f", {len(snap.errors)} errors" if snap.errors else ""))
+                  f"{len(snap.gpus)} GPUs, {snap.commands} commands"
+                  + (f", server pid {snap.server.pid}" if snap.server else ", no server found")
+                  + (f", {len(samples)} benchmark runs" if snap.bench else "")
+                  + (f", {len(snap.errors)} errors" if snap.errors else ""))
+    if snap.bench and not snap.bench.get("samples") and bench_runs > 0:
+        err.print("  [yellow]note[/]: the benchmark gave no numbers: this snapshot cannot serve as a baseline number "
+                  "(give --metric or --bench-regex, and check the benchmark's output)")
     for e in snap.errors:
         err.print(f"  [yellow]note[/]: {escape(e)}")
 

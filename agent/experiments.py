@@ -159,7 +159,7 @@ class Lab:
 
     def _result(self, spec: dict[str, Any], vals: list[float], d: Any, text: str, **extra: Any) -> dict[str, Any]:
         return {"kind": spec["kind"], "title": spec.get("title", ""), "samples": vals, "mean": statistics.fmean(vals),
-                "share": round(d.share, 3), "significant": d.significant, "decision": d.text, "text": text, **extra}
+                "share": round(d.share, 3) if d.share is not None else None, "significant": d.significant, "decision": d.text, "text": text, **extra}
 
     def _code(self, r: Runner, hyp: str, spec: dict[str, Any], facts: dict[str, Any], bad: list[float], regression: float) -> dict[str, Any]:
         repo = facts["repo"]["path"]
@@ -216,13 +216,12 @@ class Lab:
         return dict(rng[hi]), steps
 
     def _find_server(self, r: Runner) -> Any:
-        fs = r.call("find_servers", why="the server's current pid")
-        if not fs.ok or not fs.output.processes:
-            raise ExperimentError("the server process is gone")
-        sd = r.call("server_details", {"pid": fs.output.processes[0].pid}, why="its command line as it runs now")
-        if not sd.ok:
-            raise ExperimentError(sd.error or "server_details failed")
-        return sd.output
+        # the run's own discovery (its --server-pattern, the server found earlier); set by the graph
+        from .discovery import find_server
+        srv = find_server(r, getattr(self, "discovery", None))
+        if srv is None:
+            raise ExperimentError("the server process is gone (discovery with the run's own overrides found none)")
+        return srv
 
     def _server(self, r: Runner, hyp: str, spec: dict[str, Any], facts: dict[str, Any], bad: list[float], regression: float) -> dict[str, Any]:
         srv = self._find_server(r)

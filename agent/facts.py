@@ -91,8 +91,9 @@ def build_facts(snap: Snapshot, *, baseline: Snapshot | None, regression: dict[s
     host = {"governor": hf.governor if hf else None, "cores": hf.cores if hf else 0, "load1": hf.load1 if hf else 0.0,
             "hostname": hf.hostname if hf else ""} if hf else {"governor": None, "cores": 0, "load1": 0.0, "hostname": ""}
     gpus = [gpu_view(g.model_dump()) for g in snap.gpus]
-    server_names = {server["argv"][0]} if server and server.get("argv") else set()
-    foreign = [p for p in snap.gpu_processes if p.get("process_name") not in server_names]
+    # tenants by pid, never by name: a second server from the same binary is a tenant
+    server_pids = {server["pid"], *(server.get("workers") or [])} if server else set()
+    foreign = [p for p in snap.gpu_processes if p.get("pid") not in server_pids]
     d = None
     base: dict[str, Any] = {}
     if baseline is not None:

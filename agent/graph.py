@@ -25,6 +25,8 @@ from tools.registry import Runner
 from tools.snapshot import Snapshot, collect
 from tools.transport import BaseTransport
 
+from .discovery import discover as find_host_server
+from .discovery import narrate, run_input, state_of
 from .experiments import ConnectionLost, ExperimentError, Lab, Measure, UndoStack
 from .facts import build_facts
 from .playbook import Playbook, evaluate
@@ -142,38 +144,10 @@ def intake(ctx: Ctx, s: State) -> State:
 
 
 def discover(ctx: Ctx, s: State) -> State:
-    r = ctx.runner(None)
-    ov = ctx.overrides
-    host_o, fs_o = r.call_many([
-        ("host_info", None, "who is this host: hostname, cores, governor, and a host profile if one is installed"),
-        ("find_servers", {"pattern": ov["server_pattern"]} if ov.get("server_pattern") else None,
-         "which inference server is running"),
-    ])
-    facts = host_o.output if host_o.ok else None
-    server = None
-    if fs_o.ok and fs_o.output.processes:
-        procs = fs_o.output.processes
-        sd = r.call("server_details", {"pid": procs[0].pid}, why="its exact command line, environment and working directory")
-        server = sd.output if sd.ok else None
-    profile = facts.profile if facts else {}
-    python = ov.get("python") or (server.python if server else None) or profile.get("python")
-    repo = ov.get("repo") or profile.get("repo") or (server.cwd if server else None)
-    bench = ov.get("bench") or profile.get("bench")
-    metric = ctx.symptom.metric
-    if server:
-        flags = " ".join(f"--{k}" + ("" if v is True else f" {v}") for k, v in server.flags.items())
-        ctx.say(f"The server is pid {server.pid}: `{server.entry}` run by {server.python or server.argv[0]} in "
-                f"{server.cwd} with {flags or 'no flags'}.")
-    else:
-        ctx.say("No inference server process was found; evidence about the server's flags and environment will be missing.")
-    if bench:
-        ctx.say(f"The benchmark is `{bench}` (reads `{metric}=VALUE UNIT`)"
-                + (" from the host profile /etc/debugagent/host.json." if not ov.get("bench") else " from --bench."))
-    else:
-        ctx.say("No benchmark is known (no --bench and no host profile): the regression cannot be reproduced and "
-                "experiments cannot be measured; the run relies on read-only evidence.")
-    return {"discovered": {"host_facts": facts.model_dump() if facts else None, "server": server.model_dump() if server else None,
-                           "python": python, "repo": repo, "bench": bench, "metric": metric}}
+    d = find_host_server(ctx.runner(None), run_input(ctx.overrides, ctx.symptom.metric))
+    for line in narrate(d):
+        ctx.say(line)
+    return {"discovered": state_of(d)}
 
 
 def probe(ctx: Ctx, s: State) -> State:
@@ -246,7 +220,7 @@ def evaluate_node(ctx: Ctx, s: State) -> State:
             h["because"] = h["because"] + [f"experiment failed: {res['error']}"]
         elif res["significant"]:
             h["status"], h["how"] = "confirmed", "experiment"
-            h["share"] = round((h.get("share") or 0) + res["share"], 3)
+            h["share"] = None if res["share"] is None else round((h.get("share") or 0) + res["share"], 3)
             h["because"] = h["because"] + [res["text"]]
             if res.get("culprit"):
                 h["culprit"] = res["culprit"]
@@ -279,6 +253,15 @@ def evaluate_node(ctx: Ctx, s: State) -> State:
         ctx.transcript.emit("verdict", hypothesis=hid, status=h["status"], how=h["how"], because="; ".join(h["because"]))
         ctx.on_status("verdict", {"hypothesis": hid, "status": h["status"]})
     return {"hyps": hyps, "facts": _jsonable(facts)}
+
+
+def regression_size(reg: dict[str, Any]) -> float | None:
+    """How much worse the host measured than its baseline number; None when no baseline number measured it.
+
+    (A stand-in of 1e-9 once made a share of 205776000000000%: an experiment's gain divided by it.)
+    """
+    delta = reg.get("delta")
+    return abs(delta) if reg.get("measured") and delta else None
 
 
 def exp_key(hid: str, spec: dict[str, Any]) -> str:
@@ -327,12 +310,13 @@ def experiment(ctx: Ctx, s: State) -> State:
     reg = s["regression"]
     facts = s.get("facts") or _facts(ctx, s)
     d = s["discovered"]
-    regression = abs(reg.get("delta") or 0) or abs(reg["mean"] - (reg.get("baseline") or reg["mean"])) or 1e-9
+    regression = regression_size(reg)
     lab = Lab(ctx.runner, lambda ev, **kw: ctx.transcript.emit(ev, hypothesis=hid, **kw), ctx.undo,
               Measure(bench=d["bench"], metric=d["metric"], cwd=d.get("repo"), regex=ctx.overrides.get("bench_regex"),
                       ready_timeout_s=float(ctx.overrides.get("ready_timeout_s") or 600),
                       max_runs=int(ctx.overrides.get("max_runs") or 8)),
               ctx.run_id, ctx.symptom.direction == "lower")
+    lab.discovery = run_input(ctx.overrides, d["metric"], d.get("server"))  # type: ignore[attr-defined]
     ctx.transcript.emit("experiment", hypothesis=hid, phase="start", text=spec.get("title") or spec["kind"], spec=spec)
     retried = cur.get("retried", 0)
     while True:

@@ -25,6 +25,7 @@ from tools.errors import DebugAgentError, TransportError, UsageError
 from tools.snapshot import Snapshot
 
 from . import __version__
+from .discovery import DiscoveryInput, check_input
 from .experiments import Lab, Measure, UndoStack
 from .graph import RECURSION_LIMIT, Ctx, build_graph
 from .hosts import SSHOptions, open_transport
@@ -124,6 +125,8 @@ def prepare(opts: RunOptions) -> tuple[Any, Any, Any, Any]:
     if opts.baseline and opts.baseline_snapshot:
         raise UsageError("--baseline and --baseline-snapshot both given", fix="give one: a number or a snapshot of the good state")
     snap = Snapshot.load(opts.baseline_snapshot) if opts.baseline_snapshot else None
+    check_input(DiscoveryInput(server_pattern=opts.server_pattern, python=opts.python, repo=opts.repo,
+                               bench=opts.bench, bench_regex=opts.bench_regex, metric=symptom.metric))
     playbook = load_playbook(opts.playbook)
     return symptom, baseline, snap, playbook
 

@@ -180,7 +180,7 @@ def test_sigint_mid_experiment_restores_host_and_resume_finishes(tmp_path):
         events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()][n_before:]
         assert events[0]["event"] == "resumed"
         redone = [e["tool"] for e in events if e["event"] == "tool_call"]
-        assert "python_packages" not in redone and "find_servers" in redone  # evidence kept, experiment redone
+        assert "python_packages" not in redone and "process_table" in redone  # evidence kept, experiment redone
         final = collect(Runner(sim))
         assert diff(before, final) == []
 

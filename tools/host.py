@@ -6,10 +6,11 @@ and a pure ``parse_*`` function from the command's text to a pydantic output.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import statistics
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -19,6 +20,7 @@ from .transport import q
 
 SERVER_PATTERN = r"sglang\.launch_server|sglang\.srt\.|vllm\.entrypoints|vllm serve|text-generation-launcher|trtllm-serve"
 SEP = "\x1f"
+NL = "\x02"  # a newline inside an argument, in the process table's one-line rows
 
 
 # ---------------------------------------------------------------- server processes
@@ -58,6 +60,200 @@ def parse_find_servers(text: str) -> list[ProcessLine]:
     return sorted(out, key=lambda p: p.pid)
 
 
+# ---------------------------------------------------------------- the process table (discovery)
+class ProcessTableInput(BaseModel):
+    """Input of ``process_table``: every process (pid, ppid, start, argv, exe) and the TCP listeners.
+
+    One command, almost no forks: ``read`` and ``mapfile`` are bash builtins; one ``find``
+    lists the executables and one the socket descriptors (or ``ss`` lists the listeners when
+    ``listeners`` is ``ss``, or when it is ``auto`` and ``ss`` is installed). The first line
+    names the probe's own shell (``$BASHPID``), so the parser can leave out its ancestors and
+    descendants: debugagent's own processes.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    listeners: Literal["auto", "proc", "ss"] = "auto"
+
+    def command(self) -> str:
+        procfs = ("echo '== tcp'; cat /proc/net/tcp /proc/net/tcp6 2>/dev/null; echo '== sockets'; "
+                  "find /proc/[0-9]*/fd -lname 'socket:*' -printf '%h %l\\n' 2>/dev/null; ")
+        ss = "echo '== ss'; ss -Hltnp 2>/dev/null; "
+        listen = {"proc": procfs, "ss": ss,
+                  "auto": f"if command -v ss >/dev/null 2>&1; then {ss}else {procfs}fi; "}[self.listeners]
+        return (
+            ": debugagent-process-table; echo \"== self $BASHPID\"; echo '== procs'; IFS=$'\\037'; "
+            "for p in /proc/[0-9]*; do { read -r s < \"$p/stat\" && mapfile -d '' -t a < \"$p/cmdline\"; } 2>/dev/null "
+            "|| continue; [ ${#a[@]} -gt 0 ] || continue; c=\"${a[*]}\"; printf '%s\\t%s\\n' \"${s//$'\\n'/ }\" \"${c//$'\\n'/$'\\002'}\"; "
+            "done; unset IFS; "
+            "echo '== exe'; find /proc/[0-9]*/exe -maxdepth 0 -printf '%h %l\\n' 2>/dev/null; "
+            + listen + "echo '== end'"
+        )
+
+
+class Proc(BaseModel):
+    """One process: its parent, start time (clock ticks after boot), command line and executable."""
+
+    pid: int
+    ppid: int
+    start: int = 0
+    argv: list[str]
+    exe: str = ""
+
+    @property
+    def line(self) -> str:
+        return " ".join(self.argv)
+
+
+class Listener(BaseModel):
+    """A listening TCP socket: address, port and the pids that hold it (when they can be seen)."""
+
+    address: str
+    port: int
+    pids: list[int] = Field(default_factory=list)
+
+
+class ProcTable(BaseModel):
+    self_pid: int | None = None
+    procs: list[Proc]
+    listeners: list[Listener] = Field(default_factory=list)
+
+    def by_pid(self) -> dict[int, Proc]:
+        return {p.pid: p for p in self.procs}
+
+    def children(self) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = {}
+        for p in self.procs:
+            out.setdefault(p.ppid, []).append(p.pid)
+        return out
+
+    def ancestors(self, pid: int) -> list[int]:
+        """Parent, grandparent, … of ``pid`` (those in the table), nearest first."""
+        procs = self.by_pid()
+        out: list[int] = []
+        cur = procs.get(pid)
+        while cur is not None and cur.ppid not in out and cur.ppid != cur.pid:
+            if cur.ppid not in procs:
+                break
+            out.append(cur.ppid)
+            cur = procs.get(cur.ppid)
+        return out
+
+    def descendants(self, pid: int) -> list[int]:
+        kids = self.children()
+        out: list[int] = []
+        todo = list(kids.get(pid, []))
+        while todo:
+            c = todo.pop()
+            if c in out or c == pid:
+                continue
+            out.append(c)
+            todo.extend(kids.get(c, []))
+        return sorted(out)
+
+    def ports_of(self, pids: set[int]) -> list[int]:
+        return sorted({ln.port for ln in self.listeners if pids & set(ln.pids)})
+
+
+def parse_stat(line: str) -> tuple[int, int, int]:
+    """(pid, ppid, starttime) from a ``/proc/PID/stat`` line (the name in parentheses may hold anything)."""
+    head, sep, rest = line.rpartition(")")
+    pid = head.split(" (", 1)[0].strip()
+    fields = rest.split()
+    if not sep or not pid.isdigit() or len(fields) < 20:
+        raise ParseError("not a /proc/PID/stat line", tool="process_table", excerpt=line[:80])
+    return int(pid), int(fields[1]), int(fields[19])
+
+
+def _hex_address(text: str) -> str:
+    """``0100007F`` -> 127.0.0.1; a 32-digit IPv6 address (four little-endian words) -> its usual form."""
+    if len(text) == 8:
+        return ".".join(str(b) for b in reversed(bytes.fromhex(text)))
+    words = [bytes.fromhex(text[i:i + 8])[::-1] for i in range(0, 32, 8)]
+    raw = b"".join(words)
+    return str(ipaddress.IPv6Address(raw))
+
+
+@parser("proc_net_tcp")
+def parse_proc_net_tcp(text: str) -> list[tuple[str, int, int]]:
+    """(address, port, inode) of every socket in LISTEN state (``0A``) in ``/proc/net/tcp`` and ``tcp6``."""
+    out = []
+    for ln in text.splitlines():
+        parts = ln.split()
+        if len(parts) < 10 or parts[0] == "sl" or not parts[0].endswith(":"):
+            continue
+        if parts[3] != "0A":
+            continue
+        addr, _, port = parts[1].partition(":")
+        try:
+            out.append((_hex_address(addr), int(port, 16), int(parts[9])))
+        except ValueError as exc:
+            raise ParseError(f"bad address or inode: {exc}", tool="process_table", excerpt=ln[:100]) from exc
+    return out
+
+
+@parser("fd_sockets")
+def parse_fd_sockets(text: str) -> dict[int, list[int]]:
+    """``/proc/PID/fd socket:[INODE]`` lines -> {inode: [pid, …]}."""
+    out: dict[int, list[int]] = {}
+    for ln in text.splitlines():
+        m = re.fullmatch(r"/proc/(\d+)/fd socket:\[(\d+)\]", ln.strip())
+        if m:
+            out.setdefault(int(m.group(2)), []).append(int(m.group(1)))
+    return out
+
+
+@parser("ss_listen")
+def parse_ss_listen(text: str) -> list[Listener]:
+    """``ss -Hltnp`` rows -> listeners (pids only where ss could see the owner)."""
+    out = []
+    for ln in text.splitlines():
+        parts = ln.split()
+        if len(parts) < 5 or parts[0] != "LISTEN":
+            continue
+        local = parts[3]
+        addr, _, port = local.rpartition(":")
+        if not port.isdigit():
+            raise ParseError("a local address without a port", tool="process_table", excerpt=ln[:100])
+        pids = sorted({int(x) for x in re.findall(r"pid=(\d+)", ln)})
+        out.append(Listener(address=addr.strip("[]").split("%")[0], port=int(port), pids=pids))
+    return out
+
+
+@parser("process_table")
+def parse_process_table(text: str) -> ProcTable:
+    # split on "\n" only: str.splitlines() would also split on \x1c-\x1e and \x0b/\x0c inside an argv
+    s = _sections(text, "process_table", ["procs", "exe", "end"], lines=text.split("\n"))
+    self_pid = None
+    for ln in text.split("\n"):
+        if ln.startswith("== self"):
+            v = ln[len("== self"):].strip()
+            self_pid = int(v) if v.isdigit() else None
+            break
+    exes: dict[int, str] = {}
+    for ln in s["exe"]:
+        m = re.match(r"/proc/(\d+) (.*)$", ln)
+        if m:
+            exes[int(m.group(1))] = m.group(2).removesuffix(" (deleted)")
+    procs = []
+    for ln in s["procs"]:
+        if not ln.strip():
+            continue
+        stat, tab, rest = ln.partition("\t")
+        if not tab:
+            raise ParseError("expected `STAT<TAB>argv`", tool="process_table", excerpt=ln[:80])
+        pid, ppid, start = parse_stat(stat)
+        argv = [a.replace(NL, "\n") for a in rest.split(SEP) if a != ""]
+        procs.append(Proc(pid=pid, ppid=ppid, start=start, argv=argv, exe=exes.get(pid, "")))
+    listeners: list[Listener] = []
+    if "ss" in s:
+        listeners = parse_ss_listen("\n".join(s["ss"]))
+    elif "tcp" in s:
+        owners = parse_fd_sockets("\n".join(s.get("sockets", [])))
+        listeners = [Listener(address=a, port=p, pids=sorted(owners.get(inode, [])))
+                     for a, p, inode in parse_proc_net_tcp("\n".join(s["tcp"]))]
+    return ProcTable(self_pid=self_pid, procs=sorted(procs, key=lambda p: p.pid), listeners=listeners)
+
+
 class ServerDetails(BaseModel):
     """Input of ``server_details``: command line, environment, cwd and start time of one pid."""
 
@@ -81,6 +277,11 @@ class ServerInfo(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     cwd: str = ""
     kind: str = "unknown"  # sglang | vllm | unknown
+    # filled in by discovery (tools.discovery): how the process was found and its structure
+    ppid: int | None = None
+    workers: list[int] = Field(default_factory=list)  # every descendant: the API process's workers
+    ports: list[int] = Field(default_factory=list)
+    found_by: str = ""
 
 
 @parser("flags")
@@ -344,10 +545,10 @@ class GitInfo(BaseModel):
         return None
 
 
-def _sections(text: str, tool: str, required: list[str]) -> dict[str, list[str]]:
+def _sections(text: str, tool: str, required: list[str], lines: list[str] | None = None) -> dict[str, list[str]]:
     sections: dict[str, list[str]] = {}
     cur = None
-    for ln in text.splitlines():
+    for ln in text.splitlines() if lines is None else lines:
         if ln.startswith("== "):
             cur = ln[3:].strip()
             sections[cur] = []

@@ -66,6 +66,7 @@ TOOLS: dict[str, tuple[type[BaseModel], Callable[[Any, CommandResult], BaseModel
     "gpu_processes": (gpu.GpuProcesses, _ok(lambda i, r: GpuProcessList(processes=gpu.parse_compute_apps(r.stdout)), "gpu_processes")),
     "gpu_sample_under_load": (gpu.GpuSampleUnderLoad, lambda i, r: gpu.parse_load_samples(r.stdout)),
     "find_servers": (host.FindServers, _ok(lambda i, r: ProcessList(processes=host.parse_find_servers(r.stdout)), "find_servers")),
+    "process_table": (host.ProcessTableInput, _ok(lambda i, r: host.parse_process_table(r.stdout), "process_table")),
     "server_details": (host.ServerDetails, _ok(lambda i, r: host.parse_server_details(i.pid, r.stdout), "server_details")),
     "python_packages": (host.PythonPackages, _ok(lambda i, r: host.parse_python_packages(r.stdout), "python_packages")),
     "git_state": (host.GitState, _ok(lambda i, r: host.parse_git_state(i.repo, r.stdout), "git_state")),

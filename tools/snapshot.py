@@ -15,6 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from .discovery import Discovery, DiscoveryInput, finish, resolve
+from .discovery import calls as discovery_calls
 from .errors import UsageError
 from .host import GitInfo, HostFacts, PackageSet, ServerInfo
 from .registry import Runner
@@ -59,6 +61,7 @@ class Snapshot(BaseModel):
     bench: dict[str, Any] = Field(default_factory=dict)
     driver_files: dict[str, Any] = Field(default_factory=dict)
     errors: list[str] = Field(default_factory=list)
+    discovery: Discovery | None = None  # how the server was found (its process tree, other servers)
 
     @classmethod
     def load(cls, path: str) -> Snapshot:
@@ -75,45 +78,51 @@ class Snapshot(BaseModel):
 
 def collect(runner: Runner, *, bench: str | None = None, python: str | None = None, repo: str | None = None,
             server_pattern: str | None = None, sample_seconds: float = 1.5,
-            known: tuple[HostFacts | None, ServerInfo | None] | None = None, bench_runs: int = 0,
-            metric: str | None = None) -> Snapshot:
+            known: Discovery | tuple[HostFacts | None, ServerInfo | None] | None = None, bench_runs: int = 0,
+            metric: str | None = None, bench_regex: str | None = None) -> Snapshot:
     """Gather the fingerprint in concurrent waves; record what failed instead of raising.
 
-    ``known`` passes host facts and the server found by discovery, so they are not asked
-    for again. ``bench_runs`` > 0 also runs the benchmark that many times (a baseline
-    snapshot then carries its own baseline number).
+    The server is found by ``tools.discovery`` (the same overrides as ``run``), in the
+    same concurrent wave as the GPU reads. ``known`` passes a discovery already made (or,
+    as before, host facts and the server), so it is not made again. ``bench_runs`` > 0
+    also runs the benchmark that many times (a baseline snapshot then carries its own
+    baseline numbers).
     """
     errors: list[str] = []
+    inp = DiscoveryInput(server_pattern=server_pattern, python=python, repo=repo, bench=bench, metric=metric,
+                         bench_regex=bench_regex)
     calls: list[tuple[str, Any, str]] = [
         ("gpu_query", None, "GPU clocks, power, PCIe, reasons (idle reading)"),
         ("gpu_q", None, "driver and CUDA versions, clock reasons, reset state"),
-        ("gpu_processes", None, "processes holding GPU memory"),
         ("driver_files", None, "the driver's kernel module and library, and when it was installed"),
     ]
     if known is None:
-        calls += [("host_info", None, "hostname, kernel, cores, load, CPU governor, host profile"),
-                  ("find_servers", {"pattern": server_pattern} if server_pattern else None, "the inference server process")]
+        calls += discovery_calls(inp)
+    elif not isinstance(known, Discovery):
+        calls.append(("gpu_processes", None, "processes holding GPU memory"))
     wave1 = runner.call_many(calls)
-    gq_o, q_o, gp_o, df_o = wave1[:4]
+    gq_o, q_o, df_o = wave1[:3]
     for o in wave1:
         if not o.ok:
             errors.append(o.error or "")
-    server = None
     if known is None:
-        host_o, fs_o = wave1[4:]
-        facts = host_o.output if host_o.ok else None
-        if fs_o.ok and fs_o.output.processes:
-            sd = runner.call("server_details", {"pid": fs_o.output.processes[0].pid}, why="its command line, environment, cwd")
-            server = sd.output if sd.ok else None
-            if not sd.ok:
-                errors.append(sd.error or "")
+        host_o, table_o, gp_o = wave1[3:]
+        disc = finish(runner, inp, table_o, gp_o, host_o.output if host_o.ok else None)
+        errors += [e for e in disc.errors if e not in errors]
+    elif isinstance(known, Discovery):
+        disc = known
     else:
-        facts, server = known
-    profile = facts.profile if facts else {}
-    bench = bench or profile.get("bench")
-    metric = metric or profile.get("metric")
-    python = python or (server.python if server else None) or profile.get("python")
-    repo = repo or profile.get("repo") or (server.cwd if server else None)
+        facts0, server0 = known
+        gp_o = wave1[3]
+        values = resolve(inp, facts0, server0)
+        disc = Discovery(server=server0, host_facts=facts0, gpu_processes=list(gp_o.output.processes) if gp_o.ok else [],
+                         **{k: v for k, (v, _) in values.items()})
+    facts, server = disc.host_facts, disc.server
+    bench = bench or disc.bench
+    metric = metric or disc.metric
+    bench_regex = bench_regex or disc.bench_regex
+    python = python or disc.python
+    repo = repo or disc.repo
     wave3: list[tuple[str, Any, str]] = []
     if python:
         wave3.append(("python_packages", {"python": python}, "versions and compiled-file hashes"))
@@ -124,11 +133,14 @@ def collect(runner: Runner, *, bench: str | None = None, python: str | None = No
                       "clocks and PCIe read while the benchmark runs"))
     outs = {o.tool: o for o in runner.call_many(wave3)}
     samples: list[float] = []
-    if bench and metric and bench_runs > 0:
-        for _ in range(bench_runs):
-            b = runner.call("bench", {"cmd": bench, "metric": metric, "cwd": repo}, why="the benchmark in this state")
+    unit: str | None = None
+    if bench and (metric or bench_regex) and bench_runs > 0:
+        for i in range(bench_runs):
+            b = runner.call("bench", {"cmd": bench, "metric": metric or "", "cwd": repo, "regex": bench_regex},
+                            why=f"the benchmark in this state, run {i + 1} of {bench_runs}")
             if b.ok:
                 samples.append(b.output.value)
+                unit = b.output.unit or unit
             else:
                 errors.append(b.error or "")
     pk = outs.get("python_packages")
@@ -158,15 +170,16 @@ def collect(runner: Runner, *, bench: str | None = None, python: str | None = No
             pcie_width_max=g.pcie_width_max, event_reasons=[r for r in src.event_reasons if r != "gpu_idle"],
             reset_required=d.reset_required if d else None, under_load=lg is not None and "gpu_idle" not in lg.event_reasons,
         ))
-    server_pids = {server.pid} if server else set()
-    procs = [p.model_dump() for p in (gp_o.output.processes if gp_o.ok else []) if p.pid not in server_pids]
+    procs = disc.tenants()  # by pid: the server's whole tree is left out, a second server is a tenant
     return Snapshot(
         host=runner.transport.host, hostname=facts.hostname if facts else "",
         taken_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), commands=runner.count,
         driver={"version": q_o.output.driver_version, "cuda": q_o.output.cuda_version} if q_o.ok else {},
         gpus=gpus, gpu_processes=procs, server=server, python=python, packages=packages, repo=git,
         cpu={"governor": facts.governor, "cores": facts.cores, "kernel": facts.kernel} if facts else {},
-        host_facts=facts, bench=({"cmd": bench, "metric": metric, "samples": samples} if bench else {}),
+        host_facts=facts, bench=({"cmd": bench, "metric": metric, "regex": bench_regex, "unit": unit, "runs": bench_runs,
+                                   "samples": samples} if bench else {}),
+        discovery=disc.model_copy(update={"server": None, "host_facts": None}),
         driver_files=df_o.output.model_dump() if df_o.ok else {}, errors=[e for e in errors if e],
     )
 

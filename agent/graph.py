@@ -25,7 +25,7 @@ from tools.registry import Runner
 from tools.snapshot import Snapshot, collect
 from tools.transport import BaseTransport
 
-from .experiments import ConnectionLost, ExperimentError, Lab, Measure, UndoStack
+from .experiments import ConnectionLost, ExperimentError, Lab, LabSetup, Measure, UndoStack
 from .facts import build_facts
 from .playbook import Playbook, evaluate
 from .stats import regression_is_real
@@ -332,7 +332,8 @@ def experiment(ctx: Ctx, s: State) -> State:
               Measure(bench=d["bench"], metric=d["metric"], cwd=d.get("repo"), regex=ctx.overrides.get("bench_regex"),
                       ready_timeout_s=float(ctx.overrides.get("ready_timeout_s") or 600),
                       max_runs=int(ctx.overrides.get("max_runs") or 8)),
-              ctx.run_id, ctx.symptom.direction == "lower")
+              ctx.run_id, ctx.symptom.direction == "lower",
+              LabSetup.from_inputs(ctx.overrides, (d.get("host_facts") or {}).get("profile")))
     ctx.transcript.emit("experiment", hypothesis=hid, phase="start", text=spec.get("title") or spec["kind"], spec=spec)
     retried = cur.get("retried", 0)
     while True:

@@ -181,7 +181,8 @@ def plan_code_run(server: Any, imports: Any, repo: str, wt: str, code_root: str 
     if cwd_rel is not None:
         cwd = wt + ("/" + cwd_rel if cwd_rel else "")
         reasons.append(f"its working directory {server.cwd} is in the checkout")
-    argv = [map_path(a, repo, wt) or a for a in server.argv]
+    # the interpreter stays (a venv inside the checkout is not in the worktree); files the arguments name move
+    argv = list(server.argv[:1]) + [map_path(a, repo, wt) or a for a in server.argv[1:]]
     if argv != list(server.argv):
         reasons.append("its command line names files in the checkout")
     if not reasons:

@@ -416,14 +416,39 @@ class Lab:
             self.push_undo("restart_hook", {"cmd": cmd, "phase": "undo", "argv": srv.argv, "cwd": srv.cwd},
                            f"restart the server as it was found, by the restart hook `{cmd}`")
             self._started = {"run": run, "hook": cmd, "change": change}
-        o = r.call("restart_hook", {"cmd": cmd, "phase": "experiment", "pid": srv.pid if srv else 0, "argv": run.argv,
+        old = srv.pid if srv else int(self._started.get("pid") or 0) if self._started else 0
+        o = r.call("restart_hook", {"cmd": cmd, "phase": "experiment", "pid": old, "argv": run.argv,
                                     "cwd": run.cwd, "set": run.set, "unset": run.unset, "path_first": run.path_first},
                    why=f"restart with {change}, by the restart hook")
         if not o.ok:
             raise ExperimentError(o.error or "the restart hook failed")
-        new = self._find_server(r)
-        self._wait_ready(r, new.pid, None, 0)
-        return new.pid
+        new = self._await_new_server(r, old)
+        if self._started is not None:
+            self._started["pid"] = new
+        self._wait_ready(r, new, None, 0)
+        return new
+
+    def _await_new_server(self, r: Runner, old: int) -> int:
+        """After a hook: the server process that replaced ``old`` (a hook may return before its service restarts)."""
+        limit = self.measure_spec.ready_timeout_s
+        started = time.monotonic()
+        said = started
+        while True:
+            try:
+                srv = self._find_server(r)
+                if srv.pid != old:
+                    return srv.pid
+            except ExperimentError:
+                pass
+            now = time.monotonic()
+            if now - started > limit:
+                raise ExperimentError(f"no new server process appeared within {limit:.0f} s of the restart hook "
+                                      "(give a longer --ready-timeout, or check the hook)")
+            if now - said >= 5:
+                said = now
+                self.emit("experiment", phase="wait", text=f"waiting for the restarted server: {now - started:.0f} s of "
+                          f"{limit:.0f} s")
+            time.sleep(0.5)
 
     def _wait_ready(self, r: Runner, pid: int, log: str | None, offset: int) -> None:
         """By the host profile's health URL or log line; without either, the benchmark's retries wait."""

@@ -146,7 +146,8 @@ class RestartHook(BaseModel):
     ``DEBUGAGENT_PHASE`` (``experiment`` or ``undo``), ``DEBUGAGENT_ARGV`` (the command
     line, shell-quoted), ``DEBUGAGENT_CWD``, ``DEBUGAGENT_SET_ENV`` (``VAR=VALUE`` lines),
     ``DEBUGAGENT_UNSET_ENV`` (names), ``DEBUGAGENT_PYTHONPATH_FIRST`` (folders to put first
-    on ``PYTHONPATH``) and ``DEBUGAGENT_SERVER_PID`` (the pid it replaces).
+    on ``PYTHONPATH``) and ``DEBUGAGENT_SERVER_PID`` (the pid it replaces; 0 at undo, where the hook
+    restarts whatever its service runs).
     """
 
     model_config = ConfigDict(extra="forbid")

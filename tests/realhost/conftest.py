@@ -13,6 +13,7 @@ import base64
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -40,7 +41,7 @@ ap.add_argument("--port", type=int, required=True)
 ap.add_argument("--tag", default="")
 ap.add_argument("--disable-cuda-graph", action="store_true")
 a = ap.parse_args()
-cost_ms = model.step_ms() + (6.0 if a.disable_cuda_graph else 0.0) + (6.0 if os.environ.get("CUDA_LAUNCH_BLOCKING") == "1" else 0.0)
+cost_ms = model.step_ms() + (8.0 if a.disable_cuda_graph else 0.0) + (8.0 if os.environ.get("CUDA_LAUNCH_BLOCKING") == "1" else 0.0)
 try:
     import fastmod
     kernel = fastmod.step
@@ -227,15 +228,26 @@ class Host:
         self.wait_ready()
 
     def start_supervised(self) -> None:
-        """The server under a supervisor-like parent (a script named ``supervisord`` that restarts it when it exits)."""
+        """The server under a supervisor-like parent: a script named ``supervisord`` that starts the command line in
+        ``supervised.cmd`` again whenever the server exits (its pid in ``supervised.pid``)."""
         (self.dir / "bench.py").write_text(BENCH)
         sup = self.dir / "supervisord"
-        cmd = " ".join(f"'{a}'" for a in self.argv())
-        sup.write_text(f"#!/bin/bash\ncd '{self.cwd}'\nwhile true; do {cmd} >> '{self.log}' 2>&1; sleep 0.2; done\n")
+        self.cmd_file.write_text("exec " + " ".join(shlex.quote(a) for a in self.argv()) + "\n")
+        sup.write_text(f"#!/bin/bash\ncd '{self.cwd}'\nwhile true; do eval \"$(cat '{self.cmd_file}')\" >> '{self.log}' 2>&1 "
+                       f"< /dev/null & echo $! > '{self.dir / 'supervised.pid'}'; wait $!; sleep 0.2; done\n")
         sup.chmod(0o755)
         self.supervisor = subprocess.Popen([str(sup)], env=self.server_env(), stdin=subprocess.DEVNULL,
                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         self.wait_ready()
+
+    @property
+    def cmd_file(self) -> Path:
+        return self.dir / "supervised.cmd"
+
+    def hook(self) -> str:
+        """A restart hook for the supervisor: the command line to run next, then stop the server (it restarts it)."""
+        return (f"printf 'exec %s\\n' \"$DEBUGAGENT_ARGV\" > {shlex.quote(str(self.cmd_file))} && "
+                f"kill $(cat {shlex.quote(str(self.dir / 'supervised.pid'))})")
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + 60

@@ -175,7 +175,7 @@ def test_supervised_server_is_not_killed_and_the_hook_is_named(realhost, tmp_pat
     bad = h.baseline(3)
     before = found_state(h)
 
-    o = h.run("--symptom", f"latency {bad:.2f} ms", "--baseline", f"latency {bad - 6:.2f} ms", out=tmp_path / "run")
+    o = h.run("--symptom", f"latency {bad:.2f} ms", "--baseline", f"latency {bad / 2:.2f} ms", out=tmp_path / "run")
     report(o, "supervisor")
 
     suspects = {s["hypothesis"]: s["because"] for s in o["suspects"]}
@@ -185,6 +185,32 @@ def test_supervised_server_is_not_killed_and_the_hook_is_named(realhost, tmp_pat
     assert not tools_called(o, "restart_server")
     assert found_state(h) == before  # the very same process, untouched
     assert h.supervisor.poll() is None
+    assert tmp_leftovers(o["run_id"]) == []
+
+
+def test_supervised_server_is_restarted_through_the_hook(realhost, tmp_path):
+    """With --restart-cmd the supervisor restarts the server for the experiment and for its undo; the flag is measured."""
+    h = realhost("hook")
+    h.cwd = h.dir / "srv"
+    h.write_code(h.cwd)
+    h.flags = ["--disable-cuda-graph"]
+    h.start_supervised()
+    bad = h.baseline(3)
+    before = found_state(h)
+    sup_pid = h.supervisor.pid
+
+    o = h.run("--symptom", f"latency {bad:.2f} ms", "--baseline", f"latency {bad / 2:.2f} ms", "--restart-cmd", h.hook(),
+              out=tmp_path / "run")
+    report(o, "hook")
+
+    cause = o["root_cause"]
+    assert o["exit"] == 0 and cause["hypothesis"] == "serving_config" and cause["how"] == "experiment", o["summary"]
+    phases = [i["phase"] for i in tools_called(o, "restart_hook")]
+    assert phases == ["experiment", "undo"] and not tools_called(o, "restart_server")
+    h.wait_ready()
+    after = found_state(h)
+    assert same_but_pid(before, after) and after["pid"] != before["pid"]  # restarted by its supervisor, as found
+    assert h.supervisor.poll() is None and h.supervisor.pid == sup_pid
     assert tmp_leftovers(o["run_id"]) == []
 
 

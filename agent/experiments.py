@@ -267,12 +267,23 @@ class Lab:
             now = time.monotonic()
             if now > deadline:
                 return None
+            self._check_alive(r)
             if now - said >= 5 or attempt == 0:
                 said = now
                 self.emit("experiment", phase="wait", text=f"waiting for the benchmark to pass (the server may still be "
                           f"starting): {now - started:.0f} s of {m.ready_timeout_s:.0f} s (--ready-timeout)")
             time.sleep(min(5.0, 0.25 * 2 ** attempt, max(0.05, deadline - now)))
             attempt += 1
+
+    def _check_alive(self, r: Runner) -> None:
+        """A failing benchmark after a restart: if the server this experiment started has exited, say so now."""
+        pid = (self._started or {}).get("pid")
+        if not pid or "hook" in (self._started or {}):  # under a hook, a supervisor may replace it: not ours to judge
+            return
+        o = r.call("server_ready", {"pid": pid}, why="is the restarted server still running?")
+        if o.ok and o.output.state == "dead":
+            log = (self._started or {}).get("log")
+            raise ExperimentError(f"the restarted server (pid {pid}) exited" + (f"; its output is in {log}" if log else ""))
 
     def _check_connection(self, r: Runner) -> None:
         """A connection re-made mid-experiment: stop, so the host is restored before anything else."""
@@ -390,7 +401,8 @@ class Lab:
                    why=f"restart with {change}; output appended to {log if log != mutate.DEFAULT_LOG else 'its log'}")
         if not o.ok:
             raise ExperimentError(o.error or "restart failed")
-        self._started = {"run": run, "pid_file": pid_file, "env_file": env_file, "log": log, "change": change}
+        self._started = {"run": run, "pid_file": pid_file, "env_file": env_file, "log": o.output.log or log,
+                         "change": change, "pid": o.output.pid}
         self._wait_ready(r, o.output.pid, o.output.log, o.output.log_size)
         return o.output.pid
 
@@ -407,6 +419,7 @@ class Lab:
                                       "path_first": run.path_first, "pid_file": st["pid_file"], "log": st["log"]}, why=why)
         if not o.ok:
             raise ExperimentError(o.error or "restart failed")
+        st["pid"] = o.output.pid
         self._wait_ready(r, o.output.pid, o.output.log, o.output.log_size)
         return o.output.pid
 

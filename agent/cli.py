@@ -63,6 +63,10 @@ def run(
     bench_regex: Annotated[str | None, typer.Option("--bench-regex", help="regex whose group 1 is the metric in the benchmark's output")] = None,
     reproduce_runs: Annotated[int, typer.Option("--reproduce-runs", min=2, help="benchmark runs to reproduce the regression")] = 5,
     max_runs: Annotated[int, typer.Option("--max-runs", min=3, help="most benchmark runs per experiment (fewer once decided)")] = 8,
+    code_root: Annotated[str | None, typer.Option("--code-root", help="the folder inside the checkout the server imports its code from (default: found from its cwd, PYTHONPATH, .pth or editable finder)")] = None,
+    wheelhouse: Annotated[str | None, typer.Option("--wheelhouse", help="a folder of wheels (or one .whl) on the host holding the baseline builds, for the package experiment")] = None,
+    restart_cmd: Annotated[str | None, typer.Option("--restart-cmd", help="command that restarts the server on the host (systemd, container, supervisor); gets DEBUGAGENT_ARGV, DEBUGAGENT_CWD, DEBUGAGENT_SET_ENV, DEBUGAGENT_UNSET_ENV, DEBUGAGENT_PYTHONPATH_FIRST, DEBUGAGENT_PHASE")] = None,
+    ready_timeout: Annotated[float, typer.Option("--ready-timeout", min=1.0, help="seconds to wait for a restarted server to be ready")] = 600.0,
     identity_file: IdentOpt = None, known_hosts: KnownOpt = None, accept_new_host_key: AcceptOpt = False,
     connect_timeout: TimeoutOpt = 10.0,
 ) -> None:
@@ -72,6 +76,7 @@ def run(
                       playbook=playbook, bench=bench, repo=repo, python=python, allow_mutations=allow_mutations,
                       as_json=as_json, out=out_dir, llm=llm, llm_model=llm_model, server_pattern=server_pattern,
                       bench_regex=bench_regex, reproduce_runs=reproduce_runs, max_runs=max_runs,
+                      code_root=code_root, wheelhouse=wheelhouse, restart_cmd=restart_cmd, ready_timeout=ready_timeout,
                       ssh=ssh_opts(identity_file, known_hosts, accept_new_host_key, connect_timeout))
     raise typer.Exit(execute(opts))
 

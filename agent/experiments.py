@@ -9,13 +9,17 @@ host too). The user's working tree is never touched: code experiments use a
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from tools import mutate
 from tools.registry import Runner
 
 from .stats import decide
@@ -66,32 +70,221 @@ class Measure:
     max_runs: int = 8
 
 
+class LabSetup(BaseModel):
+    """What experiments need to know about the host beyond the facts: the run's overrides and the host profile."""
+
+    model_config = ConfigDict(extra="forbid")
+    server_pattern: str | None = None
+    python: str | None = None
+    code_root: str | None = None
+    wheelhouse: list[str] = Field(default_factory=list)
+    restart_cmd: str | None = None
+    health_url: str | None = None
+    ready_line: str | None = None
+
+    @classmethod
+    def from_inputs(cls, overrides: dict[str, Any], profile: dict[str, Any] | None) -> LabSetup:
+        """Flags win over the host profile (``/etc/debugagent/host.json``)."""
+        pr = profile or {}
+        wh = [w for w in [overrides.get("wheelhouse"), pr.get("wheelhouse")] if w]
+        return cls(server_pattern=overrides.get("server_pattern"), python=overrides.get("python"),
+                   code_root=overrides.get("code_root") or pr.get("code_root"), wheelhouse=[str(w) for w in wh],
+                   restart_cmd=overrides.get("restart_cmd") or pr.get("restart_cmd"),
+                   health_url=pr.get("health_url"), ready_line=pr.get("ready_line"))
+
+
+class ServerRun(BaseModel):
+    """How to start the server for an experiment: its command line, folder, and what changes in its environment."""
+
+    argv: list[str]
+    cwd: str
+    set: dict[str, str] = Field(default_factory=dict)
+    unset: list[str] = Field(default_factory=list)
+    path_first: list[str] = Field(default_factory=list)
+
+
+class CodePlan(BaseModel):
+    """How a code experiment makes the old code run: restart the server from the worktree, or run the benchmark there."""
+
+    mode: Literal["server", "bench"]
+    why: str
+    run: ServerRun | None = None
+
+
+class PackageTarget(BaseModel):
+    """A distribution to put back: the build the baseline had (``build`` None: any build other than the current)."""
+
+    name: str
+    version: str
+    build: str | None = None
+    current_version: str | None = None
+    current_build: str | None = None
+
+
+# ---------------------------------------------------------------- pure helpers
+def map_path(path: str | None, repo: str, wt: str) -> str | None:
+    """``path`` inside the checkout ``repo`` -> the same place in the worktree ``wt``; None when outside."""
+    if not path:
+        return None
+    r = repo.rstrip("/")
+    if path == r:
+        return wt
+    if path.startswith(r + "/"):
+        return wt + path[len(r):]
+    return None
+
+
+def is_bad_commit(vals: list[float], good_vals: list[float], bad_vals: list[float], lower_is_better: bool) -> bool:
+    """Bisection's one decision: is this commit's benchmark nearer the regressed state than the good one?"""
+    mid = (statistics.fmean(good_vals) + statistics.fmean(bad_vals)) / 2
+    m = statistics.fmean(vals)
+    return m > mid if lower_is_better else m < mid
+
+
+def plan_code_run(server: Any, imports: Any, repo: str, wt: str, code_root: str | None,
+                  editable: list[str]) -> CodePlan:
+    """Where the server gets its code, and so how to make it run the worktree's.
+
+    ``imports`` is ``import_roots``' answer (None if it could not be had: ``editable``, the
+    editable installs' folders, stand in). The worktree's folders go first on
+    ``PYTHONPATH``, so they win over an editable install; a cwd inside the checkout is
+    mapped into the worktree, and so is every argument that is a path inside it.
+    """
+    if server is None:
+        return CodePlan(mode="bench", why="no inference server process was found, so the benchmark is taken to be the "
+                        "code itself: it runs in the worktree")
+    firsts: list[str] = []
+    reasons: list[str] = []
+    if code_root:
+        m = map_path(code_root.rstrip("/"), repo, wt)
+        if m is None:
+            raise ExperimentError(f"--code-root {code_root} is not inside the checkout {repo}")
+        firsts.append(m)
+        reasons.append(f"--code-root {code_root}")
+    if imports is not None:
+        for mod in imports.modules:
+            if mod.root and mod.rel is not None:
+                firsts.append(wt + ("/" + mod.rel if mod.rel else ""))
+                reasons.append(f"`{mod.module}` is imported from {mod.root} ({mod.how})")
+        cwd_rel = imports.cwd_in_repo
+    else:
+        for e in editable:
+            m = map_path(e, repo, wt)
+            if m:
+                firsts.append(m)
+                reasons.append(f"an editable install points at {e}")
+        cwd_rel = None
+        mc = map_path(server.cwd, repo, wt)
+        if mc is not None:
+            cwd_rel = mc[len(wt):].lstrip("/")
+    cwd = server.cwd
+    if cwd_rel is not None:
+        cwd = wt + ("/" + cwd_rel if cwd_rel else "")
+        reasons.append(f"its working directory {server.cwd} is in the checkout")
+    # the interpreter stays (a venv inside the checkout is not in the worktree); files the arguments name move
+    argv = list(server.argv[:1]) + [map_path(a, repo, wt) or a for a in server.argv[1:]]
+    if argv != list(server.argv):
+        reasons.append("its command line names files in the checkout")
+    if not reasons:
+        return CodePlan(mode="bench", why=f"the server (pid {server.pid}) imports nothing from {repo} (cwd {server.cwd}, "
+                        "no PYTHONPATH entry, editable install or --code-root there), so reverting the checkout cannot "
+                        "change what it runs; the benchmark runs in the worktree in case it is the code")
+    firsts = list(dict.fromkeys(firsts))
+    return CodePlan(mode="server", run=ServerRun(argv=argv, cwd=cwd, path_first=firsts),
+                    why=f"the server (pid {server.pid}) runs code from the checkout: " + "; ".join(reasons)
+                    + f". It is restarted from the worktree with {':'.join(firsts) or 'its cwd'} first on PYTHONPATH")
+
+
+def package_targets(facts: dict[str, Any], spec: dict[str, Any]) -> list[PackageTarget]:
+    """The builds to put back: every compiled dependency that differs from the baseline snapshot, or ``spec['package']``."""
+    pk = facts.get("packages") or {}
+    by_norm = {n.lower().replace("_", "-"): p for n, p in pk.items()}
+    out: dict[str, PackageTarget] = {}
+    for c in (facts.get("diff") or {}).get("compiled_dependency", []):
+        parts = c["path"].split(".")
+        if len(parts) < 3 or c.get("a") is None:
+            continue  # a package the baseline did not have: nothing to put back
+        name, what = parts[1], parts[2]
+        cur = by_norm.get(name.lower().replace("_", "-")) or {}
+        t = out.get(name) or PackageTarget(name=name, version=cur.get("version") or "", current_version=cur.get("version"),
+                                           current_build=cur.get("build_hash"))
+        if what == "version":
+            t.version = str(c["a"])
+        elif what == "build":
+            t.build = str(c["a"])
+        out[name] = t
+    want = (spec.get("package") or "").strip()
+    if want:
+        hit = [t for n, t in out.items() if n.lower().replace("_", "-") == want.lower().replace("_", "-")]
+        if hit:
+            return hit
+        cur = by_norm.get(want.lower().replace("_", "-"))
+        if cur is None:
+            return []
+        return [PackageTarget(name=cur["name"], version=cur["version"], current_version=cur["version"],
+                              current_build=cur.get("build_hash"))]
+    return list(out.values())
+
+
+def build_matches(t: PackageTarget, version: str | None, build: str | None) -> bool:
+    """Is an installed candidate the build ``t`` asks for?"""
+    if version != t.version:
+        return False
+    if t.build is not None:
+        return build == t.build
+    return t.current_version != version or build != t.current_build
+
+
 class Lab:
     """Runs experiments for the graph's experiment node."""
 
     def __init__(self, runner_for: Callable[[str | None], Runner], emit: Callable[..., None], undo: UndoStack,
-                 measure: Measure, run_id: str, lower_is_better: bool) -> None:
+                 measure: Measure, run_id: str, lower_is_better: bool, setup: LabSetup | None = None) -> None:
         self.runner_for = runner_for
         self.emit = emit
         self.undo = undo
         self.measure_spec = measure
         self.run_id = run_id
         self.lower = lower_is_better
+        self.setup = setup or LabSetup()
         self.bench_runs = 0
         self._reconnects = 0
+        self._started: dict[str, Any] | None = None  # the server this experiment started: how to start it again
+        self.discovery: Any = None  # the run's discovery input (its overrides, the server found earlier); set by the graph
 
     # ------------------------------------------------------------ measuring
-    def bench(self, r: Runner, cwd: str | None, why: str) -> float | None:
+    def bench(self, r: Runner, cwd: str | None, why: str, env: dict[str, str] | None = None) -> float | None:
+        """One benchmark value; while it fails (a server still starting) it is retried until --ready-timeout."""
         m = self.measure_spec
-        deadline = time.monotonic() + m.ready_timeout_s
+        started = time.monotonic()
+        deadline = started + m.ready_timeout_s
+        attempt = 0
+        said = started
         while True:
-            o = r.call("bench", {"cmd": m.bench, "metric": m.metric, "cwd": cwd, "regex": m.regex}, why=why)
+            o = r.call("bench", {"cmd": m.bench, "metric": m.metric, "cwd": cwd, "regex": m.regex, "env": env or {}}, why=why)
             self.bench_runs += 1
             if o.ok:
                 return o.output.value
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 return None
-            time.sleep(min(5.0, max(0.2, m.ready_timeout_s / 100)))
+            self._check_alive(r)
+            if now - said >= 5 or attempt == 0:
+                said = now
+                self.emit("experiment", phase="wait", text=f"waiting for the benchmark to pass (the server may still be "
+                          f"starting): {now - started:.0f} s of {m.ready_timeout_s:.0f} s (--ready-timeout)")
+            time.sleep(min(5.0, 0.25 * 2 ** attempt, max(0.05, deadline - now)))
+            attempt += 1
+
+    def _check_alive(self, r: Runner) -> None:
+        """A failing benchmark after a restart: if the server this experiment started has exited, say so now."""
+        pid = (self._started or {}).get("pid")
+        if not pid or "hook" in (self._started or {}):  # under a hook, a supervisor may replace it: not ours to judge
+            return
+        o = r.call("server_ready", {"pid": pid}, why="is the restarted server still running?")
+        if o.ok and o.output.state == "dead":
+            log = (self._started or {}).get("log")
+            raise ExperimentError(f"the restarted server (pid {pid}) exited" + (f"; its output is in {log}" if log else ""))
 
     def _check_connection(self, r: Runner) -> None:
         """A connection re-made mid-experiment: stop, so the host is restored before anything else."""
@@ -102,14 +295,14 @@ class Lab:
                                  "restored first and the experiment runs again")
 
     def sample(self, r: Runner, cwd: str | None, bad: list[float], regression: float, why: str,
-               first: int = 3) -> tuple[list[float], Any]:
+               first: int = 3, env: dict[str, str] | None = None) -> tuple[list[float], Any]:
         most = max(first, self.measure_spec.max_runs)
         vals: list[float] = []
         d = None
         while len(vals) < most:
             need = first if not vals else 2
             for _ in range(need):
-                v = self.bench(r, cwd, why)
+                v = self.bench(r, cwd, why, env)
                 self._check_connection(r)
                 if v is None:
                     raise ExperimentError("the benchmark kept failing after the change (see its output above)")
@@ -141,9 +334,11 @@ class Lab:
     def run(self, hyp: str, spec: dict[str, Any], facts: dict[str, Any], bad: list[float], regression: float) -> dict[str, Any]:
         r = self.runner_for(hyp)
         self._reconnects = getattr(r.transport, "reconnects", 0)
+        self._started = None
         kind = spec["kind"]
         body = {"code_revert": self._code, "server_restart": self._server, "restore_baseline_flags": self._server,
-                "restore_baseline_env": self._server, "power_limit": self._simple, "governor": self._simple}.get(kind)
+                "restore_baseline_env": self._server, "power_limit": self._simple, "governor": self._simple,
+                "package_restore": self._package}.get(kind)
         if body is None:
             raise ExperimentError(f"unknown experiment kind {kind}")
         try:
@@ -161,30 +356,202 @@ class Lab:
         return {"kind": spec["kind"], "title": spec.get("title", ""), "samples": vals, "mean": statistics.fmean(vals),
                 "share": round(d.share, 3) if d.share is not None else None, "significant": d.significant, "decision": d.text, "text": text, **extra}
 
+    # ------------------------------------------------------------ the server: find, check, restart, wait
+    def _find_server(self, r: Runner) -> Any:
+        """The server as it runs now, found by the run's own discovery (its overrides, the server found earlier)."""
+        from .discovery import find_server
+        srv = find_server(r, self.discovery)
+        if srv is None:
+            pat = self.setup.server_pattern
+            raise ExperimentError("the server process is gone" + (f" (nothing matches --server-pattern {pat!r})" if pat
+                                                                  else " (discovery with the run's own overrides found none)"))
+        return srv
+
+    def _hook_hint(self) -> str:
+        return ("give --restart-cmd 'CMD' (or \"restart_cmd\" in /etc/debugagent/host.json): debugagent runs it to restart "
+                "the server, with the state to start in DEBUGAGENT_ARGV, DEBUGAGENT_CWD, DEBUGAGENT_SET_ENV, "
+                "DEBUGAGENT_UNSET_ENV and DEBUGAGENT_PYTHONPATH_FIRST (DEBUGAGENT_PHASE is experiment, then undo)")
+
+    def _start(self, r: Runner, srv: Any, run: ServerRun, change: str) -> int:
+        """Restart ``srv`` as ``run`` (its undo journalled first); wait until it is ready; return the new pid."""
+        if self.setup.restart_cmd:
+            return self._start_by_hook(r, srv, run, change)
+        c = r.call("server_control", {"pid": srv.pid}, why="how the server runs: a systemd unit, a container or a "
+                   "supervisor would restart or lose it if it were killed")
+        if not c.ok:
+            raise ExperimentError(c.error or "server_control failed")
+        ctl = c.output
+        if ctl.kind != "plain":
+            what = {"systemd": f"the systemd unit {ctl.unit}", "container": "a container",
+                    "supervisor": f"a supervisor (`{ctl.parent}`, pid {ctl.parent_pid})"}[ctl.kind]
+            raise ExperimentError(f"the server (pid {srv.pid}) runs under {what} ({ctl.evidence}); debugagent does not "
+                                  f"kill it, since that would restart it behind the experiment's back or lose it: "
+                                  + self._hook_hint())
+        tag = f"{self.run_id}-{srv.pid}"
+        env_file, pid_file = f"/tmp/debugagent-{tag}.env", f"/tmp/debugagent-{tag}.pid"
+        log = ctl.stdout or mutate.DEFAULT_LOG
+        self.push_undo("remove_file", {"path": env_file}, f"remove the saved environment {env_file}")
+        self.push_undo("remove_file", {"path": pid_file}, f"remove {pid_file}")
+        self.push_undo("restart_server", {"stop_pid_file": pid_file, "expect_argv": run.argv, "argv": srv.argv,
+                                          "cwd": srv.cwd, "env_file": env_file, "keep_if_running": srv.pid, "log": log},
+                       "restart the server as it was found (same command line, folder and environment); the process "
+                       f"the experiment started (its pid in {pid_file}, checked against its command line) is stopped first")
+        o = r.call("restart_server", {"pid": srv.pid, "expect_argv": srv.argv, "argv": run.argv, "cwd": run.cwd,
+                                      "env_file": env_file, "unset": run.unset, "set": run.set, "path_first": run.path_first,
+                                      "save_env": True, "pid_file": pid_file, "log": log},
+                   why=f"restart with {change}; output appended to {log if log != mutate.DEFAULT_LOG else 'its log'}")
+        if not o.ok:
+            raise ExperimentError(o.error or "restart failed")
+        self._started = {"run": run, "pid_file": pid_file, "env_file": env_file, "log": o.output.log or log,
+                         "change": change, "pid": o.output.pid}
+        self._wait_ready(r, o.output.pid, o.output.log, o.output.log_size)
+        return o.output.pid
+
+    def _start_again(self, r: Runner, why: str) -> int:
+        """Restart the server this experiment started (a bisection step): same command line, new code under it."""
+        st = self._started
+        if st is None:
+            raise ExperimentError("no experiment server to restart")
+        run: ServerRun = st["run"]
+        if "hook" in st:
+            return self._start_by_hook(r, None, run, st["change"], again=True)
+        o = r.call("restart_server", {"stop_pid_file": st["pid_file"], "expect_argv": run.argv, "argv": run.argv,
+                                      "cwd": run.cwd, "env_file": st["env_file"], "unset": run.unset, "set": run.set,
+                                      "path_first": run.path_first, "pid_file": st["pid_file"], "log": st["log"]}, why=why)
+        if not o.ok:
+            raise ExperimentError(o.error or "restart failed")
+        st["pid"] = o.output.pid
+        self._wait_ready(r, o.output.pid, o.output.log, o.output.log_size)
+        return o.output.pid
+
+    def _start_by_hook(self, r: Runner, srv: Any, run: ServerRun, change: str, again: bool = False) -> int:
+        cmd = self.setup.restart_cmd or ""
+        if not again:
+            self.push_undo("restart_hook", {"cmd": cmd, "phase": "undo", "argv": srv.argv, "cwd": srv.cwd},
+                           f"restart the server as it was found, by the restart hook `{cmd}`")
+            self._started = {"run": run, "hook": cmd, "change": change}
+        old = srv.pid if srv else int(self._started.get("pid") or 0) if self._started else 0
+        o = r.call("restart_hook", {"cmd": cmd, "phase": "experiment", "pid": old, "argv": run.argv,
+                                    "cwd": run.cwd, "set": run.set, "unset": run.unset, "path_first": run.path_first},
+                   why=f"restart with {change}, by the restart hook")
+        if not o.ok:
+            raise ExperimentError(o.error or "the restart hook failed")
+        new = self._await_new_server(r, old)
+        if self._started is not None:
+            self._started["pid"] = new
+        self._wait_ready(r, new, None, 0)
+        return new
+
+    def _await_new_server(self, r: Runner, old: int) -> int:
+        """After a hook: the server process that replaced ``old`` (a hook may return before its service restarts)."""
+        limit = self.measure_spec.ready_timeout_s
+        started = time.monotonic()
+        said = started
+        while True:
+            try:
+                srv = self._find_server(r)
+                if srv.pid != old:
+                    return srv.pid
+            except ExperimentError:
+                pass
+            now = time.monotonic()
+            if now - started > limit:
+                raise ExperimentError(f"no new server process appeared within {limit:.0f} s of the restart hook "
+                                      "(give a longer --ready-timeout, or check the hook)")
+            if now - said >= 5:
+                said = now
+                self.emit("experiment", phase="wait", text=f"waiting for the restarted server: {now - started:.0f} s of "
+                          f"{limit:.0f} s")
+            time.sleep(0.5)
+
+    def _wait_ready(self, r: Runner, pid: int, log: str | None, offset: int) -> None:
+        """By the host profile's health URL or log line; without either, the benchmark's retries wait."""
+        url, line = self.setup.health_url, self.setup.ready_line
+        if not url and not line:
+            self.emit("experiment", phase="wait", text=f"server pid {pid} started; readiness is judged by the benchmark "
+                      "(no health_url or ready_line in the host profile)")
+            return
+        what = f"{url} answers" if url else f"`{line}` appears in {log}"
+        limit = self.measure_spec.ready_timeout_s
+        started = time.monotonic()
+        said = started
+        while True:
+            o = r.call("server_ready", {"pid": pid, "url": url, "log": log if not url else None,
+                                        "line": line if not url else None, "offset": offset}, why=f"ready when {what}")
+            state = o.output.state if o.ok else "waiting"
+            now = time.monotonic()
+            if state == "ready":
+                self.emit("experiment", phase="wait", text=f"server pid {pid} is ready ({what}) after {now - started:.1f} s")
+                return
+            if state == "dead":
+                raise ExperimentError(f"the server (pid {pid}) exited while starting" + (f"; its log is {log}" if log else ""))
+            if now - started > limit:
+                raise ExperimentError(f"the server (pid {pid}) was not ready after {limit:.0f} s (waiting until {what}); "
+                                      "give a longer --ready-timeout")
+            if now - said >= 5:
+                said = now
+                self.emit("experiment", phase="wait", text=f"waiting for server pid {pid}: {now - started:.0f} s of "
+                          f"{limit:.0f} s (until {what})")
+            time.sleep(0.5)
+
+    # ------------------------------------------------------------ code
+    def _code_plan(self, r: Runner, repo: str, wt: str, facts: dict[str, Any]) -> tuple[Any, CodePlan]:
+        try:
+            srv = self._find_server(r)
+        except ExperimentError:
+            srv = None
+        editable = [p["editable"] for p in (facts.get("packages") or {}).values() if p.get("editable")]
+        imports = None
+        python = (srv.python if srv else None) or self.setup.python
+        if srv is not None and python:
+            mods = [m for m in [srv.entry.split(".")[0] if srv.entry and not srv.entry.endswith(".py") else ""] if m]
+            for p in (facts.get("packages") or {}).values():
+                if p.get("editable"):
+                    mods += (p.get("modules") or [])[:1]
+            mods = list(dict.fromkeys(m for m in mods if m))
+            if mods:
+                o = r.call("import_roots", {"pid": srv.pid, "python": python, "cwd": srv.cwd or "/", "repo": repo,
+                                            "modules": mods},
+                           why="where the server's interpreter imports its code from (cwd, PYTHONPATH, .pth, editable finder)")
+                imports = o.output if o.ok else None
+        return srv, plan_code_run(srv, imports, repo, wt, self.setup.code_root, editable)
+
     def _code(self, r: Runner, hyp: str, spec: dict[str, Any], facts: dict[str, Any], bad: list[float], regression: float) -> dict[str, Any]:
         repo = facts["repo"]["path"]
         target = spec.get("to")
         if not target:
             raise ExperimentError("no commit to revert to")
         wt = f"/tmp/debugagent-wt-{self.run_id}"
+        srv, plan = self._code_plan(r, repo, wt, facts)
+        self.emit("experiment", phase="plan", text=("restart the server from the worktree: " if plan.mode == "server" else
+                                                    "run the benchmark in the worktree: ") + plan.why, mode=plan.mode)
         self.push_undo("git_worktree_remove", {"repo": repo, "path": wt}, f"remove the worktree {wt}")
         o = r.call("git_worktree_add", {"repo": repo, "path": wt, "commit": target},
                    why=f"a separate checkout of {target[:7]}; {repo} itself is left as it is")
         if not o.ok:
             raise ExperimentError(o.error or "git worktree add failed")
-        self.emit("experiment", phase="measure", text=f"benchmark at {target[:7]} in {wt}")
-        vals, d = self.sample(r, wt, bad, regression, why=f"the benchmark at {target[:7]}")
-        text = f"at {target[:7]} (worktree): {d.text}"
-        extra: dict[str, Any] = {"commit": target}
+        bench_cwd = map_path(self.measure_spec.cwd or facts.get("_bench_cwd"), repo, wt) or wt
+        if plan.mode == "server" and plan.run is not None:
+            self._start(r, srv, plan.run, f"the code of {target[:7]} (worktree {wt})")
+            where = "server restarted from the worktree"
+        else:
+            where = "benchmark in the worktree"
+        self.emit("experiment", phase="measure", text=f"benchmark at {target[:7]} ({where})")
+        vals, d = self.sample(r, bench_cwd, bad, regression, why=f"the benchmark at {target[:7]}")
+        text = f"at {target[:7]} ({where}): {d.text}"
+        extra: dict[str, Any] = {"commit": target, "mode": plan.mode, "plan": plan.why}
         if d.significant and spec.get("bisect", True):
-            culprit, steps = self._bisect(r, wt, facts, target, bad, vals)
+            culprit, steps = self._bisect(r, wt, bench_cwd, facts, target, bad, vals, plan.mode == "server")
             if culprit:
                 extra["culprit"] = culprit
                 extra["bisect_steps"] = steps
-                text += f"; bisect over the range took {len(steps)} steps: first bad commit {culprit['short']} \"{culprit['subject']}\""
+                text += (f"; bisect over the range took {len(steps)} steps"
+                         + (" (the server restarted at each)" if plan.mode == "server" else "")
+                         + f": first bad commit {culprit['short']} \"{culprit['subject']}\"")
         return self._result(spec, vals, d, text, **extra)
 
-    def _bisect(self, r: Runner, wt: str, facts: dict[str, Any], good_sha: str, bad: list[float], good_vals: list[float]):
+    def _bisect(self, r: Runner, wt: str, bench_cwd: str, facts: dict[str, Any], good_sha: str, bad: list[float],
+                good_vals: list[float], restart: bool):
         o = r.call("git_range", {"repo": facts["repo"]["path"], "good": good_sha, "bad": facts["repo"]["head"]},
                    why="the commits to bisect, oldest first")
         if not o.ok:
@@ -192,8 +559,6 @@ class Lab:
         rng = [c.model_dump() for c in o.output.commits]  # oldest -> newest, all after good
         if len(rng) <= 1:
             return (dict(rng[0]) if rng else None), []
-        good_mean, bad_mean = statistics.fmean(good_vals), statistics.fmean(bad)
-        mid_line = (good_mean + bad_mean) / 2
         lo, hi = -1, len(rng) - 1  # rng[hi] is bad (HEAD); index lo is good
         steps = []
         while hi - lo > 1:
@@ -202,27 +567,23 @@ class Lab:
             o = r.call("git_worktree_checkout", {"path": wt, "commit": c["sha"]}, why=f"bisect: try {c['short']}")
             if not o.ok:
                 break
-            vals = [v for v in (self.bench(r, wt, f"bisect at {c['short']}") for _ in range(3)) if v is not None]
+            if restart:
+                self._start_again(r, why=f"bisect: restart the server on the code of {c['short']}")
+            vals = [v for v in (self.bench(r, bench_cwd, f"bisect at {c['short']}") for _ in range(3)) if v is not None]
+            self._check_connection(r)
             if not vals:
                 break
             m = statistics.fmean(vals)
-            is_bad = (m > mid_line) if self.lower else (m < mid_line)
-            steps.append({"sha": c["sha"], "mean": m, "bad": is_bad})
-            self.emit("experiment", phase="bisect", text=f"{c['short']} \"{c['subject']}\": mean {m:.4g} -> {'bad' if is_bad else 'good'}")
-            if is_bad:
+            bad_commit = is_bad_commit(vals, good_vals, bad, self.lower)
+            steps.append({"sha": c["sha"], "mean": m, "bad": bad_commit})
+            self.emit("experiment", phase="bisect", text=f"{c['short']} \"{c['subject']}\": mean {m:.4g} -> {'bad' if bad_commit else 'good'}")
+            if bad_commit:
                 hi = mid
             else:
                 lo = mid
         return dict(rng[hi]), steps
 
-    def _find_server(self, r: Runner) -> Any:
-        # the run's own discovery (its --server-pattern, the server found earlier); set by the graph
-        from .discovery import find_server
-        srv = find_server(r, getattr(self, "discovery", None))
-        if srv is None:
-            raise ExperimentError("the server process is gone (discovery with the run's own overrides found none)")
-        return srv
-
+    # ------------------------------------------------------------ flags and environment
     def _server(self, r: Runner, hyp: str, spec: dict[str, Any], facts: dict[str, Any], bad: list[float], regression: float) -> dict[str, Any]:
         srv = self._find_server(r)
         set_flags = {k: v for k, v in (spec.get("set_flags") or {}).items() if k}
@@ -244,29 +605,90 @@ class Lab:
                 elif c["a"] != "[REDACTED]":
                     set_env[var] = c["a"]
         argv = edit_argv(srv.argv, set_flags, unset_flags)
-        env_file = f"/tmp/debugagent-{self.run_id}-{srv.pid}.env"
         change = "; ".join(filter(None, [
             " ".join(f"--{f} removed" for f in unset_flags), " ".join(f"--{k} {v}" for k, v in set_flags.items()),
             " ".join(f"{v} unset" for v in unset_env), " ".join(f"{k}={v}" for k, v in set_env.items())]))
-        self.push_undo("remove_file", {"path": env_file}, f"remove the saved environment {env_file}")
-        self.push_undo("restart_server", {"pid": 0, "argv": srv.argv, "cwd": srv.cwd, "env_file": env_file},
-                       "restart the server as it was found (same command line, same environment)")
-        o = r.call("restart_server", {"pid": srv.pid, "argv": argv, "cwd": srv.cwd, "env_file": env_file,
-                                      "unset": unset_env, "set": set_env, "save_env": True}, why=f"restart with {change}")
-        if not o.ok:
-            raise ExperimentError(o.error or "restart failed")
-        self._retarget_restart(o.output.pid)
+        self._start(r, srv, ServerRun(argv=argv, cwd=srv.cwd, set=set_env, unset=unset_env), change)
         vals, d = self.sample(r, facts.get("_bench_cwd"), bad, regression, why=f"the benchmark with {change}")
         return self._result(spec, vals, d, f"with {change}: {d.text}", change=change)
 
-    def _retarget_restart(self, pid: int) -> None:
-        """The undo restart must stop the process the experiment started."""
-        for s in reversed(self.undo.steps):
-            if s.tool == "restart_server":
-                s.input = {**s.input, "pid": pid}
-                break
-        self.undo._save()
+    # ------------------------------------------------------------ packages
+    def _package(self, r: Runner, hyp: str, spec: dict[str, Any], facts: dict[str, Any], bad: list[float], regression: float) -> dict[str, Any]:
+        targets = package_targets(facts, spec)
+        if not targets:
+            raise ExperimentError("no installed package differs from the baseline in a way a build could put back")
+        try:
+            srv = self._find_server(r)
+        except ExperimentError:
+            srv = None
+        python = self.setup.python or (srv.python if srv else None) or (facts.get("server") or {}).get("python")
+        if not python:
+            raise ExperimentError("the server's Python is unknown, so no build can be installed for it (give --python)")
+        root = f"/tmp/debugagent-overlay-{self.run_id}"
+        self.push_undo("remove_tree", {"path": root}, f"remove the package overlay {root}")
+        found: list[tuple[PackageTarget, str, str]] = []  # target, wheel, overlay folder
+        missing: list[PackageTarget] = []
+        for t in targets:
+            got = self._baseline_build(r, python, t, f"{root}/{re.sub(r'[^A-Za-z0-9_.-]', '_', t.name)}")
+            if got:
+                found.append((t, *got))
+            else:
+                missing.append(t)
+        want = lambda t: f"{t.name} {t.version}" + (f" (build {t.build})" if t.build else " (another build)")  # noqa: E731
+        if not found:
+            places = ", ".join(self.setup.wheelhouse) or "no --wheelhouse"
+            cmds = "; ".join(f"`{python} -m pip install --no-deps --target {root}/{t.name} WHEEL_OF_{t.name}-{t.version}`"
+                             for t in missing)
+            raise ExperimentError(f"no wheel of {', '.join(want(t) for t in missing)} was found on the host ({places}, pip's "
+                                  f"cache, pip download); to test it: {cmds}, then restart the server with that folder "
+                                  "first on PYTHONPATH and benchmark (or give --wheelhouse DIR and run again)")
+        overlays = [o for _, _, o in found]
+        change = "the baseline build" + ("s" if len(found) > 1 else "") + " of " + ", ".join(
+            f"{t.name} {t.version}" for t, _, _ in found) + f" first on PYTHONPATH ({root})"
+        if srv is not None:
+            self._start(r, srv, ServerRun(argv=list(srv.argv), cwd=srv.cwd, path_first=overlays), change)
+            vals, d = self.sample(r, facts.get("_bench_cwd"), bad, regression, why=f"the benchmark with {change}")
+        else:
+            self.emit("experiment", phase="plan", text="no server process was found: the benchmark itself runs with the overlay first on PYTHONPATH")
+            vals, d = self.sample(r, facts.get("_bench_cwd"), bad, regression, why=f"the benchmark with {change}",
+                                  env={"PYTHONPATH": ":".join(overlays)})
+        fix = "; ".join(f"{python} -m pip install --force-reinstall --no-deps {w}" for _, w, _ in found)
+        text = f"with {change}: {d.text}"
+        if d.significant:
+            text += f"; fix: {fix}"
+        if missing:
+            text += "; not found, so not tested: " + ", ".join(want(t) for t in missing)
+        return self._result(spec, vals, d, text, change=change, fix=fix,
+                            packages=[{"name": t.name, "version": t.version, "build": t.build, "wheel": w} for t, w, _ in found])
 
+    def _baseline_build(self, r: Runner, python: str, t: PackageTarget, overlay: str) -> tuple[str, str] | None:
+        """A wheel of ``t`` on the host, installed into ``overlay`` and checked by hashing its compiled files."""
+        o = r.call("find_wheels", {"name": t.name, "version": t.version, "places": self.setup.wheelhouse},
+                   why=f"wheels of {t.name} {t.version} on the host: the wheelhouse and pip's cache")
+        wheels = o.output.wheels if o.ok else []
+        if not wheels:
+            dest = f"/tmp/debugagent-dl-{self.run_id}"
+            self.push_undo("remove_tree", {"path": dest}, f"remove the downloaded wheels {dest}")
+            dl = r.call("pip_download", {"python": python, "name": t.name, "version": t.version, "dest": dest},
+                        why=f"{t.name}=={t.version} from the package index, if the host reaches one")
+            wheels = dl.output.wheels if dl.ok else []
+        for w in wheels:
+            inst = r.call("overlay_install", {"python": python, "wheel": w, "overlay": overlay},
+                          why=f"install {w.rsplit('/', 1)[-1]} beside the environment (never into it)")
+            if not inst.ok:
+                continue
+            chk = r.call("overlay_packages", {"python": python, "overlay": overlay},
+                         why=f"which build of {t.name} the server would see with the overlay first")
+            if not chk.ok:
+                continue
+            p = chk.output.get(t.name)
+            if p is not None and build_matches(t, p.version, p.build_hash):
+                self.emit("experiment", phase="plan", text=f"{w} is {t.name} {p.version} with compiled files hashing to "
+                          f"{p.build_hash}" + (" (the baseline's)" if t.build else f" (installed: {t.current_build})"))
+                return w, overlay
+        return None
+
+    # ------------------------------------------------------------ power and governor
     def _simple(self, r: Runner, hyp: str, spec: dict[str, Any], facts: dict[str, Any], bad: list[float], regression: float) -> dict[str, Any]:
         if spec["kind"] == "power_limit":
             gpu = int(float(spec["gpu"]))

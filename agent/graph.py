@@ -27,7 +27,7 @@ from tools.transport import BaseTransport
 
 from .discovery import discover as find_host_server
 from .discovery import narrate, run_input, state_of
-from .experiments import ConnectionLost, ExperimentError, Lab, Measure, UndoStack
+from .experiments import ConnectionLost, ExperimentError, Lab, LabSetup, Measure, UndoStack
 from .facts import build_facts
 from .playbook import Playbook, evaluate
 from .stats import regression_is_real
@@ -315,8 +315,9 @@ def experiment(ctx: Ctx, s: State) -> State:
               Measure(bench=d["bench"], metric=d["metric"], cwd=d.get("repo"), regex=ctx.overrides.get("bench_regex"),
                       ready_timeout_s=float(ctx.overrides.get("ready_timeout_s") or 600),
                       max_runs=int(ctx.overrides.get("max_runs") or 8)),
-              ctx.run_id, ctx.symptom.direction == "lower")
-    lab.discovery = run_input(ctx.overrides, d["metric"], d.get("server"))  # type: ignore[attr-defined]
+              ctx.run_id, ctx.symptom.direction == "lower",
+              LabSetup.from_inputs(ctx.overrides, (d.get("host_facts") or {}).get("profile")))
+    lab.discovery = run_input(ctx.overrides, d["metric"], d.get("server"))
     ctx.transcript.emit("experiment", hypothesis=hid, phase="start", text=spec.get("title") or spec["kind"], spec=spec)
     retried = cur.get("retried", 0)
     while True:

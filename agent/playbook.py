@@ -40,7 +40,8 @@ class Strict(BaseModel):
 class Experiment(Strict):
     """What to change (and so what to undo), measured by the benchmark."""
 
-    kind: Literal["code_revert", "server_restart", "restore_baseline_flags", "restore_baseline_env", "power_limit", "governor"]
+    kind: Literal["code_revert", "server_restart", "restore_baseline_flags", "restore_baseline_env", "power_limit", "governor",
+                  "package_restore"]
     title: str = ""
     to: str | None = None                 # code_revert: commit (template)
     bisect: bool = True                   # code_revert: bisect the range if the revert recovers
@@ -51,6 +52,7 @@ class Experiment(Strict):
     gpu: str | None = None                # power_limit: GPU index (template)
     watts: str | None = None              # power_limit: watts (template)
     governor: str | None = None           # governor: value
+    package: str | None = None            # package_restore: one distribution (template); default: every changed one
 
 
 class Rule(Strict):

@@ -56,6 +56,10 @@ class RunOptions:
     bench_regex: str | None = None
     reproduce_runs: int = 5
     max_runs: int = 8
+    code_root: str | None = None
+    wheelhouse: str | None = None
+    restart_cmd: str | None = None
+    ready_timeout: float = 600.0
 
 
 def slug(text: str) -> str:
@@ -190,7 +194,9 @@ def investigate(opts: RunOptions, *, folder: Path | None = None, resume: bool = 
               confirm=make_confirm(), advisor=advisor, on_status=view.update,
               overrides={"bench": opts.bench, "repo": opts.repo, "python": opts.python,
                          "server_pattern": opts.server_pattern, "bench_regex": opts.bench_regex,
-                         "reproduce_runs": opts.reproduce_runs, "max_runs": opts.max_runs})
+                         "reproduce_runs": opts.reproduce_runs, "max_runs": opts.max_runs,
+                         "code_root": opts.code_root, "wheelhouse": opts.wheelhouse, "restart_cmd": opts.restart_cmd,
+                         "ready_timeout_s": opts.ready_timeout})
     if resume:
         transcript.emit("resumed", text=f"resumed on {transport.host}; the last finished step is kept, the rest runs again")
     else:
@@ -261,7 +267,8 @@ def header(opts: RunOptions, playbook: Any, run_id: str, snap: Snapshot | None =
             "playbook": playbook.name, "playbook_source": os.path.basename(playbook.source), "playbook_digest": playbook.digest,
             "inputs": {"bench": opts.bench, "repo": opts.repo, "python": opts.python, "server_pattern": opts.server_pattern,
                        "bench_regex": opts.bench_regex, "reproduce_runs": opts.reproduce_runs, "max_runs": opts.max_runs,
-                       "allow_mutations": opts.allow_mutations, "llm": bool(opts.llm)},
+                       "allow_mutations": opts.allow_mutations, "llm": bool(opts.llm), "code_root": opts.code_root,
+                       "wheelhouse": opts.wheelhouse, "restart_cmd": opts.restart_cmd, "ready_timeout": opts.ready_timeout},
             "baseline_snapshot_data": snap.model_dump(mode="json") if snap else None}
 
 

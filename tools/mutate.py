@@ -1,15 +1,18 @@
 """Mutating tools: used only by experiments, each one paired with the step that undoes it.
 
-Every argument reaches the shell through ``shlex.quote``.
+Also the read-only checks an experiment makes before it acts (how the server is run and
+supervised, where it imports its code from, whether it is ready, which wheels are on the
+host). Every argument reaches the shell through ``shlex.quote``.
 """
 
 from __future__ import annotations
 
+import json
 import re
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .errors import ParseError
+from .errors import ParseError, parser
 from .transport import q
 
 
@@ -35,57 +38,420 @@ class WorktreeRemove(BaseModel):
                 f"git -C {q(self.repo)} worktree prune; rm -rf {q(self.path)}; echo removed")
 
 
+DEFAULT_LOG = "$HOME/.local/state/debugagent/server.log"
+
+
+def cmdline_key(argv: list[str]) -> str:
+    """``/proc/PID/cmdline`` with its NULs as \\x1f: how a restart recognises the process it may stop."""
+    return "".join(a + "\x1f" for a in argv)
+
+
 class RestartServer(BaseModel):
-    """Stop the server process ``pid`` and start ``argv`` in ``cwd`` with its environment.
+    """Stop one server process and start ``argv`` in ``cwd`` with its environment.
+
+    The process to stop is ``pid``, or the pid written in ``stop_pid_file`` (an undo: the
+    process the experiment started). It is stopped only if its command line is
+    ``expect_argv`` (default ``argv``): a pid that died and was reused, or a server that
+    died at start, is never signalled, and pid 0 never is. With ``keep_if_running``, an
+    undo finds the original server still running as ``argv`` and does nothing.
 
     The environment is read on the host from ``env_file`` (NUL-separated, as
-    ``/proc/PID/environ``), minus ``unset``, plus ``set``: secrets in it never leave the
-    host. With ``save_env`` (the experiment's restart) the file is first written afresh
-    from the running process, mode 600; the undo restart reads what was saved. The new process is detached
-    (``setsid nohup``), its output goes to ``log``, and the command prints the new pid.
-    Used both to apply an experiment and to undo it.
+    ``/proc/PID/environ``), minus ``unset``, plus ``set``, with ``path_first`` placed first
+    on ``PYTHONPATH``: secrets in it never leave the host. With ``save_env`` (the
+    experiment's first restart) the file is first written afresh from the running process,
+    mode 600. The new process is detached (``setsid nohup``), its output appended to
+    ``log``; its pid is printed (and written to ``pid_file``), with the log's size before
+    the start (where a readiness line is looked for).
     """
 
     model_config = ConfigDict(extra="forbid")
-    pid: int
+    pid: int = 0
     argv: list[str]
     cwd: str
     env_file: str
     unset: list[str] = Field(default_factory=list)
     set: dict[str, str] = Field(default_factory=dict)
     save_env: bool = False
-    log: str = "/tmp/debugagent-server.log"
+    path_first: list[str] = Field(default_factory=list)
+    stop_pid_file: str | None = None
+    expect_argv: list[str] | None = None
+    keep_if_running: int = 0
+    pid_file: str | None = None
+    log: str = DEFAULT_LOG
     wait_s: float = 10.0
 
     def command(self) -> str:
         pid = int(self.pid)
         argv = " ".join(q(a) for a in self.argv)
-        drop = " ".join(q(n) for n in self.unset)
+        drop = " ".join(q(n) for n in [*self.unset, *sorted(self.set), *(["PYTHONPATH"] if self.path_first else [])])
         add = " ".join(q(f"{k}={v}") for k, v in sorted(self.set.items()))
-        save = (f"(umask 077; cat /proc/{pid}/environ > {q(self.env_file)}) || exit 1; " if self.save_env else
-                f"[ -s {q(self.env_file)} ] || {{ echo 'the saved environment is missing'; exit 1; }}; ")
-        script = save + (
-            f"mapfile -d '' E < {q(self.env_file)}; N=(); for kv in \"${{E[@]}}\"; do keep=1; "
+        first = ":".join(self.path_first)
+        log = f'"$HOME"{q(self.log[5:])}' if self.log.startswith("$HOME") else q(self.log)
+        want = q(cmdline_key(self.expect_argv or self.argv))
+        parts = ["same() { [ \"$(tr '\\0' '\\037' < /proc/$1/cmdline 2>/dev/null)\" = \"$2\" ]; }; "]
+        if self.keep_if_running:
+            k = int(self.keep_if_running)
+            parts.append(f"if same {k} {q(cmdline_key(self.argv))}; then echo \"running pid={k}\"; exit 0; fi; ")
+        if self.save_env:
+            parts.append(f"(umask 077; cat /proc/{pid}/environ > {q(self.env_file)}) || exit 1; ")
+        else:
+            parts.append(f"[ -s {q(self.env_file)} ] || {{ echo 'the saved environment is missing'; exit 1; }}; ")
+        if self.stop_pid_file:
+            parts.append(f"P=$(cat {q(self.stop_pid_file)} 2>/dev/null); P=${{P//[^0-9]/}}; P=${{P:-0}}; ")
+        else:
+            parts.append(f"P={pid}; [ $P -gt 0 ] && ! same $P {want} && {{ echo \"pid $P is not the server any more\"; exit 1; }}; ")
+        parts.append(
+            f"mapfile -d '' E < {q(self.env_file)}; N=(); OLDPP=; for kv in \"${{E[@]}}\"; do keep=1; "
+            f"[ \"${{kv%%=*}}\" = PYTHONPATH ] && OLDPP=${{kv#*=}}; "
             f"for u in {drop}; do [ \"${{kv%%=*}}\" = \"$u\" ] && keep=0; done; [ $keep = 1 ] && N+=(\"$kv\"); done; "
             f"N+=({add}); "
-            f"kill {pid} 2>/dev/null; for i in $(seq 1 {int(self.wait_s * 10)}); do kill -0 {pid} 2>/dev/null || break; sleep 0.1; done; "
-            f"kill -0 {pid} 2>/dev/null && kill -9 {pid}; "
-            f"cd {q(self.cwd)} && {{ setsid nohup env -i \"${{N[@]}}\" {argv} > {q(self.log)} 2>&1 < /dev/null & }}; "
-            f"new=$!; sleep 0.3; if kill -0 $new 2>/dev/null; then echo \"started pid=$new\"; "
-            f"else echo 'server exited at start:'; tail -5 {q(self.log)}; exit 1; fi"
         )
-        return f"bash -c {q(script)}"  # mapfile and arrays: bash, whatever the login shell is
+        if self.path_first:
+            parts.append(f"N+=(\"PYTHONPATH={first}${{OLDPP:+:$OLDPP}}\"); ")
+        parts.append(
+            f"if [ $P -gt 0 ] && same $P {want}; then kill $P 2>/dev/null; "
+            f"for i in $(seq 1 {int(self.wait_s * 10)}); do kill -0 $P 2>/dev/null || break; sleep 0.1; done; "
+            f"kill -0 $P 2>/dev/null && kill -9 $P; echo \"stopped pid=$P\"; else echo 'no process to stop'; fi; "
+            f"L={log}; mkdir -p \"$(dirname \"$L\")\"; echo \"log=$L size=$(stat -c %s \"$L\" 2>/dev/null || echo 0)\"; "
+            f"cd {q(self.cwd)} && {{ setsid nohup env -i \"${{N[@]}}\" {argv} >> \"$L\" 2>&1 < /dev/null & }}; "
+            f"new=$!; sleep 0.3; if kill -0 $new 2>/dev/null; then "
+        )
+        if self.pid_file:
+            parts.append(f"(umask 077; echo $new > {q(self.pid_file)}); ")
+        parts.append("echo \"started pid=$new\"; else echo 'server exited at start:'; tail -5 \"$L\"; exit 1; fi")
+        return f"bash -c {q(''.join(parts))}"  # mapfile and arrays: bash, whatever the login shell is
 
 
 class Restarted(BaseModel):
     pid: int
+    log: str = ""
+    log_size: int = 0
+    already_running: bool = False
 
 
 def parse_restart(text: str) -> Restarted:
-    m = re.search(r"started pid=(\d+)", text)
+    m = re.search(r"(started|running) pid=(\d+)", text)
     if not m:
         raise ParseError("no `started pid=N` line", tool="restart_server", excerpt=text[-120:])
-    return Restarted(pid=int(m.group(1)))
+    lg = re.search(r"^log=(.*) size=(\d+)$", text, re.M)
+    return Restarted(pid=int(m.group(2)), log=lg.group(1) if lg else "", log_size=int(lg.group(2)) if lg else 0,
+                     already_running=m.group(1) == "running")
+
+
+class RestartHook(BaseModel):
+    """Run the team's own restart command (``--restart-cmd`` or the host profile's ``restart_cmd``).
+
+    Used where debugagent must not kill the server itself (a systemd unit, a container, a
+    supervisor). The hook gets the state to start in environment variables:
+    ``DEBUGAGENT_PHASE`` (``experiment`` or ``undo``), ``DEBUGAGENT_ARGV`` (the command
+    line, shell-quoted), ``DEBUGAGENT_CWD``, ``DEBUGAGENT_SET_ENV`` (``VAR=VALUE`` lines),
+    ``DEBUGAGENT_UNSET_ENV`` (names), ``DEBUGAGENT_PYTHONPATH_FIRST`` (folders to put first
+    on ``PYTHONPATH``) and ``DEBUGAGENT_SERVER_PID`` (the pid it replaces; 0 at undo, where the hook
+    restarts whatever its service runs).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    cmd: str
+    phase: str = "experiment"
+    pid: int = 0
+    argv: list[str]
+    cwd: str
+    set: dict[str, str] = Field(default_factory=dict)
+    unset: list[str] = Field(default_factory=list)
+    path_first: list[str] = Field(default_factory=list)
+
+    def command(self) -> str:
+        env = {"DEBUGAGENT_PHASE": self.phase, "DEBUGAGENT_ARGV": " ".join(q(a) for a in self.argv),
+               "DEBUGAGENT_CWD": self.cwd, "DEBUGAGENT_SET_ENV": "\n".join(f"{k}={v}" for k, v in sorted(self.set.items())),
+               "DEBUGAGENT_UNSET_ENV": " ".join(self.unset), "DEBUGAGENT_PYTHONPATH_FIRST": ":".join(self.path_first),
+               "DEBUGAGENT_SERVER_PID": str(int(self.pid))}
+        exports = " ".join(f"{k}={q(v)}" for k, v in env.items())
+        return f"env {exports} bash -c {q(self.cmd)} 2>&1"
+
+
+# ---------------------------------------------------------------- read-only checks experiments make before acting
+class ServerControl(BaseModel):
+    """How server ``pid`` runs: its cgroup, its parent, whether it is a container's main process, its stdout.
+
+    The shell's own cgroup is read too: a cgroup the probing shell shares says nothing.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    pid: int
+
+    def command(self) -> str:
+        p = f"/proc/{int(self.pid)}"
+        return (
+            f"p={p}; [ -r $p/cmdline ] || {{ echo 'no such process'; exit 1; }}; "
+            "echo '== cgroup'; cat $p/cgroup 2>/dev/null; echo '== self_cgroup'; cat /proc/self/cgroup 2>/dev/null; "
+            "echo '== parent'; pp=$(awk '{print $4}' $p/stat 2>/dev/null); echo \"$pp\"; cat /proc/$pp/comm 2>/dev/null; "
+            "tr '\\0' ' ' < /proc/$pp/cmdline 2>/dev/null; echo; "
+            "echo '== container_env'; tr '\\0' '\\n' < $p/environ 2>/dev/null | grep -E '^container=' ; "
+            "echo '== stdout'; readlink $p/fd/1 2>/dev/null; echo '== end'"
+        )
+
+
+SUPERVISORS = ("supervisord", "supervise", "s6-supervise", "runsv", "circusd", "pm2", "monit", "systemd",
+               "containerd-shim", "containerd-shim-runc-v2", "conmon", "docker-init", "tini", "dumb-init")
+CONTAINER_MARKS = ("docker", "containerd", "kubepods", "libpod", "lxc", "crio", "machine.slice")
+
+
+class Control(BaseModel):
+    """The typed output of ``server_control``: who would notice a ``kill``."""
+
+    kind: str = "plain"  # plain | systemd | container | supervisor
+    unit: str | None = None
+    parent_pid: int = 0
+    parent: str = ""
+    evidence: str = ""
+    stdout: str | None = None  # the file the server writes its output to, if it is a file
+
+
+def _cgroup_paths(lines: list[str]) -> list[str]:
+    """The unified and name=systemd paths (other controllers may be per-process on some hosts)."""
+    out = []
+    for ln in lines:
+        parts = ln.strip().split(":", 2)
+        if len(parts) == 3 and parts[1] in ("", "name=systemd"):
+            out.append(parts[2])
+    return out
+
+
+@parser("server_control")
+def parse_server_control(pid: int, text: str) -> Control:
+    sections: dict[str, list[str]] = {}
+    cur = None
+    for ln in text.splitlines():
+        if ln.startswith("== "):
+            cur = ln[3:].strip()
+            sections[cur] = []
+        elif cur is not None:
+            sections[cur].append(ln)
+    if "end" not in sections:
+        raise ParseError("output lacks the `== end` section", tool="server_control", excerpt=text[:80])
+    mine = set(_cgroup_paths(sections.get("self_cgroup", [])))
+    paths = [c for c in _cgroup_paths(sections.get("cgroup", [])) if c not in mine]
+    par = [ln for ln in sections.get("parent", []) if ln.strip()]
+    ppid = int(par[0]) if par and par[0].strip().isdigit() else 0
+    pcomm = par[1].strip() if len(par) > 1 else ""
+    pcmd = par[2].strip() if len(par) > 2 else ""
+    out_file = next((s.strip() for s in sections.get("stdout", []) if s.strip().startswith("/")), None)
+    if out_file and (out_file.startswith("/dev/") or " (deleted)" in out_file):
+        out_file = None
+    base = {"parent_pid": ppid, "parent": pcomm, "stdout": out_file}
+    for c in paths:
+        mark = next((m for m in CONTAINER_MARKS if m in c), None)
+        if mark:
+            return Control(kind="container", evidence=f"/proc/{pid}/cgroup: {c}", **base)
+    if int(pid) == 1 or any(s.strip() for s in sections.get("container_env", [])):
+        return Control(kind="container", evidence=f"pid {pid} is its container's main process" if int(pid) == 1
+                       else f"its environment has {sections['container_env'][0].strip()}", **base)
+    for c in paths:
+        leaf = c.rstrip("/").rsplit("/", 1)[-1]
+        if leaf.endswith(".service") and not leaf.startswith("user@"):
+            return Control(kind="systemd", unit=leaf, evidence=f"/proc/{pid}/cgroup: {c}", **base)
+    if ppid > 1 and pcomm in SUPERVISORS:
+        return Control(kind="supervisor", evidence=f"its parent is pid {ppid} `{pcomm}` ({pcmd[:120]})", **base)
+    return Control(**base)
+
+
+IMPORT_ROOTS_SCRIPT = r"""
+import importlib.util, json, os, sys
+repo = os.path.realpath(sys.argv[1])
+pp = [os.path.realpath(x) for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x]
+cwd = os.path.realpath(os.getcwd())
+out = {"repo": repo, "cwd": cwd, "cwd_in_repo": None, "modules": []}
+def rel(p):
+    p = os.path.realpath(p)
+    return "" if p == repo else (os.path.relpath(p, repo) if p.startswith(repo + os.sep) else None)
+out["cwd_in_repo"] = rel(cwd)
+paths = [os.path.realpath(x or ".") for x in sys.path]
+for m in [a for a in sys.argv[2:] if a]:
+    rec = {"module": m}
+    try:
+        s = importlib.util.find_spec(m)
+    except Exception as e:
+        rec["error"] = type(e).__name__ + ": " + str(e)[:160]
+        out["modules"].append(rec); continue
+    if s is None or not (s.origin or s.submodule_search_locations):
+        rec["error"] = "not importable"
+        out["modules"].append(rec); continue
+    where = list(s.submodule_search_locations or [])[:1] or [s.origin]
+    root = os.path.dirname(os.path.realpath(where[0]))
+    how = ("cwd" if root == cwd and sys.path and sys.path[0] in ("", ".") else "PYTHONPATH" if root in pp
+           else "a .pth path" if root in paths else "an editable install's finder")
+    rec.update(origin=s.origin, root=root, rel=rel(root), how=how)
+    out["modules"].append(rec)
+print(json.dumps(out))
+"""
+
+
+class ImportRoots(BaseModel):
+    """Where server ``pid``'s interpreter imports ``modules`` from, run in its cwd with its PYTHONPATH.
+
+    ``importlib.util.find_spec`` on top-level names finds a module without running it: the
+    cwd, ``PYTHONPATH``, a ``.pth`` path or an editable install's finder, each with the
+    folder relative to ``repo`` when it lies inside the checkout.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    pid: int
+    python: str
+    cwd: str
+    repo: str
+    modules: list[str]
+
+    def command(self) -> str:
+        mods = " ".join(q(m) for m in self.modules)
+        return (f"cd {q(self.cwd)} && PYTHONPATH=$(tr '\\0' '\\n' < /proc/{int(self.pid)}/environ | sed -n 's/^PYTHONPATH=//p' | head -1) "
+                f"{q(self.python)} -c {q(IMPORT_ROOTS_SCRIPT.strip())} {q(self.repo)} {mods}")
+
+    def display_command(self) -> str:
+        return f"cd {self.cwd} && {self.python} -c '<find_spec of {' '.join(self.modules)}>' {self.repo}"
+
+
+class ImportRoot(BaseModel):
+    module: str
+    origin: str | None = None
+    root: str | None = None
+    rel: str | None = None  # relative to the repo; None: outside it
+    how: str = ""
+    error: str | None = None
+
+
+class ImportMap(BaseModel):
+    repo: str
+    cwd: str
+    cwd_in_repo: str | None = None
+    modules: list[ImportRoot] = Field(default_factory=list)
+
+
+@parser("import_roots")
+def parse_import_roots(text: str) -> ImportMap:
+    line = next((ln for ln in reversed(text.splitlines()) if ln.startswith("{")), None)
+    if line is None:
+        raise ParseError("no JSON line in the output", tool="import_roots", excerpt=text[-120:])
+    return ImportMap.model_validate(json.loads(line))
+
+
+class ServerReady(BaseModel):
+    """One readiness check of server ``pid``: a health ``url`` answers, or ``line`` appeared in ``log`` after ``offset``."""
+
+    model_config = ConfigDict(extra="forbid")
+    pid: int
+    url: str | None = None
+    log: str | None = None
+    line: str | None = None
+    offset: int = 0
+
+    def command(self) -> str:
+        s = f"kill -0 {int(self.pid)} 2>/dev/null || {{ echo state=dead; exit 0; }}; "
+        if self.url:
+            u = q(self.url)
+            s += (f"if command -v curl >/dev/null; then curl -fsS -m 3 -o /dev/null {u}; else "
+                  f"python3 -c 'import sys,urllib.request; urllib.request.urlopen(sys.argv[1], timeout=3)' {u}; fi "
+                  "2>/dev/null && echo state=ready || echo state=waiting")
+        elif self.line and self.log:
+            s += (f"tail -c +{int(self.offset) + 1} {q(self.log)} 2>/dev/null | grep -qF -- {q(self.line)} "
+                  "&& echo state=ready || echo state=waiting")
+        else:
+            s += "echo state=ready"
+        return s
+
+
+class Readiness(BaseModel):
+    state: str
+
+
+@parser("server_ready")
+def parse_server_ready(text: str) -> Readiness:
+    m = re.search(r"state=(ready|waiting|dead)", text)
+    if not m:
+        raise ParseError("no `state=…` line", tool="server_ready", excerpt=text[-80:])
+    return Readiness(state=m.group(1))
+
+
+# ---------------------------------------------------------------- package overlays
+class FindWheels(BaseModel):
+    """Wheels of ``name`` ``version`` on the host: in ``places`` (wheelhouses, wheel paths) and pip's cache."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    version: str
+    places: list[str] = Field(default_factory=list)
+
+    def command(self) -> str:
+        stem = re.sub(r"[-_.]+", "_", self.name)
+        pat = q(f"{stem}-{self.version}-*.whl")
+        places = " ".join(q(p) for p in self.places)
+        return (f"for d in {places} \"$HOME/.cache/pip/wheels\" \"$HOME/.cache/pip\"; do "
+                f"if [ -f \"$d\" ]; then case \"${{d##*/}}\" in {pat}) echo \"$d\";; esac; "
+                f"elif [ -d \"$d\" ]; then find \"$d\" -iname {pat} -type f 2>/dev/null; fi; done | sort -u; true")
+
+
+class WheelList(BaseModel):
+    wheels: list[str]
+
+
+def parse_wheels(text: str) -> WheelList:
+    return WheelList(wheels=[ln.strip() for ln in text.splitlines() if ln.strip().endswith(".whl")])
+
+
+class PipDownload(BaseModel):
+    """``pip download NAME==VERSION --no-deps`` into ``dest``, when the host reaches an index."""
+
+    model_config = ConfigDict(extra="forbid")
+    python: str
+    name: str
+    version: str
+    dest: str
+
+    def command(self) -> str:
+        return (f"{q(self.python)} -m pip download --no-deps --only-binary=:all: --disable-pip-version-check "
+                f"--timeout 15 -d {q(self.dest)} {q(f'{self.name}=={self.version}')} 2>&1 | tail -3; "
+                f"ls {q(self.dest)}/*.whl")
+
+
+class OverlayInstall(BaseModel):
+    """``pip install --no-deps --target OVERLAY WHEEL``: a build beside the environment, never in it."""
+
+    model_config = ConfigDict(extra="forbid")
+    python: str
+    wheel: str
+    overlay: str
+
+    def command(self) -> str:
+        return (f"rm -rf {q(self.overlay)} && {q(self.python)} -m pip install --no-deps --no-index --no-compile "
+                f"--disable-pip-version-check -q --target {q(self.overlay)} {q(self.wheel)} 2>&1 | tail -5; "
+                f"ls {q(self.overlay)} >/dev/null && echo installed")
+
+
+class OverlayPackages(BaseModel):
+    """The packages as the server would see them with ``overlay`` first on its path (versions, build hashes)."""
+
+    model_config = ConfigDict(extra="forbid")
+    python: str
+    overlay: str
+
+    def command(self) -> str:
+        from .host import PACKAGES_SCRIPT
+        return f"PYTHONPATH={q(self.overlay)} {q(self.python)} -c {q(PACKAGES_SCRIPT.strip())}"
+
+    def display_command(self) -> str:
+        return f"PYTHONPATH={self.overlay} {self.python} -c '<list distributions, hash compiled files>'"
+
+
+class RemoveTree(BaseModel):
+    """Remove a folder debugagent itself made on the host (a package overlay)."""
+
+    model_config = ConfigDict(extra="forbid")
+    path: str
+
+    def command(self) -> str:
+        p = self.path.rstrip("/")
+        if not re.search(r"/debugagent-[^/]+$", p):
+            return f"echo {q('refusing to remove ' + p + ': not a folder debugagent made')}; exit 1"
+        return f"rm -rf {q(p)} && echo removed"
 
 
 class SetPowerLimit(BaseModel):

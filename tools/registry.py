@@ -81,10 +81,21 @@ TOOLS: dict[str, tuple[type[BaseModel], Callable[[Any, CommandResult], BaseModel
     "set_governor": (mutate.SetGovernor, _ok(lambda i, r: Done(detail=r.tail(1)), "set_governor")),
     "git_worktree_checkout": (mutate.WorktreeCheckout, _ok(lambda i, r: Done(detail=r.tail(1)), "git_worktree_checkout")),
     "remove_file": (mutate.RemoveFile, _ok(lambda i, r: Done(detail=r.tail(1)), "remove_file")),
+    "restart_hook": (mutate.RestartHook, _ok(lambda i, r: Done(detail=r.tail(3)), "restart_hook")),
+    "overlay_install": (mutate.OverlayInstall, _ok(lambda i, r: Done(detail=r.tail(1)), "overlay_install")),
+    "remove_tree": (mutate.RemoveTree, _ok(lambda i, r: Done(detail=r.tail(1)), "remove_tree")),
+    "pip_download": (mutate.PipDownload, _ok(lambda i, r: mutate.parse_wheels(r.stdout), "pip_download")),
+    # read-only checks experiments make before they act
+    "server_control": (mutate.ServerControl, _ok(lambda i, r: mutate.parse_server_control(i.pid, r.stdout), "server_control")),
+    "import_roots": (mutate.ImportRoots, _ok(lambda i, r: mutate.parse_import_roots(r.stdout), "import_roots")),
+    "server_ready": (mutate.ServerReady, _ok(lambda i, r: mutate.parse_server_ready(r.stdout), "server_ready")),
+    "find_wheels": (mutate.FindWheels, _ok(lambda i, r: mutate.parse_wheels(r.stdout), "find_wheels")),
+    "overlay_packages": (mutate.OverlayPackages, _ok(lambda i, r: host.parse_python_packages(r.stdout), "overlay_packages")),
 }
 MUTATIONS = {"git_worktree_add", "git_worktree_remove", "restart_server", "set_power_limit", "set_governor",
-             "git_worktree_checkout", "remove_file"}
-TIMEOUTS = {"python_packages": 120.0, "gpu_sample_under_load": 120.0, "bench": 900.0, "restart_server": 300.0}
+             "git_worktree_checkout", "remove_file", "restart_hook", "overlay_install", "remove_tree", "pip_download"}
+TIMEOUTS = {"python_packages": 120.0, "gpu_sample_under_load": 120.0, "bench": 900.0, "restart_server": 300.0,
+            "restart_hook": 600.0, "overlay_install": 300.0, "pip_download": 120.0, "overlay_packages": 120.0}
 
 
 class Outcome(BaseModel):

@@ -1,0 +1,343 @@
+"""A real host on 127.0.0.1 for the experiments: no simulator.
+
+A small HTTP inference server (stdlib) whose per-request cost comes from its code
+(``infer/model.py``, a git history), its flags (``--disable-cuda-graph``), its environment
+(``CUDA_LAUNCH_BLOCKING``) and a compiled extension (``fastmod``, two builds of one
+version, wheels assembled here from gcc output); a benchmark client; ``debugagent run
+--host local`` as a subprocess; and a record of everything a run must leave as found.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PATTERN = r"-m infer\.serve"
+
+SERVE = '''"""A tiny inference server: each /generate request costs what its code, flags, environment and extension say."""
+import argparse, os, sys, time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+from infer import model
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--port", type=int, required=True)
+ap.add_argument("--tag", default="")
+ap.add_argument("--disable-cuda-graph", action="store_true")
+a = ap.parse_args()
+cost_ms = model.step_ms() + (8.0 if a.disable_cuda_graph else 0.0) + (8.0 if os.environ.get("CUDA_LAUNCH_BLOCKING") == "1" else 0.0)
+try:
+    import fastmod
+    kernel = fastmod.step
+except ImportError:
+    kernel = lambda: None
+
+
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        if self.path == "/generate":
+            time.sleep(cost_ms / 1000.0)
+            kernel()
+        body = b"ok"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+srv = HTTPServer(("127.0.0.1", a.port), H)
+print(f"server ready on port {a.port}", flush=True)
+srv.serve_forever()
+'''
+
+BENCH = '''"""Benchmark client: the median latency of N requests to the server."""
+import http.client, statistics, sys, time
+port, n = int(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 7
+lat = []
+for _ in range(n):
+    t = time.perf_counter()
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        c.request("GET", "/generate")
+        c.getresponse().read()
+        c.close()
+    except OSError as e:
+        print(f"error: cannot reach the server on port {port}: {e}", file=sys.stderr)
+        sys.exit(1)
+    lat.append((time.perf_counter() - t) * 1000)
+print(f"latency={statistics.median(lat):.3f} ms")
+'''
+
+MODEL = '''"""The model's step: what one request costs."""
+STEP_MS = {step}
+EXTRA_MS = {extra}
+
+
+def step_ms():
+    return STEP_MS + EXTRA_MS
+'''
+
+FASTMOD_C = r'''
+#include <Python.h>
+#include <unistd.h>
+static PyObject *step(PyObject *self, PyObject *args) {
+    Py_BEGIN_ALLOW_THREADS
+    usleep(DELAY_US);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+static PyMethodDef M[] = {{"step", step, METH_NOARGS, "one kernel launch"}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef D = {PyModuleDef_HEAD_INIT, "_fast", NULL, -1, M};
+PyMODINIT_FUNC PyInit__fast(void) { return PyModule_Create(&D); }
+'''
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def git(repo: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "dev", "GIT_AUTHOR_EMAIL": "dev@example.com",
+           "GIT_COMMITTER_NAME": "dev", "GIT_COMMITTER_EMAIL": "dev@example.com"}
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env).stdout.strip()
+
+
+def build_wheel(out_dir: Path, work: Path, delay_us: int, version: str = "1.0") -> Path:
+    """A real wheel of ``fastmod`` whose compiled ``step()`` sleeps ``delay_us``: gcc, then the wheel's zip by hand."""
+    work.mkdir(parents=True, exist_ok=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    src = work / "fast.c"
+    src.write_text(FASTMOD_C)
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    so = work / f"_fast{suffix}"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", f"-DDELAY_US={delay_us}", f"-I{sysconfig.get_paths()['include']}",
+                    str(src), "-o", str(so)], check=True, capture_output=True)
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    dist = f"fastmod-{version}.dist-info"
+    files = {
+        "fastmod/__init__.py": b"from ._fast import step\n",
+        f"fastmod/_fast{suffix}": so.read_bytes(),
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: fastmod\nVersion: {version}\n".encode(),
+        f"{dist}/WHEEL": f"Wheel-Version: 1.0\nGenerator: debugagent-tests\nRoot-Is-Purelib: false\nTag: {tag}-{tag}-linux_x86_64\n".encode(),
+        f"{dist}/top_level.txt": b"fastmod\n",
+    }
+    record = []
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(data)}")
+    record.append(f"{dist}/RECORD,,")
+    files[f"{dist}/RECORD"] = ("\n".join(record) + "\n").encode()
+    whl = out_dir / f"fastmod-{version}-{tag}-{tag}-linux_x86_64.whl"
+    with zipfile.ZipFile(whl, "w") as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+    return whl
+
+
+def make_venv(path: Path) -> Path:
+    """A venv of its own with pip (copied from this one's: ensurepip takes ~15 s on a loaded machine)."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    here = Path(sysconfig.get_paths()["purelib"])
+    site = next((path / "lib").glob("python3*/site-packages"))
+    shutil.copytree(here / "pip", site / "pip")
+    info = next(here.glob("pip-*.dist-info"))
+    shutil.copytree(info, site / info.name)
+    return path / "bin" / "python"
+
+
+def proc_state(pid: int) -> dict:
+    p = Path(f"/proc/{pid}")
+    env = dict(kv.split("=", 1) for kv in p.joinpath("environ").read_bytes().decode().split("\0") if "=" in kv)
+    return {"argv": p.joinpath("cmdline").read_bytes().decode().split("\0")[:-1], "env": env, "cwd": os.readlink(p / "cwd")}
+
+
+def pids_with(tag: str) -> list[int]:
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if tag.encode() in p.joinpath("cmdline").read_bytes():
+                    out.append(int(p.name))
+            except OSError:
+                pass
+    return sorted(out)
+
+
+@dataclass
+class Host:
+    """One real host in a temporary folder: a server, its checkout or venv, the benchmark."""
+
+    dir: Path
+    port: int = field(default_factory=free_port)
+    python: str = sys.executable
+    cwd: Path | None = None
+    flags: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+    supervisor: subprocess.Popen | None = None
+
+    @property
+    def tag(self) -> str:
+        return f"rh-{self.dir.name}-{self.port}"
+
+    @property
+    def log(self) -> Path:
+        return self.dir / "server.log"
+
+    def argv(self) -> list[str]:
+        return [self.python, "-m", "infer.serve", "--port", str(self.port), "--tag", self.tag, *self.flags]
+
+    def server_env(self) -> dict[str, str]:
+        return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(self.dir), "LANG": "C.UTF-8", **self.env}
+
+    def bench_cmd(self) -> str:
+        return f"{sys.executable} {self.dir / 'bench.py'} {self.port}"
+
+    def write_code(self, folder: Path, step: float = 10.0, extra: float = 0.0) -> None:
+        (folder / "infer").mkdir(parents=True, exist_ok=True)
+        (folder / "infer" / "__init__.py").write_text("")
+        (folder / "infer" / "serve.py").write_text(SERVE)
+        (folder / "infer" / "model.py").write_text(MODEL.format(step=step, extra=extra))
+
+    def start(self) -> None:
+        (self.dir / "bench.py").write_text(BENCH)
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(self.argv(), cwd=self.cwd, env=self.server_env(), stdout=log, stderr=log,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        self.wait_ready()
+
+    def start_supervised(self) -> None:
+        """The server under a supervisor-like parent: a script named ``supervisord`` that starts the command line in
+        ``supervised.cmd`` again whenever the server exits (its pid in ``supervised.pid``)."""
+        (self.dir / "bench.py").write_text(BENCH)
+        sup = self.dir / "supervisord"
+        self.cmd_file.write_text("exec " + " ".join(shlex.quote(a) for a in self.argv()) + "\n")
+        sup.write_text(f"#!/bin/bash\ncd '{self.cwd}'\nwhile true; do eval \"$(cat '{self.cmd_file}')\" >> '{self.log}' 2>&1 "
+                       f"< /dev/null & echo $! > '{self.dir / 'supervised.pid'}'; wait $!; sleep 0.2; done\n")
+        sup.chmod(0o755)
+        self.supervisor = subprocess.Popen([str(sup)], env=self.server_env(), stdin=subprocess.DEVNULL,
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.wait_ready()
+
+    @property
+    def cmd_file(self) -> Path:
+        return self.dir / "supervised.cmd"
+
+    def hook(self) -> str:
+        """A restart hook for the supervisor: the command line to run next, then stop the server (it restarts it)."""
+        return (f"printf 'exec %s\\n' \"$DEBUGAGENT_ARGV\" > {shlex.quote(str(self.cmd_file))} && "
+                f"kill $(cat {shlex.quote(str(self.dir / 'supervised.pid'))})")
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.bench_once() is not None:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"the test server did not start; log: {self.log.read_text()[-500:]}")
+
+    def bench_once(self) -> float | None:
+        r = subprocess.run(self.bench_cmd(), shell=True, capture_output=True, text=True)
+        if r.returncode != 0:
+            return None
+        return float(r.stdout.split("=")[1].split()[0])
+
+    def baseline(self, n: int = 5) -> float:
+        vals = [v for v in (self.bench_once() for _ in range(n)) if v is not None]
+        return sorted(vals)[len(vals) // 2]
+
+    def stop(self) -> None:
+        for p in pids_with(self.tag):
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.proc:
+            self.proc.wait(timeout=10)
+
+    def server_pid(self) -> int:
+        pids = [p for p in pids_with(self.tag) if "infer.serve" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")]
+        assert len(pids) == 1, f"expected one server, found {pids}"
+        return pids[0]
+
+    def restart(self) -> None:
+        """Stop the server and start it again, as an operator would after an upgrade."""
+        pid = self.server_pid()
+        os.kill(pid, signal.SIGTERM)
+        if self.proc and self.proc.pid == pid:
+            self.proc.wait(timeout=10)
+        self.start()
+
+    def run(self, *args: str, out: Path, timeout: float = 240) -> dict:
+        """``debugagent run --host local … --allow-mutations --json`` as a subprocess; its JSON and run id."""
+        cli = Path(sys.executable).parent / "debugagent"
+        argv = [str(cli) if cli.exists() else sys.executable, *([] if cli.exists() else ["-m", "agent.cli"]),
+                "run", "--host", "local", "--server-pattern", PATTERN, "--bench", self.bench_cmd(), "--allow-mutations",
+                "--json", "--out", str(out), "--ready-timeout", "60", *args]
+        started = time.monotonic()
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=self.dir)
+        assert r.stdout.strip().startswith("{"), f"exit {r.returncode}; stderr: {r.stderr[-3000:]}"
+        o = json.loads(r.stdout)
+        o["exit"] = r.returncode
+        o["run_id"] = json.loads((out / "run.json").read_text())["run_id"]
+        o["wall"] = time.monotonic() - started
+        o["events"] = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+        return o
+
+
+def site_state(python: str) -> dict[str, str]:
+    """Every installed file of ``python``'s environment with a hash: what 'installed packages as found' means."""
+    r = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True,
+                       text=True, check=True)
+    site = Path(r.stdout.strip())
+    out = {}
+    for p in sorted(site.rglob("*")):
+        if p.is_file() and "__pycache__" not in p.parts and not p.is_relative_to(site / "pip"):
+            out[str(p.relative_to(site))] = hashlib.sha256(p.read_bytes()).hexdigest()[:16]
+    return out
+
+
+def tmp_leftovers(run_id: str) -> list[str]:
+    """What a run left in /tmp: every name there that carries its run id."""
+    return sorted(n for n in os.listdir("/tmp") if run_id in n)
+
+
+@pytest.fixture
+def realhost(tmp_path):
+    """A Host in a fresh temporary folder; every process it started is killed afterwards."""
+    hosts: list[Host] = []
+
+    def make(name: str) -> Host:
+        d = tmp_path / name
+        d.mkdir()
+        h = Host(dir=d, python=str(make_venv(d / "venv")))
+        hosts.append(h)
+        return h
+
+    yield make
+    for h in hosts:
+        if h.supervisor:
+            h.supervisor.kill()
+            h.supervisor.wait(timeout=10)
+        h.stop()

@@ -289,14 +289,14 @@ class Host:
             self.proc.wait(timeout=10)
         self.start()
 
-    def run(self, *args: str, out: Path, timeout: float = 240) -> dict:
+    def run(self, *args: str, out: Path, timeout: float = 240, env: dict[str, str] | None = None) -> dict:
         """``debugagent run --host local … --allow-mutations --json`` as a subprocess; its JSON and run id."""
         cli = Path(sys.executable).parent / "debugagent"
         argv = [str(cli) if cli.exists() else sys.executable, *([] if cli.exists() else ["-m", "agent.cli"]),
                 "run", "--host", "local", "--server-pattern", PATTERN, "--bench", self.bench_cmd(), "--allow-mutations",
                 "--json", "--out", str(out), "--ready-timeout", "60", *args]
         started = time.monotonic()
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=self.dir)
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=self.dir, env={**os.environ, **(env or {})})
         assert r.stdout.strip().startswith("{"), f"exit {r.returncode}; stderr: {r.stderr[-3000:]}"
         o = json.loads(r.stdout)
         o["exit"] = r.returncode

@@ -155,9 +155,11 @@ def build_wheel(out_dir: Path, work: Path, delay_us: int, version: str = "1.0") 
     return whl
 
 
-def make_venv(path: Path) -> Path:
-    """A venv of its own with pip (copied from this one's: ensurepip takes ~15 s on a loaded machine)."""
+def make_venv(path: Path, pip: bool = True) -> Path:
+    """A venv of its own, with pip if asked (copied from this one's: ensurepip takes ~15 s on a loaded machine)."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    if not pip:
+        return path / "bin" / "python"
     here = Path(sysconfig.get_paths()["purelib"])
     site = next((path / "lib").glob("python3*/site-packages"))
     shutil.copytree(here / "pip", site / "pip")
@@ -328,10 +330,10 @@ def realhost(tmp_path):
     """A Host in a fresh temporary folder; every process it started is killed afterwards."""
     hosts: list[Host] = []
 
-    def make(name: str) -> Host:
+    def make(name: str, pip: bool = False) -> Host:
         d = tmp_path / name
         d.mkdir()
-        h = Host(dir=d, python=str(make_venv(d / "venv")))
+        h = Host(dir=d, python=str(make_venv(d / "venv", pip)))
         hosts.append(h)
         return h
 

@@ -142,6 +142,7 @@ def test_rebuilt_compiled_dependency_is_confirmed_by_the_package_experiment(real
     assert cause["hypothesis"] == "compiled_dependency" and cause["how"] == "experiment"
     assert 0.6 < cause["explains"] < 1.8  # measured on a loaded machine: the share, not a fixed answer
     assert f"pip install --force-reinstall --no-deps {fast}" in o["summary"] and "not tested" not in o["summary"]
+    assert cause["fix"] == f"{py} -m pip install --force-reinstall --no-deps {fast}"
     installs = tools_called(o, "overlay_install")
     assert installs and all(i["overlay"].startswith("/tmp/debugagent-overlay-") for i in installs)
     assert same_but_pid(before, found_state(h, python=py))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import statistics
 import time
 from collections.abc import Callable
@@ -637,11 +638,12 @@ class Lab:
         want = lambda t: f"{t.name} {t.version}" + (f" (build {t.build})" if t.build else " (another build)")  # noqa: E731
         if not found:
             places = ", ".join(self.setup.wheelhouse) or "no --wheelhouse"
-            cmds = "; ".join(f"`{python} -m pip install --no-deps --target {root}/{t.name} WHEEL_OF_{t.name}-{t.version}`"
+            cmds = "; ".join(f"`{python} -m pip install --no-deps --target {root}/{t.name} {shlex.quote(f'{t.name}=={t.version}')}`"
                              for t in missing)
             raise ExperimentError(f"no wheel of {', '.join(want(t) for t in missing)} was found on the host ({places}, pip's "
-                                  f"cache, pip download); to test it: {cmds}, then restart the server with that folder "
-                                  "first on PYTHONPATH and benchmark (or give --wheelhouse DIR and run again)")
+                                  f"cache, pip download); to test it: {cmds} (add `--no-index --find-links DIR` for a "
+                                  "folder of wheels, or give the .whl), then restart the server with that folder first on "
+                                  "PYTHONPATH and benchmark; or run again with --wheelhouse DIR")
         overlays = [o for _, _, o in found]
         change = "the baseline build" + ("s" if len(found) > 1 else "") + " of " + ", ".join(
             f"{t.name} {t.version}" for t, _, _ in found) + f" first on PYTHONPATH ({root})"

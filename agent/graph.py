@@ -372,8 +372,9 @@ def conclude(ctx: Ctx, s: State) -> State:
                 if h.get("culprit"):
                     c = h["culprit"]
                     summary = f"commit {c['short']} \"{c['subject']}\" ({c['sha'][:12]}): " + summary
+                fix = next((x["fix"] for x in h.get("results") or [] if x.get("significant") and x.get("fix")), None)
                 causes.append({"hypothesis": hid, "summary": summary, "evidence": h["because"], "how": h["how"],
-                               "explains": h.get("share")})
+                               "explains": h.get("share"), **({"fix": fix} if fix else {})})
         causes.sort(key=lambda c: -(c["explains"] or 0))
     suspects = [] if no_regression else [{"hypothesis": h, "because": "; ".join(hyps[h]["because"])}
                                           for h in order if hyps[h]["status"] == "suspect"]

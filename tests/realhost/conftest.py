@@ -155,9 +155,11 @@ def build_wheel(out_dir: Path, work: Path, delay_us: int, version: str = "1.0") 
     return whl
 
 
-def make_venv(path: Path) -> Path:
-    """A venv of its own with pip (copied from this one's: ensurepip takes ~15 s on a loaded machine)."""
+def make_venv(path: Path, pip: bool = True) -> Path:
+    """A venv of its own, with pip if asked (copied from this one's: ensurepip takes ~15 s on a loaded machine)."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    if not pip:
+        return path / "bin" / "python"
     here = Path(sysconfig.get_paths()["purelib"])
     site = next((path / "lib").glob("python3*/site-packages"))
     shutil.copytree(here / "pip", site / "pip")
@@ -289,14 +291,14 @@ class Host:
             self.proc.wait(timeout=10)
         self.start()
 
-    def run(self, *args: str, out: Path, timeout: float = 240) -> dict:
+    def run(self, *args: str, out: Path, timeout: float = 240, env: dict[str, str] | None = None) -> dict:
         """``debugagent run --host local … --allow-mutations --json`` as a subprocess; its JSON and run id."""
         cli = Path(sys.executable).parent / "debugagent"
         argv = [str(cli) if cli.exists() else sys.executable, *([] if cli.exists() else ["-m", "agent.cli"]),
                 "run", "--host", "local", "--server-pattern", PATTERN, "--bench", self.bench_cmd(), "--allow-mutations",
                 "--json", "--out", str(out), "--ready-timeout", "60", *args]
         started = time.monotonic()
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=self.dir)
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=self.dir, env={**os.environ, **(env or {})})
         assert r.stdout.strip().startswith("{"), f"exit {r.returncode}; stderr: {r.stderr[-3000:]}"
         o = json.loads(r.stdout)
         o["exit"] = r.returncode
@@ -328,10 +330,10 @@ def realhost(tmp_path):
     """A Host in a fresh temporary folder; every process it started is killed afterwards."""
     hosts: list[Host] = []
 
-    def make(name: str) -> Host:
+    def make(name: str, pip: bool = False) -> Host:
         d = tmp_path / name
         d.mkdir()
-        h = Host(dir=d, python=str(make_venv(d / "venv")))
+        h = Host(dir=d, python=str(make_venv(d / "venv", pip)))
         hosts.append(h)
         return h
 

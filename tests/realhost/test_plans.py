@@ -122,3 +122,34 @@ def test_readiness_by_url_and_log_line_on_a_real_process(tmp_path):
         p.wait()
         p.stdout.close()
     assert Runner(LocalTransport()).call("server_ready", {"pid": p.pid}).output.state == "dead"
+
+
+def test_import_roots_reads_a_pth_path_and_pythonpath_of_a_real_process(tmp_path):
+    """A venv whose .pth points into the checkout, and PYTHONPATH into it: both found, both moved into the worktree."""
+    from .conftest import make_venv
+
+    repo = tmp_path / "repo"
+    for pkg, where in (("infer", repo / "python"), ("extra", repo / "lib")):
+        (where / pkg).mkdir(parents=True)
+        (where / pkg / "__init__.py").write_text("")
+    py = make_venv(tmp_path / "venv", pip=False)
+    site = next((tmp_path / "venv" / "lib").glob("python3*/site-packages"))
+    (site / "__editable__.infer.pth").write_text(str(repo / "python") + "\n")
+    elsewhere = tmp_path / "srv"
+    elsewhere.mkdir()
+    p = subprocess.Popen([str(py), "-c", "import time; time.sleep(60)"], cwd=elsewhere,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(repo / "lib")})
+    try:
+        o = Runner(LocalTransport()).call("import_roots", {"pid": p.pid, "python": str(py), "cwd": str(elsewhere),
+                                                           "repo": str(repo), "modules": ["infer", "extra", "json"]})
+        assert o.ok, o.error
+        got = {m.module: (m.how, m.rel) for m in o.output.modules}
+        assert got["infer"] == ("a .pth path", "python") and got["extra"] == ("PYTHONPATH", "lib")
+        assert got["json"][1] is None and o.output.cwd_in_repo is None
+        server = ServerInfo(pid=p.pid, argv=[str(py), "-m", "infer.serve"], cwd=str(elsewhere), entry="infer.serve")
+        plan = plan_code_run(server, o.output, str(repo), "/tmp/wt", None, [])
+        assert plan.mode == "server" and plan.run.path_first == ["/tmp/wt/python", "/tmp/wt/lib"]
+        assert plan.run.cwd == str(elsewhere)  # the cwd is outside the checkout: it stays
+    finally:
+        p.kill()
+        p.wait()

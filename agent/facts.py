@@ -13,6 +13,7 @@ from tools.snapshot import Snapshot, diff, group
 
 THERMAL = {"sw_thermal_slowdown", "hw_thermal_slowdown"}
 HW_SLOW = {"hw_slowdown", "hw_power_brake_slowdown"}
+MAX_LATER = 3  # late packages tested one by one, newest first
 LATER_S = 24 * 3600
 
 
@@ -56,6 +57,9 @@ def build_facts(snap: Snapshot, *, baseline: Snapshot | None, regression: dict[s
                 if ts and not p.get("editable") and ts > env_installed_ts + LATER_S and ts >= newest - 3 * LATER_S:
                     later.append({**p, "installed_at": iso(ts), "_ts": ts})
             later.sort(key=lambda p: -p["_ts"])
+            # a suspect stands out: a few late installs with compiled files, not a whole later layer of the image
+            compiled = [p for p in later if p.get("build_hash")]
+            later = compiled[:MAX_LATER] if len(later) <= max(MAX_LATER, len(packages) // 4) else []
     repo = None
     if snap.repo:
         g = snap.repo

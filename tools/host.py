@@ -352,8 +352,6 @@ def parse_server_details(pid: int, text: str) -> ServerInfo:
 PACKAGES_SCRIPT = r'''
 import hashlib, importlib, importlib.metadata as md, json, os, subprocess, sys
 want = [a for a in sys.argv[1:] if a]
-WATCH = ("torch", "triton", "sgl", "sglang", "flashinfer", "vllm", "xformers", "flash-attn", "flash_attn",
-         "deep-gemm", "deep_gemm", "nvidia-nccl", "nvidia-cudnn", "nvidia-cublas", "cuda-python", "transformers")
 def norm(n): return n.lower().replace("_", "-")
 def sha(path):
     h = hashlib.sha256(); size = os.path.getsize(path)
@@ -369,10 +367,8 @@ for d in md.distributions():
     if name and norm(name) not in dists:
         dists[norm(name)] = d
 out = {"python": sys.executable, "python_version": sys.version.split()[0], "packages": []}
-every = len(dists) <= 60
 for key, d in sorted(dists.items()):
     name = d.metadata["Name"]
-    hash_it = every or key in map(norm, want) or any(key.startswith(w) for w in WATCH)
     rec = {"name": name, "version": d.version, "editable": None, "commit": None, "installed_at": None,
            "so_files": {}, "build_hash": None, "modules": []}
     try:
@@ -390,21 +386,21 @@ for key, d in sorted(dists.items()):
         pass
     top = (d.read_text("top_level.txt") or "").split()
     rec["modules"] = top
-    if hash_it:
-        sos = {}
-        for f in d.files or []:
-            s = str(f)
-            if s.endswith(".so") or ".so." in s:
-                p = f.locate()
-                if os.path.isfile(p):
-                    sos[s] = sha(p)
-                    try:
-                        rec["installed_at"] = max(rec["installed_at"] or 0, int(os.path.getmtime(p)))
-                    except Exception:
-                        pass
-        rec["so_files"] = sos
-        if sos:
-            rec["build_hash"] = hashlib.sha256("".join(k + v for k, v in sorted(sos.items())).encode()).hexdigest()[:16]
+    # every package's compiled files are hashed: a rebuilt package need not be one anybody listed
+    sos = {}
+    for f in d.files or []:
+        s = str(f)
+        if s.endswith(".so") or ".so." in s:
+            p = f.locate()
+            if os.path.isfile(p):
+                sos[s] = sha(p)
+                try:
+                    rec["installed_at"] = max(rec["installed_at"] or 0, int(os.path.getmtime(p)))
+                except Exception:
+                    pass
+    rec["so_files"] = sos
+    if sos:
+        rec["build_hash"] = hashlib.sha256("".join(k + v for k, v in sorted(sos.items())).encode()).hexdigest()[:16]
     if key in map(norm, want):
         for mod in top[:1]:
             try:

@@ -261,7 +261,7 @@ def test_listening_port_fallback_with_proc_and_ss(servers):
     assert d.process.found_by == "port" and port in d.process.ports
     with LocalTransport() as t:
         r = Runner(t)
-        for method in ("proc", "ss"):
+        for method in ("proc", "ss", "auto"):
             o = r.call("process_table", {"listeners": method})
             assert o.ok, o.error
             assert info["pid"] in next(x.pids for x in o.output.listeners if x.port == port), method

@@ -159,7 +159,7 @@ class Lab:
 
     def _result(self, spec: dict[str, Any], vals: list[float], d: Any, text: str, **extra: Any) -> dict[str, Any]:
         return {"kind": spec["kind"], "title": spec.get("title", ""), "samples": vals, "mean": statistics.fmean(vals),
-                "share": round(d.share, 3) if d.share is not None else None, "significant": d.significant, "decision": d.text, "text": text, **extra}
+                "share": round(d.share, 3), "significant": d.significant, "decision": d.text, "text": text, **extra}
 
     def _code(self, r: Runner, hyp: str, spec: dict[str, Any], facts: dict[str, Any], bad: list[float], regression: float) -> dict[str, Any]:
         repo = facts["repo"]["path"]

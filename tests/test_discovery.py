@@ -351,26 +351,6 @@ def test_sim_pattern_and_gpu_fallback_agree_and_tenant_by_pid(sim):
     assert [p["pid"] for p in by_gpu.tenants()] == [48211]
 
 
-def test_baseline_snapshot_without_numbers_gives_no_absurd_share(sim, tmp_path):
-    """A baseline snapshot with no benchmark runs: the regression's size is unknown, so a confirmed cause's share
-    is unknown (null), never a gain divided by a placeholder (once 205776000000000%)."""
-    from agent.run import RunOptions, investigate
-    from tools.sim import load_scenario
-    from tools.snapshot import collect, dump
-    name = "launch-blocking"
-    sc = load_scenario(name)
-    good = collect(Runner(sim(f"sim:{name}@good")), bench_runs=0)
-    assert good.bench.get("samples") == []
-    snap = tmp_path / "good.json"
-    snap.write_text(dump(good))
-    out = investigate(RunOptions(host=f"sim:{name}", symptom=sc.symptom, baseline_snapshot=str(snap), as_json=True,
-                                 out=str(tmp_path / "run")))
-    assert out["root_cause"] is not None and out["root_cause"]["hypothesis"] == sc.expect.root_cause
-    assert out["root_cause"]["how"] == "experiment"
-    assert [c["explains"] for c in out["root_causes"]] == [None]
-    assert "share unknown" in out["summary"] and "no baseline number" in out["summary"]
-
-
 @pytest.mark.ssh
 def test_over_ssh_session_shells_are_own_and_the_server_is_found(servers, tmp_path):
     """Over a real sshd: the connection's other session shells (one running a command that holds the pattern)

@@ -355,13 +355,15 @@ class Lab:
 
     def _result(self, spec: dict[str, Any], vals: list[float], d: Any, text: str, **extra: Any) -> dict[str, Any]:
         return {"kind": spec["kind"], "title": spec.get("title", ""), "samples": vals, "mean": statistics.fmean(vals),
-                "share": round(d.share, 3) if d.share is not None else None, "significant": d.significant, "decision": d.text, "text": text, **extra}
+                "share": round(d.share, 3), "significant": d.significant, "decision": d.text, "text": text, **extra}
 
     # ------------------------------------------------------------ the server: find, check, restart, wait
     def _find_server(self, r: Runner) -> Any:
         """The server as it runs now, found by the run's own discovery (its overrides, the server found earlier)."""
+        from tools.discovery import DiscoveryInput
+
         from .discovery import find_server
-        srv = find_server(r, self.discovery)
+        srv = find_server(r, self.discovery or DiscoveryInput(server_pattern=self.setup.server_pattern))
         if srv is None:
             pat = self.setup.server_pattern
             raise ExperimentError("the server process is gone" + (f" (nothing matches --server-pattern {pat!r})" if pat

@@ -220,7 +220,7 @@ def evaluate_node(ctx: Ctx, s: State) -> State:
             h["because"] = h["because"] + [f"experiment failed: {res['error']}"]
         elif res["significant"]:
             h["status"], h["how"] = "confirmed", "experiment"
-            h["share"] = None if res["share"] is None else round((h.get("share") or 0) + res["share"], 3)
+            h["share"] = round((h.get("share") or 0) + res["share"], 3)
             h["because"] = h["because"] + [res["text"]]
             if res.get("culprit"):
                 h["culprit"] = res["culprit"]
@@ -253,15 +253,6 @@ def evaluate_node(ctx: Ctx, s: State) -> State:
         ctx.transcript.emit("verdict", hypothesis=hid, status=h["status"], how=h["how"], because="; ".join(h["because"]))
         ctx.on_status("verdict", {"hypothesis": hid, "status": h["status"]})
     return {"hyps": hyps, "facts": _jsonable(facts)}
-
-
-def regression_size(reg: dict[str, Any]) -> float | None:
-    """How much worse the host measured than its baseline number; None when no baseline number measured it.
-
-    (A stand-in of 1e-9 once made a share of 205776000000000%: an experiment's gain divided by it.)
-    """
-    delta = reg.get("delta")
-    return abs(delta) if reg.get("measured") and delta else None
 
 
 def exp_key(hid: str, spec: dict[str, Any]) -> str:
@@ -310,7 +301,7 @@ def experiment(ctx: Ctx, s: State) -> State:
     reg = s["regression"]
     facts = s.get("facts") or _facts(ctx, s)
     d = s["discovered"]
-    regression = regression_size(reg)
+    regression = abs(reg.get("delta") or 0) or abs(reg["mean"] - (reg.get("baseline") or reg["mean"])) or 1e-9
     lab = Lab(ctx.runner, lambda ev, **kw: ctx.transcript.emit(ev, hypothesis=hid, **kw), ctx.undo,
               Measure(bench=d["bench"], metric=d["metric"], cwd=d.get("repo"), regex=ctx.overrides.get("bench_regex"),
                       ready_timeout_s=float(ctx.overrides.get("ready_timeout_s") or 600),

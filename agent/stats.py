@@ -47,41 +47,32 @@ class Decision:
     decided: bool
     significant: bool
     improvement: float  # in the metric's unit, positive = better
-    share: float | None  # of the regression recovered; None when the regression's size is unknown
+    share: float        # of the regression recovered
     t: float
     df: float
     text: str
 
 
-def decide(bad: list[float], after: list[float], regression: float | None, lower_is_better: bool,
-           min_share: float = 0.1, min_change_pct: float = 3.0) -> Decision:
+def decide(bad: list[float], after: list[float], regression: float, lower_is_better: bool, min_share: float = 0.1) -> Decision:
     """Compare the benchmark after an experiment with the regressed samples.
 
     Decided when the difference is significant (p < 0.01, Welch) or when it is not and
     the confidence interval already excludes ``min_share`` of the regression.
-    ``regression`` is None when no baseline number measured it (a baseline snapshot
-    without benchmark runs): the share is then unknown (None, never a ratio to a
-    placeholder), and a significant change must be at least ``min_change_pct`` percent
-    of the regressed mean to count.
     """
     mb, ma = statistics.fmean(bad), statistics.fmean(after)
     improvement = (mb - ma) if lower_is_better else (ma - mb)
-    known = regression is not None and regression > 0
-    share = improvement / regression if known else None  # type: ignore[operator]
+    share = improvement / regression if regression > 0 else 0.0
     t, df = welch(bad, after)
     tc = t_critical(df)
     significant = abs(t) > tc and improvement > 0
     se = abs(mb - ma) / abs(t) if t else 0.0
     ci_upper = improvement + tc * se
-    floor = min_share * regression if known else min_change_pct / 100 * abs(mb)  # type: ignore[operator]
-    excludes = ci_upper < floor
+    excludes = ci_upper < min_share * regression
     decided = significant or excludes
-    of = f"{share:.0%} of the regression" if share is not None else "share of the regression unknown (no baseline number)"
     text = (f"mean {ma:.4g} vs {mb:.4g} before ({len(after)} vs {len(bad)} runs): "
-            f"{'recovers' if improvement > 0 else 'changes'} {improvement:+.3g}, {of}; "
+            f"{'recovers' if improvement > 0 else 'changes'} {improvement:+.3g}, {share:.0%} of the regression; "
             f"Welch t={t:.2f}, df={df:.1f}, {'p<0.01' if abs(t) > tc else 'not significant'}")
-    big_enough = share >= min_share if share is not None else improvement >= floor
-    return Decision(decided, significant and big_enough, improvement, share, t, df, text)
+    return Decision(decided, significant and share >= min_share, improvement, share, t, df, text)
 
 
 def regression_is_real(samples: list[float], baseline: float, lower_is_better: bool, noise_floor_pct: float = 3.0) -> tuple[bool, float, str]:

@@ -146,7 +146,9 @@ def test_second_server_ranks_after_the_known_one_and_is_a_tenant_by_pid():
 SERVER = textwrap.dedent('''
     import json, os, socket, sys, time
     args = sys.argv[1:]
-    ready, port, workers, mode = args[0], int(args[1]), int(args[2]), args[3]
+    def opt(name, default):
+        return args[args.index(name) + 1] if name in args else default
+    ready, port, workers, mode = opt("--ready", ""), int(opt("--port", "0")), int(opt("--workers", "0")), opt("--mode", "fork")
     s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind(("127.0.0.1", port)); s.listen(16)
     kids = []
@@ -170,7 +172,7 @@ SERVER = textwrap.dedent('''
 CLIENT = textwrap.dedent('''
     import socket, sys, time
     t = time.perf_counter()
-    c = socket.create_connection(("127.0.0.1", int(sys.argv[2]))); c.sendall(b"go"); c.recv(16); c.close()
+    c = socket.create_connection(("127.0.0.1", int(sys.argv[sys.argv.index("--port") + 1]))); c.sendall(b"go"); c.recv(16); c.close()
     print(f"latency={(time.perf_counter() - t) * 1000:.3f} ms")
 ''')
 
@@ -185,9 +187,10 @@ class Servers:
         (folder / "client.py").write_text(CLIENT)
 
     def start(self, *args: str, program: list[str] | None = None) -> dict:
-        """Start ``program`` (default: this python running srv.py) with ``args``: workers, fork|spawn, the rest."""
+        """Start ``program`` (default: this python running srv.py) with ``args`` (``--workers N``, ``--mode
+        fork|spawn``, anything else), on a free port; returns its pid, port and workers' pids."""
         ready = self.folder / f"ready-{uuid.uuid4().hex[:8]}.json"
-        argv = [*(program or [sys.executable, str(self.folder / "srv.py")]), str(ready), "0", *args]
+        argv = [*(program or [sys.executable, str(self.folder / "srv.py")]), *args, "--ready", str(ready)]
         p = subprocess.Popen(argv, cwd=self.folder, start_new_session=True, stdin=subprocess.DEVNULL)
         self.procs.append(p)
         deadline = time.monotonic() + 60
@@ -223,20 +226,23 @@ def local_discover(**kw) -> Discovery:
 
 
 def test_console_script_in_a_venv_is_found_with_its_python(servers, tmp_path):
-    """A `#!python` console script in a temporary venv's bin/ is the server; its python is the venv's."""
+    """A `#!python` console script in a temporary venv's bin/ (`vllm serve …`) is the server: by
+    --server-pattern, and by the default pattern (the benchmark's port picks it among other servers);
+    its python is the venv's."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    script = venv / "bin" / "myserve"
+    script = venv / "bin" / "vllm"
     script.write_text(f"#!{venv / 'bin' / 'python'}\n" + (tmp_path / "srv.py").read_text())
     script.chmod(0o755)
     name = token()
-    info = servers.start("0", "fork", "serve", "--model", name, "--tp", "2", program=[str(script)])
-    d = local_discover(server_pattern=f"myserve .*{name}")
-    assert d.server is not None and d.server.pid == info["pid"]
-    assert d.server.python == str(venv / "bin" / "python")
-    assert d.server.entry == str(script) and d.server.flags["tp"] == "2"
-    assert d.python == str(venv / "bin" / "python") and d.sources["python"] == "the server's interpreter"
-    assert d.process.found_by == "pattern" and d.server.ports == [info["port"]]
+    info = servers.start("serve", name, "--tensor-parallel-size", "2", program=[str(script)])
+    for d in (local_discover(server_pattern=f"vllm serve {name}"),
+              local_discover(bench=f"python client.py --port {info['port']}")):
+        assert d.server is not None and d.server.pid == info["pid"]
+        assert d.server.python == str(venv / "bin" / "python") and d.server.kind == "vllm"
+        assert d.server.entry == str(script) and d.server.flags["tensor-parallel-size"] == "2"
+        assert d.python == str(venv / "bin" / "python") and d.sources["python"] == "the server's interpreter"
+        assert d.process.found_by == "pattern" and d.server.ports == [info["port"]]
 
 
 @pytest.mark.parametrize("mode", ["fork", "spawn"])
@@ -244,7 +250,7 @@ def test_parent_with_two_workers_is_one_server_restart_the_parent(servers, mode)
     """An API process with two worker children: the parent is the server, both children its workers
     (forked workers share its command line, so the pattern matches all three; spawned ones do not match)."""
     name = token()
-    info = servers.start("2", mode, name)
+    info = servers.start(name, "--workers", "2", "--mode", mode)
     d = local_discover(server_pattern=name)
     assert d.server.pid == info["pid"] and d.others == []
     assert d.server.workers == sorted(info["workers"])
@@ -254,14 +260,14 @@ def test_parent_with_two_workers_is_one_server_restart_the_parent(servers, mode)
 
 def test_listening_port_fallback_with_proc_and_ss(servers):
     """No pattern matches and no GPU: the process on the benchmark's port is found; both listener readers see it."""
-    info = servers.start("0", "fork")
+    info = servers.start()
     port = info["port"]
     d = local_discover(server_pattern=token(), bench=f"python client.py {port} --url http://127.0.0.1:{port}/")
     assert d.server is not None and d.server.pid == info["pid"]
     assert d.process.found_by == "port" and port in d.process.ports
     with LocalTransport() as t:
         r = Runner(t)
-        for method in ("proc", "ss"):
+        for method in ("proc", "ss", "auto"):
             o = r.call("process_table", {"listeners": method})
             assert o.ok, o.error
             assert info["pid"] in next(x.pids for x in o.output.listeners if x.port == port), method
@@ -271,8 +277,8 @@ def test_two_servers_from_one_binary_the_benchmarks_port_decides(servers):
     """Two servers started from the same script: the one on the benchmark's port is the server, the other a
     server-like tenant named by its pid."""
     name = token()
-    a = servers.start("0", "fork", name)
-    b = servers.start("0", "fork", name)
+    a = servers.start(name)
+    b = servers.start(name)
     d = local_discover(server_pattern=name, bench=f"python client.py --port {b['port']}")
     assert d.server.pid == b["pid"]
     assert [o.pid for o in d.others] == [a["pid"]]
@@ -302,7 +308,7 @@ def test_cli_snapshot_local_records_server_and_samples_never_itself(servers, tmp
     """`debugagent snapshot --host local --server-pattern … --bench …` records the real server (not debugagent,
     whose own arguments hold the pattern too) and the benchmark's samples."""
     name = token()
-    info = servers.start("2", "spawn", name)
+    info = servers.start(name, "--workers", "2", "--mode", "spawn")
     out = tmp_path / "snap.json"
     bench = f"{sys.executable} {servers.folder / 'client.py'} --port {info['port']}"
     r = subprocess.run([sys.executable, "-m", "agent.cli", "snapshot", "--host", "local", "--server-pattern", name,
@@ -345,26 +351,6 @@ def test_sim_pattern_and_gpu_fallback_agree_and_tenant_by_pid(sim):
     assert [p["pid"] for p in by_gpu.tenants()] == [48211]
 
 
-def test_baseline_snapshot_without_numbers_gives_no_absurd_share(sim, tmp_path):
-    """A baseline snapshot with no benchmark runs: the regression's size is unknown, so a confirmed cause's share
-    is unknown (null), never a gain divided by a placeholder (once 205776000000000%)."""
-    from agent.run import RunOptions, investigate
-    from tools.sim import load_scenario
-    from tools.snapshot import collect, dump
-    name = "launch-blocking"
-    sc = load_scenario(name)
-    good = collect(Runner(sim(f"sim:{name}@good")), bench_runs=0)
-    assert good.bench.get("samples") == []
-    snap = tmp_path / "good.json"
-    snap.write_text(dump(good))
-    out = investigate(RunOptions(host=f"sim:{name}", symptom=sc.symptom, baseline_snapshot=str(snap), as_json=True,
-                                 out=str(tmp_path / "run")))
-    assert out["root_cause"] is not None and out["root_cause"]["hypothesis"] == sc.expect.root_cause
-    assert out["root_cause"]["how"] == "experiment"
-    assert [c["explains"] for c in out["root_causes"]] == [None]
-    assert "share unknown" in out["summary"] and "no baseline number" in out["summary"]
-
-
 @pytest.mark.ssh
 def test_over_ssh_session_shells_are_own_and_the_server_is_found(servers, tmp_path):
     """Over a real sshd: the connection's other session shells (one running a command that holds the pattern)
@@ -376,7 +362,7 @@ def test_over_ssh_session_shells_are_own_and_the_server_is_found(servers, tmp_pa
     if not Path(SSHD).is_file():
         pytest.skip("needs Debian's openssh-server")
     name = token()
-    info = servers.start("1", "spawn", name)
+    info = servers.start(name, "--workers", "1", "--mode", "spawn")
     sshd = start_sshd(tmp_path / "sshd")
     try:
         t = SSHTransport.from_spec(f"{getpass.getuser()}@127.0.0.1:{sshd.port}", identity_file=str(sshd.identity),
@@ -403,7 +389,7 @@ def test_experiment_lookup_uses_the_runs_own_pattern(servers):
     cannot see this server), and prefers the command line found at discovery."""
     from agent.discovery import find_server, run_input
     name = token()
-    info = servers.start("0", "fork", name)
+    info = servers.start(name)
     with LocalTransport() as t:
         r = Runner(t)
         srv = find_server(r, run_input({"server_pattern": name}, "latency"))

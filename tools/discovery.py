@@ -334,7 +334,7 @@ def describe(process: ServerProcess | None, others: list[ServerProcess], own: se
                 + (f"--server-pattern `{inp.server_pattern}`" if inp.server_pattern else "the default pattern")
                 + ", nvidia-smi's compute processes, or a port the benchmark names)")
     else:
-        text = f"The server is {process.label}: {process.why}"
+        text = f"Found the server, {process.label}: {process.why}"
         if process.found_by in ("gpu", "port"):
             text += (" (no process matches " + (f"--server-pattern `{inp.server_pattern}`" if inp.server_pattern
                                                  else "the default pattern") + ")")

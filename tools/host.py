@@ -65,14 +65,15 @@ class ProcessTableInput(BaseModel):
     """Input of ``process_table``: every process (pid, ppid, start, argv, exe) and the TCP listeners.
 
     One command, almost no forks: ``read`` and ``mapfile`` are bash builtins; one ``find``
-    lists the executables and one the socket descriptors (or ``ss`` lists the listeners when
-    ``listeners`` is ``ss``, or when it is ``auto`` and ``ss`` is installed). The first line
-    names the probe's own shell (``$BASHPID``), so the parser can leave out its ancestors and
-    descendants: debugagent's own processes.
+    lists the executables and one the socket descriptors, matched to ``/proc/net/tcp*``'s
+    listening sockets (``proc``, the default: every Linux has it, and a simulated host's
+    sandbox maps it); ``ss`` has ``ss -Hltnp`` list them, ``auto`` uses ``ss`` when it is
+    installed. The first line names the probe's own shell (``$BASHPID``), so the parser can
+    leave out its ancestors and descendants: debugagent's own processes.
     """
 
     model_config = ConfigDict(extra="forbid")
-    listeners: Literal["auto", "proc", "ss"] = "auto"
+    listeners: Literal["auto", "proc", "ss"] = "proc"
 
     def command(self) -> str:
         procfs = ("echo '== tcp'; cat /proc/net/tcp /proc/net/tcp6 2>/dev/null; echo '== sockets'; "

@@ -21,8 +21,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tools import mutate
+from tools.discovery import DiscoveryInput
 from tools.registry import Runner
 
+from .discovery import find_server
 from .stats import decide
 
 
@@ -360,9 +362,6 @@ class Lab:
     # ------------------------------------------------------------ the server: find, check, restart, wait
     def _find_server(self, r: Runner) -> Any:
         """The server as it runs now, found by the run's own discovery (its overrides, the server found earlier)."""
-        from tools.discovery import DiscoveryInput
-
-        from .discovery import find_server
         srv = find_server(r, self.discovery or DiscoveryInput(server_pattern=self.setup.server_pattern))
         if srv is None:
             pat = self.setup.server_pattern

@@ -8,7 +8,6 @@ host too). The user's working tree is never touched: code experiments use a
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tools.redact import redacted_dump
 from tools.registry import Runner
 
 from .stats import decide
@@ -45,7 +45,7 @@ class UndoStack:
         return step
 
     def _save(self) -> None:
-        self.path.write_text(json.dumps([s.__dict__ for s in self.steps], indent=1))
+        redacted_dump(self.path, [s.__dict__ for s in self.steps])
 
 
 class ExperimentError(Exception):

@@ -91,7 +91,7 @@ class View:
             if not self.live and not self.quiet:
                 err.print(escape(f"[verdict] {data['hypothesis']}: {data['status'].replace('_', ' ')}"))
         elif kind == "reasoning" and not self.live and not self.quiet:
-            err.print(escape(f"[agent] {data.get('text', '')[:200]}"))
+            err.print(escape(redact_text(f"[agent] {data.get('text', '')}")[:210]))
         if self.live:
             self.live.update(self.table())
 

@@ -36,7 +36,7 @@ REDACTED = "[REDACTED]"
 
 # a name is secret when one of its words is one of these
 SECRET_WORDS = frozenset({
-    "token", "secret", "secrets", "password", "passwd", "passphrase", "pwd", "pass", "key", "apikey", "accesskey",
+    "token", "secret", "secrets", "password", "passwd", "passphrase", "key", "apikey", "accesskey",
     "secretkey", "privatekey", "authtoken", "accesstoken", "refreshtoken", "clientsecret", "credential",
     "credentials", "creds", "auth", "authorization", "cookie", "dsn", "webhook", "signature", "sig", "salt",
 })
@@ -100,7 +100,7 @@ _URL_QUERY = re.compile(r"([?&])([A-Za-z0-9_.-]+)=([^&\s'\"#<>]+)")
 _VALUE = r"(\"(?:[^\"\\]|\\.)*\"|'[^']*'|\$'(?:[^'\\]|\\.)*'|[^\s'\"]+)"
 _LINE_ASSIGN = re.compile(r"(?m)^(\s*(?:export\s+)?)([A-Za-z_][A-Za-z0-9_.-]*)=(.+)$")
 _ASSIGN = re.compile(r"(?<![\w./-])([A-Za-z_][A-Za-z0-9_.]*)=" + _VALUE)
-_FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][A-Za-z0-9_.-]*)(=|[ \t]+|[ \t]*\n)(?![-=])" + _VALUE)
+_FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][A-Za-z0-9_.-]*)(=|[^\S\n]+|[^\S\n]*\n)(?![-=])" + _VALUE)
 _KEYVAL = re.compile(r"([\"']?)([A-Za-z_][A-Za-z0-9_.-]*)\1(\s*:\s*)(\[REDACTED\]|\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s,}\]]+)")
 
 
@@ -250,8 +250,8 @@ def redact(obj: Any) -> Any:
 
 def redact_flags(flags: dict[str, Any]) -> dict[str, Any]:
     """Parsed ``--flag value`` pairs: a secret flag's value is hidden, the rest kept as it is."""
-    return {k: (REDACTOR._secret(str(v)) if is_secret_name(k) and v is not True and v not in ("", None) else v)
-            for k, v in flags.items()}
+    return {k: (REDACTOR._secret(str(v)) if is_secret_name(k) and v is not True and v not in ("", None)
+                else REDACTOR.text(v) if isinstance(v, str) else v) for k, v in flags.items()}
 
 
 # ---------------------------------------------------------------- private files

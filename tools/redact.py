@@ -24,6 +24,7 @@ mode 0600 (folders 0700) after redaction.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -45,6 +46,11 @@ NOT_SECRET_LAST = frozenset({"file", "path", "dir", "name", "names", "type", "si
                              "count", "format", "mode", "url_file", "env", "var", "header_name"})
 NOT_SECRET_NAMES = frozenset({"tool", "key_id", "max_tokens", "hostkey", "host_key", "known_hosts"})
 
+# substrings without which no secret name can occur (SECRET_WORDS, lowercased)
+_NAME_ANCHORS = ("token", "secret", "passw", "passphrase", "key", "cred", "auth", "cookie", "dsn", "webhook", "sig",
+                 "salt")
+_HEADER_ANCHORS = ("authorization", "cookie", "api-key", "auth-token", "access-token", "private-token", "bearer",
+                   "basic", "token")
 _WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
 
 
@@ -53,6 +59,7 @@ def name_words(name: str) -> list[str]:
     return [w.lower() for w in _WORD_SPLIT.split(name) if w]
 
 
+@functools.lru_cache(maxsize=65536)
 def is_secret_name(name: str) -> bool:
     """Whether a variable, flag or key of this name holds a secret (matched as whole words)."""
     if not name or name.lower().lstrip("-") in NOT_SECRET_NAMES:
@@ -67,30 +74,30 @@ def is_secret_name(name: str) -> bool:
 _PEM = re.compile(r"-----BEGIN ([A-Z0-9 ]*PRIVATE KEY[A-Z ]*)-----.*?(?:-----END \1-----|\Z)", re.S)
 _PEM_ESCAPED = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----(?:\\n|\\r|[A-Za-z0-9+/= \t\r\n])*"
                           r"(?:-----END [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----)?")
-_TOKENS = [
-    re.compile(r"\bhf_[A-Za-z0-9]{8,}"),
-    re.compile(r"\bgithub_pat_[A-Za-z0-9_]{20,}"),
-    re.compile(r"\bgh[pousr]_[A-Za-z0-9]{16,}"),
-    re.compile(r"\bglpat-[A-Za-z0-9_-]{12,}"),
-    re.compile(r"\bgl(?:ptt|dt|rt|cbt|imt|agent|soat)-[A-Za-z0-9_-]{12,}"),
-    re.compile(r"\bsk-(?:proj-|ant-|live-)?[A-Za-z0-9_-]{16,}"),
-    re.compile(r"\b[rs]k_(?:live|test)_[A-Za-z0-9]{12,}"),
-    re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}"),
-    re.compile(r"\bxapp-[A-Za-z0-9-]{10,}"),
-    re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA)[0-9A-Z]{16}\b"),
-    re.compile(r"\bAIza[0-9A-Za-z_-]{35}"),
-    re.compile(r"\bpypi-[A-Za-z0-9_-]{16,}"),
-    re.compile(r"\bnpm_[A-Za-z0-9]{20,}"),
-    re.compile(r"\bSG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}"),
-    re.compile(r"\beyJ[A-Za-z0-9_-]{4,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*"),          # JWT
-]
-_HEADER = re.compile(r"(?i)\b((?:proxy-)?authorization|cookie|set-cookie|x-api-key|api-key|x-auth-token|"
+_TOKENS = re.compile(r"\b(?:" + "|".join([
+    r"hf_[A-Za-z0-9]{8,}",
+    r"github_pat_[A-Za-z0-9_]{20,}",
+    r"gh[pousr]_[A-Za-z0-9]{16,}",
+    r"glpat-[A-Za-z0-9_-]{12,}",
+    r"gl(?:ptt|dt|rt|cbt|imt|agent|soat)-[A-Za-z0-9_-]{12,}",
+    r"sk-(?:proj-|ant-|live-)?[A-Za-z0-9_-]{16,}",
+    r"[rs]k_(?:live|test)_[A-Za-z0-9]{12,}",
+    r"xox[abposr]-[A-Za-z0-9-]{10,}",
+    r"xapp-[A-Za-z0-9-]{10,}",
+    r"(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA)[0-9A-Z]{16}\b",
+    r"AIza[0-9A-Za-z_-]{35}",
+    r"pypi-[A-Za-z0-9_-]{16,}",
+    r"npm_[A-Za-z0-9]{20,}",
+    r"SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}",
+    r"eyJ[A-Za-z0-9_-]{4,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*",
+]) + ")")
+_HEADER = re.compile(r"(?i)(?<![\w-])((?:proxy-)?authorization|cookie|set-cookie|x-api-key|api-key|x-auth-token|"
                      r"x-access-token|private-token|x-goog-api-key)(\s*[:=]\s*)([^\r\n\"']+)")
 _BEARER = re.compile(r"(?i)\b(bearer)(\s+)([A-Za-z0-9._~+/-]{8,}=*)|\b(basic|token)(\s+)(?=[A-Za-z0-9._~+/-]*\d)"
                      r"(?=[A-Za-z0-9._~+/-]*[A-Za-z])([A-Za-z0-9._~+-][A-Za-z0-9._~+/-]{15,}=*)")
 # scheme://user:password@host  and  scheme://KEY@host (a DSN); the user of scp-like git URLs is kept
-_URL_CRED = re.compile(r"\b([a-z][a-z0-9+.-]*://)([^\s/@:'\"<>]*):([^\s/@'\"<>]+)@")
-_URL_USER = re.compile(r"\b([a-z][a-z0-9+.-]*://)([A-Za-z0-9_-]{16,})@")
+_URL_CRED = re.compile(r"(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*://)([^\s/@:'\"<>]*):([^\s/@'\"<>]+)@")
+_URL_USER = re.compile(r"(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*://)([A-Za-z0-9_-]{16,})@")
 _WEBHOOK = re.compile(r"(?i)\b(https?://(?:hooks\.slack\.com/(?:services|workflows|triggers)|"
                       r"(?:[a-z0-9-]+\.)?discord(?:app)?\.com/api/webhooks|[^\s/'\"]+/(?:api/)?webhooks?)/)"
                       r"[^\s'\"<>]+")
@@ -101,7 +108,7 @@ _VALUE = r"(\"(?:[^\"\\]|\\.)*\"|'[^']*'|\$'(?:[^'\\]|\\.)*'|[^\s'\"]+)"
 _LINE_ASSIGN = re.compile(r"(?m)^(\s*(?:export\s+)?)([A-Za-z_][A-Za-z0-9_.-]*)=(.+)$")
 _ASSIGN = re.compile(r"(?<![\w./-])([A-Za-z_][A-Za-z0-9_.]*)=" + _VALUE)
 _FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][A-Za-z0-9_.-]*)(=|[^\S\n]+|[^\S\n]*\n)(?![-=])" + _VALUE)
-_KEYVAL = re.compile(r"([\"']?)([A-Za-z_][A-Za-z0-9_.-]*)\1(\s*:\s*)(\[REDACTED\]|\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s,}\]]+)")
+_KEYVAL = re.compile(r"(?<![\w.\"'-])([\"']?)([A-Za-z_][A-Za-z0-9_.-]*)\1(\s*:\s*)(\[REDACTED\]|\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s,}\]]+)")
 
 
 class Redactor:
@@ -135,18 +142,24 @@ class Redactor:
         """Hide every secret in free text (command lines, outputs, messages)."""
         if not text or not isinstance(text, str):
             return text
-        text = _PEM.sub(REDACTED, text)
-        text = _PEM_ESCAPED.sub(REDACTED, text)
-        text = _WEBHOOK.sub(lambda m: m.group(1) + REDACTED, text)
-        text = _URL_CRED.sub(lambda m: f"{m.group(1)}{m.group(2)}:{self._secret(m.group(3))}@", text)
-        text = _URL_USER.sub(lambda m: f"{m.group(1)}{self._secret(m.group(2))}@", text)
-        text = _URL_QUERY.sub(lambda m: m.group(0) if not is_secret_name(m.group(2))
-                              else f"{m.group(1)}{m.group(2)}={self._secret(m.group(3))}", text)
-        text = _HEADER.sub(lambda m: f"{m.group(1)}{m.group(2)}{self._secret(m.group(3))}", text)
-        text = _BEARER.sub(lambda m: f"{m.group(1)}{m.group(2)}{self._secret(m.group(3))}" if m.group(1)
-                           else f"{m.group(4)}{m.group(5)}{self._secret(m.group(6))}", text)
-        for pat in _TOKENS:
-            text = pat.sub(REDACTED, text)
+        low = text.lower()   # each detector runs only where its anchor occurs (large outputs stay fast)
+        if "private key" in low:
+            text = _PEM.sub(REDACTED, text)
+            text = _PEM_ESCAPED.sub(REDACTED, text)
+        if "://" in low:
+            text = _WEBHOOK.sub(lambda m: m.group(1) + REDACTED, text)
+            text = _URL_CRED.sub(lambda m: f"{m.group(1)}{m.group(2)}:{self._secret(m.group(3))}@", text)
+            text = _URL_USER.sub(lambda m: f"{m.group(1)}{self._secret(m.group(2))}@", text)
+        if "?" in low or "&" in low:
+            text = _URL_QUERY.sub(lambda m: m.group(0) if not is_secret_name(m.group(2))
+                                  else f"{m.group(1)}{m.group(2)}={self._secret(m.group(3))}", text)
+        if any(w in low for w in _HEADER_ANCHORS):
+            text = _HEADER.sub(lambda m: f"{m.group(1)}{m.group(2)}{self._secret(m.group(3))}", text)
+            text = _BEARER.sub(lambda m: f"{m.group(1)}{m.group(2)}{self._secret(m.group(3))}" if m.group(1)
+                               else f"{m.group(4)}{m.group(5)}{self._secret(m.group(6))}", text)
+        text = _TOKENS.sub(REDACTED, text)
+        if not any(w in low for w in _NAME_ANCHORS):
+            return self._learned_re.sub(REDACTED, text) if self._learned_re is not None else text
         text = _LINE_ASSIGN.sub(self._line_assign, text)
         text = _ASSIGN.sub(lambda m: m.group(0) if not is_secret_name(m.group(1))
                            else f"{m.group(1)}={self._quoted(m.group(2))}", text)

@@ -22,6 +22,7 @@ from langgraph.graph import END, START, StateGraph
 
 from tools.errors import UsageError
 from tools.host import HostFacts, ServerInfo
+from tools.redact import redact
 from tools.registry import Runner
 from tools.snapshot import Snapshot, collect
 from tools.transport import BaseTransport
@@ -232,7 +233,8 @@ def _bench(ctx: Ctx, d: dict[str, Any]) -> str | None:
 
 
 def _facts(ctx: Ctx, s: State) -> dict[str, Any]:
-    snap = Snapshot.model_validate(s["snapshot"])
+    # redacted as a saved baseline snapshot and the checkpointed state are, so they compare alike
+    snap = Snapshot.model_validate(redact(s["snapshot"]))
     f = build_facts(snap, baseline=ctx.baseline_snapshot, regression=s.get("regression"),
                     knowledge=ctx.playbook.knowledge, symptom=ctx.symptom.model_dump())
     f["_bench_cwd"] = s["discovered"].get("repo")

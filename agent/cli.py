@@ -16,7 +16,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from tools.errors import DebugAgentError
+from tools.errors import DebugAgentError, UsageError
+from tools.redact import redact_text, write_private
 
 from .hosts import SSHOptions, open_transport
 
@@ -56,7 +57,7 @@ def run(
     python: Annotated[str | None, typer.Option("--python", help="the server's Python interpreter on the host")] = None,
     allow_mutations: Annotated[bool, typer.Option("--allow-mutations", help="run experiments (each undone afterwards) without asking")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object on stdout")] = False,
-    out_dir: Annotated[str | None, typer.Option("--out", help="transcript folder (default transcripts/<UTC time>-<slug>/)")] = None,
+    out_dir: Annotated[str | None, typer.Option("--out", help="run folder (default $XDG_STATE_HOME/debugagent/runs/<UTC time>-<slug>/, ~/.local/state when unset)")] = None,
     llm: Annotated[str | None, typer.Option("--llm", help="OpenAI-compatible base URL of an LLM that advises on the plan (optional)")] = None,
     llm_model: Annotated[str, typer.Option("--llm-model", help="model name for --llm")] = "gpt-4o-mini",
     server_pattern: Annotated[str | None, typer.Option("--server-pattern", help="regex for the server's command line (default: SGLang, vLLM, TGI, TensorRT-LLM)")] = None,
@@ -84,10 +85,12 @@ def run(
 @app.command()
 def resume(run_dir: Annotated[str, typer.Argument(help="the transcript folder of the interrupted run")],
            allow_mutations: Annotated[bool, typer.Option("--allow-mutations")] = False,
-           as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+           as_json: Annotated[bool, typer.Option("--json")] = False,
+           bench: Annotated[str | None, typer.Option("--bench", help="the benchmark again, where it held a secret (never saved)")] = None,
+           llm: Annotated[str | None, typer.Option("--llm", help="the LLM URL again, where it held a secret (never saved)")] = None) -> None:
     """Continue an interrupted run from its last checkpoint."""
     from .run import resume_run
-    raise typer.Exit(resume_run(run_dir, allow_mutations=allow_mutations, as_json=as_json))
+    raise typer.Exit(resume_run(run_dir, allow_mutations=allow_mutations, as_json=as_json, bench=bench, llm=llm))
 
 
 @app.command()
@@ -136,7 +139,11 @@ def snapshot(
     if output == "-":
         sys.stdout.write(text + "\n")
     else:
-        Path(output).write_text(text + "\n")
+        try:
+            write_private(Path(output), text + "\n")
+        except OSError as exc:
+            raise UsageError(f"-o {output}: cannot write it ({exc.strerror})",
+                             fix="give a file in a folder that exists and that you can write to") from exc
         samples = snap.bench.get("samples") or []
         err.print(f"wrote {output}: {len(snap.packages.packages) if snap.packages else 0} packages, "
                   f"{len(snap.gpus)} GPUs, {snap.commands} commands"
@@ -249,9 +256,9 @@ def main() -> None:
         sys.exit(rv if isinstance(rv, int) else 0)
     except DebugAgentError as exc:
         err.print("[red]error[/]: ", end="")
-        err.print(exc.message, markup=False)
+        err.print(redact_text(exc.message), markup=False)
         if exc.fix:
-            err.print(f"  fix: {exc.fix}", markup=False)
+            err.print(redact_text(f"  fix: {exc.fix}"), markup=False)
         sys.exit(exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)

@@ -8,7 +8,6 @@ host too). The user's working tree is never touched: code experiments use a
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import statistics
@@ -22,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tools import mutate
 from tools.discovery import DiscoveryInput
+from tools.redact import redacted_dump
 from tools.registry import Runner
 
 from .discovery import find_server
@@ -52,7 +52,7 @@ class UndoStack:
         return step
 
     def _save(self) -> None:
-        self.path.write_text(json.dumps([s.__dict__ for s in self.steps], indent=1))
+        redacted_dump(self.path, [s.__dict__ for s in self.steps])
 
 
 class ExperimentError(Exception):

@@ -20,7 +20,9 @@ from typing import Any, TypedDict
 
 from langgraph.graph import END, START, StateGraph
 
+from tools.errors import UsageError
 from tools.host import HostFacts, ServerInfo
+from tools.redact import redact
 from tools.registry import Runner
 from tools.snapshot import Snapshot, collect
 from tools.transport import BaseTransport
@@ -158,16 +160,16 @@ def probe(ctx: Ctx, s: State) -> State:
     ctx.say("Gathering the cheap read-only evidence in one concurrent pass: GPU state (read while the benchmark runs, "
             "since idle GPUs show low clocks and PCIe gen 1), driver, GPU tenants, packages with hashes of their "
             "compiled files, and git state.")
-    snap = collect(r, bench=d.get("bench"), python=d.get("python"), repo=d.get("repo"), known=(facts, server),
+    snap = collect(r, bench=_bench(ctx, d), python=d.get("python"), repo=d.get("repo"), known=(facts, server),
                    metric=d.get("metric"))
     regression: dict[str, Any] = {}
     runs = 0
-    if d.get("bench"):
+    if _bench(ctx, d):
         n_runs = int(ctx.overrides.get("reproduce_runs") or REPRODUCE_RUNS)
         ctx.say(f"Reproducing first: {n_runs} runs of the benchmark as the host is now.")
         vals = []
         for i in range(n_runs):
-            o = r.call("bench", {"cmd": d["bench"], "metric": d["metric"], "cwd": d.get("repo"),
+            o = r.call("bench", {"cmd": _bench(ctx, d), "metric": d["metric"], "cwd": d.get("repo"),
                                  "regex": ctx.overrides.get("bench_regex")}, why=f"reproduce, run {i + 1} of {n_runs}")
             runs += 1
             if o.ok:
@@ -195,8 +197,18 @@ def probe(ctx: Ctx, s: State) -> State:
     return {"snapshot": snap.model_dump(mode="json"), "regression": regression, "bench_runs": runs}
 
 
+def _bench(ctx: Ctx, d: dict[str, Any]) -> str | None:
+    """The benchmark command: ``--bench`` wins (a resumed run gets it again, since the saved state is redacted)."""
+    bench = ctx.overrides.get("bench") or d.get("bench")
+    if bench and "[REDACTED]" in bench:
+        raise UsageError("the benchmark command held a secret, so the saved run does not have it",
+                         fix="give it again: debugagent resume RUN --bench '…'")
+    return bench
+
+
 def _facts(ctx: Ctx, s: State) -> dict[str, Any]:
-    snap = Snapshot.model_validate(s["snapshot"])
+    # redacted as a saved baseline snapshot and the checkpointed state are, so they compare alike
+    snap = Snapshot.model_validate(redact(s["snapshot"]))
     f = build_facts(snap, baseline=ctx.baseline_snapshot, regression=s.get("regression"),
                     knowledge=ctx.playbook.knowledge, symptom=ctx.symptom.model_dump())
     f["_bench_cwd"] = s["discovered"].get("repo")
@@ -303,7 +315,7 @@ def experiment(ctx: Ctx, s: State) -> State:
     d = s["discovered"]
     regression = abs(reg.get("delta") or 0) or abs(reg["mean"] - (reg.get("baseline") or reg["mean"])) or 1e-9
     lab = Lab(ctx.runner, lambda ev, **kw: ctx.transcript.emit(ev, hypothesis=hid, **kw), ctx.undo,
-              Measure(bench=d["bench"], metric=d["metric"], cwd=d.get("repo"), regex=ctx.overrides.get("bench_regex"),
+              Measure(bench=_bench(ctx, d), metric=d["metric"], cwd=d.get("repo"), regex=ctx.overrides.get("bench_regex"),
                       ready_timeout_s=float(ctx.overrides.get("ready_timeout_s") or 600),
                       max_runs=int(ctx.overrides.get("max_runs") or 8)),
               ctx.run_id, ctx.symptom.direction == "lower",

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
 from rich.console import Console
 from rich.live import Live
@@ -22,6 +23,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from tools.errors import DebugAgentError, TransportError, UsageError
+from tools.redact import private_dir, private_file, redact, redact_text, redacted_dump
 from tools.snapshot import Snapshot
 
 from . import __version__
@@ -88,13 +90,13 @@ class View:
 
     def update(self, kind: str, data: dict[str, Any]) -> None:
         if kind == "tool_call":
-            self.line = f"$ {data.get('display', '')}"
+            self.line = redact_text(f"$ {data.get('display', '')}")
         elif kind == "verdict":
             self.status[data["hypothesis"]] = data["status"]
             if not self.live and not self.quiet:
                 err.print(escape(f"[verdict] {data['hypothesis']}: {data['status'].replace('_', ' ')}"))
         elif kind == "reasoning" and not self.live and not self.quiet:
-            err.print(escape(f"[agent] {data.get('text', '')[:200]}"))
+            err.print(escape(redact_text(f"[agent] {data.get('text', '')}")[:210]))
         if self.live:
             self.live.update(self.table())
 
@@ -141,9 +143,9 @@ def execute(opts: RunOptions, *, folder: Path | None = None, resume: bool = Fals
     if "interrupted" in output:
         return 130
     if opts.as_json:
-        print(json.dumps(output, indent=1))
+        print(json.dumps(redact(output), indent=1))
     else:
-        print_human(output)
+        print_human(redact(output))
     return int(output["exit_code"])
 
 
@@ -155,31 +157,27 @@ def investigate(opts: RunOptions, *, folder: Path | None = None, resume: bool = 
     left open.
     """
     symptom, baseline, base_snap, playbook = prepare(opts)
-    if folder is None:
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        folder = Path(opts.out) if opts.out else Path("transcripts") / f"{stamp}-{slug(opts.host.split(':')[-1] + '-' + symptom.metric)}"
-        if (folder / "events.jsonl").exists():
-            raise UsageError(f"--out {folder} already holds a run", fix="choose a new folder, or `debugagent resume` it")
-    folder.mkdir(parents=True, exist_ok=True)
-    if not resume:
-        # unique on the host too: it names debugagent's worktree and saved files there
-        run_id = f"{folder.name}-{secrets.token_hex(3)}"
-        d = asdict(opts)
-        d["run_id"] = run_id
-        (folder / "run.json").write_text(json.dumps(d, indent=1))
-    else:
-        run_id = json.loads((folder / "run.json").read_text()).get("run_id") or folder.name
-    transcript = Transcript(folder, run_id)
+    if folder is None:   # decided and checked now; nothing is written until the host is open
+        folder = new_run_folder(opts, symptom.metric)
     owned = transport is None
     try:
         if transport is None:
             transport = open_transport(opts.host, opts.ssh)
     except TransportError as exc:
+        run_id = start_folder(folder, opts, resume)
+        transcript = Transcript(folder, run_id)
         transcript.emit("run_started", **header(opts, playbook, run_id)) if not resume else None
         transcript.emit("error", message=str(exc), kind="transport")
         transcript.close()
         write_markdown(folder)
         raise
+    try:
+        run_id = start_folder(folder, opts, resume)
+    except BaseException:
+        if owned:
+            transport.close()
+        raise
+    transcript = Transcript(folder, run_id)
     undo = UndoStack(folder / "undo.json")
     if hasattr(transport, "on_event"):
         transport.on_event = lambda kind, text: transcript.emit("error", kind=kind, message=text)
@@ -201,8 +199,8 @@ def investigate(opts: RunOptions, *, folder: Path | None = None, resume: bool = 
         transcript.emit("resumed", text=f"resumed on {transport.host}; the last finished step is kept, the rest runs again")
     else:
         transcript.emit("run_started", **header(opts, playbook, run_id, base_snap))
-    conn = sqlite3.connect(str(folder / "checkpoints.sqlite"), check_same_thread=False)
-    graph = build_graph(ctx, checkpointer=SqliteSaver(conn))
+    conn = sqlite3.connect(str(private_file(folder / "checkpoints.sqlite")), check_same_thread=False)
+    graph = build_graph(ctx, checkpointer=SqliteSaver(conn, serde=RedactingSerde(JsonPlusSerializer())))
     config = {"configurable": {"thread_id": run_id}, "recursion_limit": RECURSION_LIMIT}
     started = time.monotonic()
     state: dict[str, Any] = {}
@@ -246,6 +244,77 @@ def investigate(opts: RunOptions, *, folder: Path | None = None, resume: bool = 
     return output
 
 
+def state_runs_dir() -> Path:
+    """Where runs go by default: ``$XDG_STATE_HOME/debugagent/runs`` (``~/.local/state`` when unset)."""
+    xdg = os.environ.get("XDG_STATE_HOME", "")
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".local" / "state"
+    return base / "debugagent" / "runs"
+
+
+def _writable(folder: Path, flag: str, shown: str) -> None:
+    """Refuse a folder that exists as something else, holds a run, or cannot be made (exit 2)."""
+    fix = ("give a folder you can write to" + (", or leave --out out (runs then go under "
+                                               f"{state_runs_dir()})" if flag == "--out" else
+                                               ", or set XDG_STATE_HOME to one, or give --out DIR"))
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"{flag} {shown}: exists and is not a folder", fix=fix)
+    if (folder / "events.jsonl").exists():
+        raise UsageError(f"{flag} {shown} already holds a run", fix="choose a new folder, or `debugagent resume` it")
+    p = folder
+    while not p.exists():
+        p = p.parent
+    if not p.is_dir() or not os.access(p, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {shown}: cannot write there ({p} is not a writable folder)", fix=fix)
+
+
+def new_run_folder(opts: RunOptions, metric: str) -> Path:
+    """The run's folder, checked but not made: ``--out``, or a new ``<UTC stamp>-<slug>`` in the state folder."""
+    if opts.out:
+        folder = Path(opts.out).expanduser()
+        _writable(folder, "--out", opts.out)
+        return folder.absolute()
+    runs = state_runs_dir()
+    _writable(runs, "the state folder", str(runs))
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    name = f"{stamp}-{slug(opts.host.split(':')[-1] + '-' + metric)}"
+    folder, n = runs / name, 1
+    while folder.exists():
+        n += 1
+        folder = runs / f"{name}-{n}"
+    return folder
+
+
+def start_folder(folder: Path, opts: RunOptions, resume: bool) -> str:
+    """Make the run folder (0700) and write ``run.json`` (redacted, 0600); returns the run id."""
+    if resume:
+        return json.loads((folder / "run.json").read_text()).get("run_id") or folder.name
+    try:
+        private_dir(folder)
+    except OSError as exc:
+        flag = "--out" if opts.out else "the state folder"
+        raise UsageError(f"{flag} {folder}: cannot make it ({exc.strerror})", fix="give a folder you can write to") from exc
+    # unique on the host too: it names debugagent's worktree and saved files there
+    run_id = f"{folder.name}-{secrets.token_hex(3)}"
+    d = asdict(opts)
+    d["run_id"] = run_id
+    redacted_dump(folder / "run.json", d)
+    return run_id
+
+
+class RedactingSerde:
+    """The checkpointer's serializer with the redactor in front: the graph state saved in
+    ``checkpoints.sqlite`` holds no secret (a resumed run re-reads the server from the host)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
+        return self.inner.dumps_typed(redact(obj))
+
+    def loads_typed(self, data: tuple[str, bytes]) -> Any:
+        return self.inner.loads_typed(data)
+
+
 def restore(ctx: Ctx) -> None:
     """Undo whatever an interrupted experiment left on the host; say so loudly if it cannot."""
     if not ctx.undo.steps:
@@ -258,7 +327,7 @@ def restore(ctx: Ctx) -> None:
         msg = (f"could not undo on {ctx.transport.host}: {exc}; left to do by hand: {left} "
                f"(also in {ctx.undo.path})")
         ctx.transcript.emit("error", kind="undo", message=msg)
-        err.print(f"[red]warning[/]: {escape(msg)}")
+        err.print(f"[red]warning[/]: {escape(redact_text(msg))}")
 
 
 def header(opts: RunOptions, playbook: Any, run_id: str, snap: Snapshot | None = None) -> dict[str, Any]:
@@ -286,7 +355,8 @@ def print_human(o: dict[str, Any]) -> None:
               f"Transcript: {o['transcript']}/transcript.md")
 
 
-def resume_run(run_dir: str, *, allow_mutations: bool = False, as_json: bool = False) -> int:
+def resume_run(run_dir: str, *, allow_mutations: bool = False, as_json: bool = False, bench: str | None = None,
+               llm: str | None = None) -> int:
     folder = Path(run_dir)
     p = folder / "run.json"
     if not p.is_file():
@@ -297,4 +367,11 @@ def resume_run(run_dir: str, *, allow_mutations: bool = False, as_json: bool = F
     opts = RunOptions(**d)
     opts.allow_mutations = opts.allow_mutations or allow_mutations
     opts.as_json = as_json
+    # secrets were never saved: a value that held one must be given again
+    for flag, given in (("bench", bench), ("llm", llm)):
+        if given:
+            setattr(opts, flag, given)
+        elif "REDACTED" in (getattr(opts, flag) or ""):
+            raise UsageError(f"{run_dir}/run.json: --{flag} held a secret, so it was not saved",
+                             fix=f"give it again: debugagent resume {run_dir} --{flag} '…'")
     return execute(opts, folder=folder, resume=True)

@@ -7,6 +7,7 @@ Events are written through structlog: stable event names, bound context (``run_i
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 
 import structlog
 
-from tools.redact import redact
+from tools.redact import redact, write_private
 
 SCHEMA_VERSION = 1
 EVENTS = ("run_started", "hypothesis_opened", "reasoning", "tool_call", "tool_result", "verdict", "experiment",
@@ -36,7 +37,7 @@ class Transcript:
         self.seq = 0
         if self.path.exists():
             self.seq = sum(1 for _ in self.path.open())
-        self._file = self.path.open("a", buffering=1)
+        self._file = open(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "a", buffering=1)
         self._lock = threading.Lock()
         self._start = time.monotonic()
 
@@ -170,6 +171,4 @@ def render_conclusion(ev: dict[str, Any]) -> list[str]:
 
 def write_markdown(folder: Path) -> Path:
     events = read_events(folder / "events.jsonl")
-    p = folder / "transcript.md"
-    p.write_text(render_markdown(events))
-    return p
+    return write_private(folder / "transcript.md", render_markdown(events))

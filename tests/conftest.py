@@ -29,8 +29,9 @@ def vector(name: str) -> str:
 
 @pytest.fixture(autouse=True)
 def _isolated(monkeypatch, tmp_path):
-    """Keep the user's ~/.ssh and LLM keys out of every test."""
+    """Keep the user's ~/.ssh and LLM keys out of every test, and its runs out of the repository."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     (tmp_path / "home").mkdir()
     for k in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "SSH_AUTH_SOCK"):
         monkeypatch.delenv(k, raising=False)

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import ParseError, parser
-from .redact import redact_env
+from .redact import redact_env, redact_flags
 from .transport import q
 
 SERVER_PATTERN = r"sglang\.launch_server|sglang\.srt\.|vllm\.entrypoints|vllm serve|text-generation-launcher|trtllm-serve"
@@ -346,7 +346,7 @@ def parse_server_details(pid: int, text: str) -> ServerInfo:
     python, entry, rest = split_argv(argv)
     kind = "sglang" if "sglang" in entry else "vllm" if "vllm" in " ".join(argv[:3]) else "unknown"
     cwd = next((c for c in sections.get("cwd", []) if c.strip()), "")
-    return ServerInfo(pid=pid, argv=argv, python=python, entry=entry, flags=parse_flags(rest), env=redact_env(env), cwd=cwd, kind=kind)
+    return ServerInfo(pid=pid, argv=argv, python=python, entry=entry, flags=redact_flags(parse_flags(rest)), env=redact_env(env), cwd=cwd, kind=kind)
 
 
 # ---------------------------------------------------------------- python packages

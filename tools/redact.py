@@ -1,55 +1,313 @@
-"""Redaction of secrets before anything is written or sent to an LLM."""
+"""The one redactor: secrets are hidden before anything is written, printed or sent to an LLM.
+
+What counts as a secret:
+
+* a value under a secret *name*: an environment variable, a ``--flag`` (its value after
+  ``=`` or in the next argument), a JSON/YAML key. Names are split into words (``_``,
+  ``-``, ``.``, camelCase) and matched word by word, so ``HF_TOKEN``, ``--api-key`` and
+  ``--admin-password`` are secret while ``--max-num-batched-tokens``,
+  ``--speculative-num-draft-tokens`` and ``VLLM_MAX_TOKENS_PER_EXPERT`` (the flags a
+  diagnosis needs) stay readable; a name ending in a word such as ``file`` or ``path``
+  (``--ssl-keyfile``, ``KEY_PATH``) names where a secret is, not the secret;
+* a value of its own shape, wherever it appears: PEM private keys (also cut off or spread
+  over lines), JWTs, ``Authorization``/``Cookie`` headers and bearer tokens, credentials in
+  URLs (``scheme://user:PASSWORD@``, a DSN's key), webhook URLs, well-known token prefixes
+  (``hf_``, ``ghp_``, ``github_pat_``, ``glpat-``, ``sk-``, ``xox…-``, ``AKIA…``, ``AIza…``,
+  ``pypi-``, ``npm_``, ``SG.``);
+* a value seen once under a secret name: the redactor remembers it (8 characters or
+  more) and hides it wherever it shows up later (a ``ps`` line, a log).
+
+``redact`` walks JSON-like values (dicts, lists, tuples); ``redact_text`` takes text;
+``redact_argv`` an argument vector. ``write_private`` and ``redacted_dump`` write files
+mode 0600 (folders 0700) after redaction.
+"""
 
 from __future__ import annotations
 
+import functools
+import json
+import os
 import re
+import threading
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
-SECRET_NAME = re.compile(r"(TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)", re.I)
 REDACTED = "[REDACTED]"
-_VALUE_PATTERNS = [
-    re.compile(r"hf_[A-Za-z0-9_]{8,}"),
-    re.compile(r"sk-[A-Za-z0-9_-]{16,}"),
-    re.compile(r"gh[pousr]_[A-Za-z0-9]{20,}"),
-    re.compile(r"AKIA[0-9A-Z]{16}"),
-    re.compile(r"xox[baprs]-[A-Za-z0-9-]{10,}"),
-    re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?-----END [A-Z ]*PRIVATE KEY-----", re.S),
-]
-_ASSIGN = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL)[A-Za-z0-9_]*)=([^\s'\"]+)", re.I)
-_FLAG = re.compile(r"(--[A-Za-z0-9-]*(?:token|key|secret|password)[A-Za-z0-9-]*)([ =])([^\s'\"]+)", re.I)
+
+# a name is secret when one of its words is one of these
+SECRET_WORDS = frozenset({
+    "token", "secret", "secrets", "password", "passwd", "passphrase", "key", "apikey", "accesskey",
+    "secretkey", "privatekey", "authtoken", "accesstoken", "refreshtoken", "clientsecret", "credential",
+    "credentials", "creds", "auth", "authorization", "cookie", "dsn", "webhook", "signature", "sig", "salt",
+})
+# ... unless its last word says it names where the secret is, or something about it
+NOT_SECRET_LAST = frozenset({"file", "path", "dir", "name", "names", "type", "size", "len", "length", "id", "ids",
+                             "count", "format", "mode", "url_file", "env", "var", "header_name"})
+NOT_SECRET_NAMES = frozenset({"tool", "key_id", "max_tokens", "hostkey", "host_key", "known_hosts"})
+
+# substrings without which no secret name can occur (SECRET_WORDS, lowercased)
+_NAME_ANCHORS = ("token", "secret", "passw", "passphrase", "key", "cred", "auth", "cookie", "dsn", "webhook", "sig",
+                 "salt")
+_HEADER_ANCHORS = ("authorization", "cookie", "api-key", "auth-token", "access-token", "private-token", "bearer",
+                   "basic", "token")
+_WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
 
 
+def name_words(name: str) -> list[str]:
+    """``--apiKey`` -> ``["api", "key"]``; ``VLLM_MAX_TOKENS`` -> ``["vllm", "max", "tokens"]``."""
+    return [w.lower() for w in _WORD_SPLIT.split(name) if w]
+
+
+@functools.lru_cache(maxsize=65536)
 def is_secret_name(name: str) -> bool:
-    return bool(SECRET_NAME.search(name))
+    """Whether a variable, flag or key of this name holds a secret (matched as whole words)."""
+    if not name or name.lower().lstrip("-") in NOT_SECRET_NAMES:
+        return False
+    words = name_words(name)
+    if not words or words[-1] in NOT_SECRET_LAST:
+        return False
+    return any(w in SECRET_WORDS for w in words)
 
 
-def redact_env(env: dict[str, str]) -> dict[str, str]:
-    return {k: (REDACTED if is_secret_name(k) and v else redact_text(v)) for k, v in env.items()}
+# ---------------------------------------------------------------- value detectors
+_PEM = re.compile(r"-----BEGIN ([A-Z0-9 ]*PRIVATE KEY[A-Z ]*)-----.*?(?:-----END \1-----|\Z)", re.S)
+_PEM_ESCAPED = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----(?:\\n|\\r|[A-Za-z0-9+/= \t\r\n])*"
+                          r"(?:-----END [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----)?")
+_TOKENS = re.compile(r"\b(?:" + "|".join([
+    r"hf_[A-Za-z0-9]{8,}",
+    r"github_pat_[A-Za-z0-9_]{20,}",
+    r"gh[pousr]_[A-Za-z0-9]{16,}",
+    r"glpat-[A-Za-z0-9_-]{12,}",
+    r"gl(?:ptt|dt|rt|cbt|imt|agent|soat)-[A-Za-z0-9_-]{12,}",
+    r"sk-(?:proj-|ant-|live-)?[A-Za-z0-9_-]{16,}",
+    r"[rs]k_(?:live|test)_[A-Za-z0-9]{12,}",
+    r"xox[abposr]-[A-Za-z0-9-]{10,}",
+    r"xapp-[A-Za-z0-9-]{10,}",
+    r"(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA)[0-9A-Z]{16}\b",
+    r"AIza[0-9A-Za-z_-]{35}",
+    r"pypi-[A-Za-z0-9_-]{16,}",
+    r"npm_[A-Za-z0-9]{20,}",
+    r"SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}",
+    r"eyJ[A-Za-z0-9_-]{4,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*",
+]) + ")")
+_HEADER = re.compile(r"(?i)(?<![\w-])((?:proxy-)?authorization|cookie|set-cookie|x-api-key|api-key|x-auth-token|"
+                     r"x-access-token|private-token|x-goog-api-key)(\s*[:=]\s*)([^\r\n\"']+)")
+_BEARER = re.compile(r"(?i)\b(bearer)(\s+)([A-Za-z0-9._~+/-]{8,}=*)|\b(basic|token)(\s+)(?=[A-Za-z0-9._~+/-]*\d)"
+                     r"(?=[A-Za-z0-9._~+/-]*[A-Za-z])([A-Za-z0-9._~+-][A-Za-z0-9._~+/-]{15,}=*)")
+# scheme://user:password@host  and  scheme://KEY@host (a DSN); the user of scp-like git URLs is kept
+_URL_CRED = re.compile(r"(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*://)([^\s/@:'\"<>]*):([^\s/@'\"<>]+)@")
+_URL_USER = re.compile(r"(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*://)([A-Za-z0-9_-]{16,})@")
+_WEBHOOK = re.compile(r"(?i)\b(https?://(?:hooks\.slack\.com/(?:services|workflows|triggers)|"
+                      r"(?:[a-z0-9-]+\.)?discord(?:app)?\.com/api/webhooks|[^\s/'\"]+/(?:api/)?webhooks?)/)"
+                      r"[^\s'\"<>]+")
+_URL_QUERY = re.compile(r"([?&])([A-Za-z0-9_.-]+)=([^&\s'\"#<>]+)")
+
+# NAME=value (a line of an environment dump takes the rest of the line); --flag=value / --flag value
+_VALUE = r"(\"(?:[^\"\\]|\\.)*\"|'[^']*'|\$'(?:[^'\\]|\\.)*'|[^\s'\"]+)"
+_LINE_ASSIGN = re.compile(r"(?m)^(\s*(?:export\s+)?)([A-Za-z_][A-Za-z0-9_.-]*)=(.+)$")
+_ASSIGN = re.compile(r"(?<![\w./-])([A-Za-z_][A-Za-z0-9_.]*)=" + _VALUE)
+_FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][A-Za-z0-9_.-]*)(=|[^\S\n]+|[^\S\n]*\n)(?![-=])" + _VALUE)
+_KEYVAL = re.compile(r"(?<![\w.\"'-])([\"']?)([A-Za-z_][A-Za-z0-9_.-]*)\1(\s*:\s*)(\[REDACTED\]|\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s,}\]]+)")
+
+
+class Redactor:
+    """Detectors plus the secret values learned so far (a value seen once under a secret name)."""
+
+    MIN_LEARNED = 8
+
+    def __init__(self) -> None:
+        self._learned: set[str] = set()
+        self._learned_re: re.Pattern[str] | None = None
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------ learning
+    def learn(self, value: str) -> None:
+        v = value.strip().strip("'\"")
+        if len(v) < self.MIN_LEARNED or "REDACTED" in v or v in self._learned:
+            return
+        with self._lock:
+            self._learned.add(v)
+            alts = sorted(self._learned, key=len, reverse=True)
+            self._learned_re = re.compile("|".join(re.escape(a) for a in alts))
+
+    def _secret(self, value: str) -> str:
+        """The replacement of a value under a secret name (the value is remembered)."""
+        if value and value != REDACTED:
+            self.learn(value)
+        return REDACTED
+
+    # ------------------------------------------------------------ text
+    def text(self, text: str) -> str:
+        """Hide every secret in free text (command lines, outputs, messages)."""
+        if not text or not isinstance(text, str):
+            return text
+        low = text.lower()   # each detector runs only where its anchor occurs (large outputs stay fast)
+        if "private key" in low:
+            text = _PEM.sub(REDACTED, text)
+            text = _PEM_ESCAPED.sub(REDACTED, text)
+        if "://" in low:
+            text = _WEBHOOK.sub(lambda m: m.group(1) + REDACTED, text)
+            text = _URL_CRED.sub(lambda m: f"{m.group(1)}{m.group(2)}:{self._secret(m.group(3))}@", text)
+            text = _URL_USER.sub(lambda m: f"{m.group(1)}{self._secret(m.group(2))}@", text)
+        if "?" in low or "&" in low:
+            text = _URL_QUERY.sub(lambda m: m.group(0) if not is_secret_name(m.group(2))
+                                  else f"{m.group(1)}{m.group(2)}={self._secret(m.group(3))}", text)
+        if any(w in low for w in _HEADER_ANCHORS):
+            text = _HEADER.sub(lambda m: f"{m.group(1)}{m.group(2)}{self._secret(m.group(3))}", text)
+            text = _BEARER.sub(lambda m: f"{m.group(1)}{m.group(2)}{self._secret(m.group(3))}" if m.group(1)
+                               else f"{m.group(4)}{m.group(5)}{self._secret(m.group(6))}", text)
+        text = _TOKENS.sub(REDACTED, text)
+        if not any(w in low for w in _NAME_ANCHORS):
+            return self._learned_re.sub(REDACTED, text) if self._learned_re is not None else text
+        text = _LINE_ASSIGN.sub(self._line_assign, text)
+        text = _ASSIGN.sub(lambda m: m.group(0) if not is_secret_name(m.group(1))
+                           else f"{m.group(1)}={self._quoted(m.group(2))}", text)
+        text = _FLAG.sub(self._flag, text)
+        text = _KEYVAL.sub(lambda m: m.group(0) if not is_secret_name(m.group(2)) or m.group(4).strip("\"'") == REDACTED
+                           else f"{m.group(1)}{m.group(2)}{m.group(1)}{m.group(3)}{self._quoted(m.group(4))}", text)
+        if self._learned_re is not None:
+            text = self._learned_re.sub(REDACTED, text)
+        return text
+
+    def _quoted(self, value: str) -> str:
+        """Keep the quoting of a replaced value, so a command line still parses."""
+        for q in ('"', "'"):
+            if len(value) >= 2 and value[0] == q and value[-1] == q:
+                self._secret(value[1:-1])
+                return q + REDACTED + q
+        if value.startswith("$'") and value.endswith("'"):
+            self._secret(value[2:-1])
+            return "'" + REDACTED + "'"
+        return self._secret(value)
+
+    def _line_assign(self, m: re.Match[str]) -> str:
+        """``NAME=value`` as a whole line (an environment dump): the value is the rest of the line."""
+        if not is_secret_name(m.group(2)) or m.group(3).strip("\"' ") == REDACTED:
+            return m.group(0)
+        rest = m.group(3)
+        return f"{m.group(1)}{m.group(2)}={self._quoted(rest.strip()) if rest.strip() else rest}"
+
+    def _flag(self, m: re.Match[str]) -> str:
+        name, sep, value = m.group(1), m.group(2), m.group(3)
+        if not is_secret_name(name) or value.startswith("-") or value.strip("\"'") == REDACTED:
+            return m.group(0)
+        return f"{name}{sep}{self._quoted(value)}"
+
+    # ------------------------------------------------------------ structures
+    def argv(self, argv: Iterable[str]) -> list[str]:
+        """An argument vector: a secret flag's value in the next argument is hidden too."""
+        out: list[str] = []
+        hide_next = False
+        for a in argv:
+            if hide_next and not (a.startswith("--") and len(a) > 2):
+                out.append(self._secret(a) if a else a)
+                hide_next = False
+                continue
+            hide_next = False
+            if a.startswith("-") and len(a) > 1 and not a[1:2].isdigit():
+                name, eq, value = a.partition("=")
+                if is_secret_name(name):
+                    if eq:
+                        out.append(f"{name}={self._secret(value)}")
+                        continue
+                    hide_next = True
+                    out.append(a)
+                    continue
+            out.append(self.text(a))
+        return out
+
+    def env(self, env: dict[str, str]) -> dict[str, str]:
+        return {k: (self._secret(v) if is_secret_name(k) and v else self.text(v)) for k, v in env.items()}
+
+    def value(self, obj: Any) -> Any:
+        """Every string inside a JSON-like value; keys named like secrets hide their value."""
+        if isinstance(obj, str):
+            return self.text(obj)
+        if isinstance(obj, dict):
+            out = {}
+            for k, v in obj.items():
+                if isinstance(k, str) and is_secret_name(k) and isinstance(v, str | int | float) and not isinstance(v, bool) \
+                        and v != "":
+                    out[k] = self._secret(str(v))
+                else:
+                    out[k] = self.value(v)
+            return out
+        if isinstance(obj, list | tuple):
+            if obj and all(isinstance(x, str) for x in obj) and any(x.startswith("-") for x in obj):
+                vals: list[Any] = self.argv(obj)
+            else:
+                vals = [self.value(v) for v in obj]
+            return tuple(vals) if isinstance(obj, tuple) else vals
+        return obj
+
+
+REDACTOR = Redactor()
 
 
 def redact_text(text: str) -> str:
-    """Hide token-shaped values, ``NAME_TOKEN=value`` assignments and ``--api-key value`` flags."""
-    if not text:
-        return text
-    for pat in _VALUE_PATTERNS:
-        text = pat.sub(REDACTED, text)
-    text = _ASSIGN.sub(lambda m: f"{m.group(1)}={REDACTED}", text)
-    text = _FLAG.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", text)
-    return text
+    return REDACTOR.text(text)
+
+
+def redact_env(env: dict[str, str]) -> dict[str, str]:
+    return REDACTOR.env(env)
+
+
+def redact_argv(argv: Iterable[str]) -> list[str]:
+    return REDACTOR.argv(argv)
 
 
 def redact(obj: Any) -> Any:
-    """Redact every string inside a JSON-like value; keys named like secrets hide their value."""
-    if isinstance(obj, str):
-        return redact_text(obj)
-    if isinstance(obj, dict):
-        out = {}
-        for k, v in obj.items():
-            if isinstance(k, str) and is_secret_name(k) and isinstance(v, str) and v and k not in ("tool",):
-                out[k] = REDACTED
-            else:
-                out[k] = redact(v)
-        return out
-    if isinstance(obj, list | tuple):
-        return [redact(v) for v in obj]
-    return obj
+    return REDACTOR.value(obj)
+
+
+def redact_flags(flags: dict[str, Any]) -> dict[str, Any]:
+    """Parsed ``--flag value`` pairs: a secret flag's value is hidden, the rest kept as it is."""
+    return {k: (REDACTOR._secret(str(v)) if is_secret_name(k) and v is not True and v not in ("", None)
+                else REDACTOR.text(v) if isinstance(v, str) else v) for k, v in flags.items()}
+
+
+# ---------------------------------------------------------------- private files
+def private_dir(path: Path) -> Path:
+    """Make ``path`` (and missing parents) mode 0700."""
+    path = Path(path)
+    missing = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        d.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(d, 0o700)
+    return path
+
+
+def private_file(path: Path) -> Path:
+    """Create ``path`` empty with mode 0600 if missing; tighten it if it exists."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.close(fd)
+    os.chmod(path, 0o600)
+    return Path(path)
+
+
+def write_private(path: Path, text: str) -> Path:
+    """Write redacted text to ``path``, mode 0600 (replacing it atomically)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(redact_text(text))
+    os.replace(tmp, path)
+    return path
+
+
+def redacted_dump(path: Path, obj: Any, **kw: Any) -> Path:
+    """``obj`` as JSON, redacted, mode 0600."""
+    kw.setdefault("indent", 1)
+    text = json.dumps(redact(obj), **kw)
+    tmp = Path(path).with_name(f".{Path(path).name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+    return Path(path)

@@ -19,6 +19,7 @@ from .discovery import Discovery, DiscoveryInput, finish, resolve
 from .discovery import calls as discovery_calls
 from .errors import UsageError
 from .host import GitInfo, HostFacts, PackageSet, ServerInfo
+from .redact import redact
 from .registry import Runner
 
 SNAPSHOT_VERSION = 1
@@ -290,4 +291,5 @@ def group(changes: list[Change]) -> dict[str, list[Change]]:
 
 
 def dump(snap: Snapshot) -> str:
-    return json.dumps(snap.model_dump(mode="json"), indent=1, sort_keys=False)
+    """The snapshot as JSON text, redacted (it is written to a file or printed)."""
+    return json.dumps(redact(snap.model_dump(mode="json")), indent=1, sort_keys=False)

@@ -83,7 +83,7 @@ def stop_process(proc: subprocess.Popen) -> None:
 
 
 def start_sshd(d: Path, port: int = 0, *, force_command: str | None = None, max_sessions: int = 64,
-               skip_bashrc: bool = True) -> Sshd:
+               skip_bashrc: bool = True, extra_config: tuple[str, ...] = ()) -> Sshd:
     """A private sshd on 127.0.0.1 with its own keys in ``d``; returns when it listens."""
     if not Path(SSHD).is_file():
         raise UsageError(f"{SSHD} not found: `sim serve` needs Debian's OpenSSH server",
@@ -106,6 +106,7 @@ def start_sshd(d: Path, port: int = 0, *, force_command: str | None = None, max_
         lines.append("SetEnv SHLVL=1")
     if force_command:
         lines.append(f"ForceCommand {force_command}")
+    lines += extra_config
     (d / "sshd_config").write_text("\n".join(lines) + "\n")
     if os.geteuid() == 0:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)

@@ -1,0 +1,210 @@
+"""Host keys as OpenSSH checks them: the real `ssh` client and debugagent give the same answer
+against the same sshd and the same known_hosts, case by case."""
+
+from __future__ import annotations
+
+import base64
+import getpass
+import hashlib
+import hmac
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tools import known_hosts
+from tools.errors import HostKeyError
+from tools.sim.serve import SSHD, start_sshd
+from tools.ssh import SSHTransport
+
+pytestmark = [pytest.mark.ssh, pytest.mark.skipif(not Path(SSHD).is_file() or not shutil.which("ssh"),
+                                                  reason="needs Debian's openssh-server and openssh-client")]
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory):
+    """A private sshd (one ed25519 host key), plus a second ed25519 key and an RSA key that are not its."""
+    d = tmp_path_factory.mktemp("sshd")
+    s = start_sshd(d)
+    for name, kind in (("other", "ed25519"), ("other_rsa", "rsa")):
+        subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-f", str(d / name)], check=True)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def certified(tmp_path_factory):
+    """A private sshd whose ed25519 host key has a host certificate for 127.0.0.1, signed by CA."""
+    d = tmp_path_factory.mktemp("sshd-cert")
+    for name in ("ca", "other", "host_ed25519"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / name)], check=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "rsa", "-N", "", "-f", str(d / "other_rsa")], check=True)
+    subprocess.run(["ssh-keygen", "-q", "-s", str(d / "ca"), "-I", "gpu-host", "-h", "-n", "127.0.0.1",
+                    "-V", "-5m:+1d", str(d / "host_ed25519.pub")], check=True, capture_output=True)
+    s = start_sshd(d, extra_config=(f"HostCertificate {d / 'host_ed25519-cert.pub'}",))
+    yield s
+    s.stop()
+
+
+def _pub(path: Path) -> str:
+    kind, b64 = path.read_text().split()[:2]
+    return f"{kind} {b64}"
+
+
+def _hashed(name: str) -> str:
+    salt = os.urandom(20)
+    digest = hmac.new(salt, name.encode(), hashlib.sha1).digest()
+    return f"|1|{base64.b64encode(salt).decode()}|{base64.b64encode(digest).decode()}"
+
+
+# each case: known_hosts lines, with N = [127.0.0.1]:PORT, K = the server's key, O = another
+# ed25519 key, R = an RSA key; H(name) = that name hashed
+CASES = {
+    "exact": ["N K"],
+    "star": ["* K"],
+    "question-mark": ["[127.0.0.?]:P K"],
+    "port-wildcard": ["[127.0.0.1]:* K"],
+    "comma-list": ["gpu-box,10.0.0.9,N K"],
+    "negated": ["*,!N K"],
+    "negated-elsewhere": ["*,!gpu-box K"],
+    "hashed": ["H(N) K"],
+    "hashed-other-name": ["H(gpu-box) K"],
+    "no-port-second-look": ["127.0.0.1 K"],
+    "no-port-other-key": ["127.0.0.1 O"],
+    "no-port-wildcard-other-key": ["127.0.0.* O"],
+    "case-insensitive-name": ["[LOCALHOST]:P O", "N K"],
+    "revoked": ["N K", "@revoked * K"],
+    "revoked-alone": ["@revoked N K"],
+    "revoked-other-name": ["N K", "@revoked gpu-box K"],
+    "revoked-other-key": ["N K", "@revoked * O"],
+    "changed-exact": ["N O"],
+    "changed-under-wildcard": ["* O"],
+    "changed-under-pattern": ["[127.0.0.*]:P O"],
+    "changed-hashed": ["H(N) O"],
+    "other-key-then-right-one": ["* O", "N K"],
+    "other-key-type": ["N R"],
+    "cert-authority-plain-key": ["@cert-authority * K"],
+    "cert-authority-and-known": ["@cert-authority * O", "N K"],
+    "garbage-lines": ["# comment", "@bogus N O", "N ssh-ed25519 !!notbase64", "N K"],
+}
+
+
+def _write(sshd, lines: list[str], path: Path) -> Path:
+    d = sshd.folder
+    subst = {"K": _pub(d / "host_ed25519.pub"), "O": _pub(d / "other.pub"), "R": _pub(d / "other_rsa.pub")}
+    if (d / "ca.pub").exists():
+        subst["CA"] = _pub(d / "ca.pub")
+    out = []
+    n = f"[127.0.0.1]:{sshd.port}"
+    for line in lines:
+        words = line.split()
+        words = [subst.get(w, w) for w in words]
+        words = [n if w == "N" else _hashed(n) if w == "H(N)" else _hashed(w[2:-1]) if w.startswith("H(") else
+                 w.replace(":P", f":{sshd.port}") for w in words]
+        out.append(" ".join(words))
+    path.write_text("\n".join(out) + "\n")
+    return path
+
+
+def openssh_answer(sshd, kh: Path, mode: str) -> str:
+    """What the real ssh client says: ok, unknown, changed or revoked."""
+    r = subprocess.run(["ssh", "-F", "/dev/null", "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={kh}",
+                        "-o", "GlobalKnownHostsFile=/dev/null", "-o", f"StrictHostKeyChecking={mode}",
+                        "-o", "UpdateHostKeys=no", "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=20",
+                        "-i", str(sshd.identity), "-p", str(sshd.port), f"{getpass.getuser()}@127.0.0.1", "true"],
+                       capture_output=True, text=True, timeout=60)
+    if r.returncode == 0:
+        return "ok"
+    if "REVOKED" in r.stderr or "revoked" in r.stderr:
+        return "revoked"
+    if "HAS CHANGED" in r.stderr:
+        return "changed"
+    assert "Host key verification failed" in r.stderr, r.stderr
+    return "unknown"
+
+
+def debugagent_answer(sshd, kh: Path, accept_new: bool) -> str:
+    try:
+        SSHTransport.from_spec(f"{getpass.getuser()}@127.0.0.1:{sshd.port}", identity_file=str(sshd.identity),
+                               known_hosts=str(kh), accept_new=accept_new, connect_timeout=20).close()
+    except HostKeyError as exc:
+        assert exc.exit_code == 4
+        msg = str(exc)
+        return "revoked" if "REVOKED" in msg else "changed" if "CHANGED" in msg else "unknown"
+    return "ok"
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_same_answer_as_openssh(sshd, tmp_path, case):
+    """Strict checking and accept-new: debugagent accepts, refuses (unknown, changed, revoked) and
+    appends exactly where OpenSSH's ssh does."""
+    kh = _write(sshd, CASES[case], tmp_path / "kh_ours")
+    theirs = tmp_path / "kh_theirs"
+    shutil.copy(kh, theirs)
+    strict = openssh_answer(sshd, theirs, "yes"), debugagent_answer(sshd, kh, False)
+    assert strict[1] == strict[0], f"{case}: ssh says {strict[0]}, debugagent {strict[1]}"
+    assert kh.read_text() == theirs.read_text()
+    new = openssh_answer(sshd, theirs, "accept-new"), debugagent_answer(sshd, kh, True)
+    assert new[1] == new[0], f"{case} (accept-new): ssh says {new[0]}, debugagent {new[1]}"
+    # where ssh appended the key, we did too, and both files now accept the host
+    grew_theirs = len(theirs.read_text().splitlines()) > len(CASES[case])
+    grew_ours = len(kh.read_text().splitlines()) > len(CASES[case])
+    assert grew_ours == grew_theirs
+    if grew_ours:
+        assert openssh_answer(sshd, kh, "yes") == "ok"
+
+
+# against a host that presents a certificate signed by CA (its plain key is K)
+CERT_CASES = {
+    "ca-known": ["@cert-authority * CA"],
+    "ca-known-by-pattern": ["@cert-authority [127.0.0.?]:* CA"],
+    "ca-for-another-host": ["@cert-authority gpu-box CA"],
+    "ca-negated": ["@cert-authority *,!N CA"],
+    "ca-unknown": ["@cert-authority * O"],
+    "ca-revoked": ["@cert-authority * CA", "@revoked * CA"],
+    "ca-unknown-plain-known": ["@cert-authority * O", "N K"],
+    "ca-unknown-plain-changed": ["@cert-authority * O", "N O"],
+    "ca-known-plain-changed": ["@cert-authority * CA", "N O"],
+    "plain-known-only": ["N K"],
+    "plain-revoked-ca-known": ["@cert-authority * CA", "@revoked * K"],
+    "ca-line-is-not-a-host-key": ["N CA"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(CERT_CASES))
+def test_host_certificates_same_answer_as_openssh(certified, tmp_path, case):
+    """@cert-authority: a certificate from a known authority is accepted, and otherwise the plain key
+    inside it decides, exactly where OpenSSH's ssh does so."""
+    CASES[f"cert:{case}"] = CERT_CASES[case]
+    try:
+        test_same_answer_as_openssh(certified, tmp_path, f"cert:{case}")
+    finally:
+        del CASES[f"cert:{case}"]
+
+
+def test_revoked_key_is_exit_4_saying_revoked(sshd, tmp_path):
+    """A revoked key is refused with exit 4 and the word "revoked", even with accept-new, and is never appended."""
+    kh = _write(sshd, ["@revoked * K"], tmp_path / "kh")
+    before = kh.read_text()
+    r = subprocess.run([sys.executable, "-m", "agent.cli", "snapshot",
+                        "--host", f"{getpass.getuser()}@127.0.0.1:{sshd.port}", "--identity-file", str(sshd.identity),
+                        "--known-hosts", str(kh), "--accept-new-host-key", "-o", str(tmp_path / "s.json")],
+                       capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == 4, r.stderr
+    assert "REVOKED" in r.stderr and "@revoked" in r.stderr
+    assert kh.read_text() == before and not (tmp_path / "s.json").exists()
+
+
+def test_host_patterns():
+    """Wildcards, negation and hashed names match as OpenSSH's match_hostname does."""
+    m = known_hosts.host_matches
+    assert m("*.corp,!bad.corp", "gpu.corp") and not m("*.corp,!bad.corp", "bad.corp")
+    assert m("gpu-?", "gpu-1") and not m("gpu-?", "gpu-10")
+    assert m("[10.0.0.1]:*", "[10.0.0.1]:2222") and not m("10.0.0.1", "[10.0.0.1]:2222")
+    assert not m("gpu-box", "gpu-box2") and not m("gpu", "gpu-box")
+    assert m("GPU-BOX", "gpu-box") and not m("!gpu-box", "gpu-box")
+    h = _hashed("[gpu]:2200")
+    assert m(h, "[gpu]:2200") and not m(h, "gpu")

@@ -1,0 +1,269 @@
+"""Redaction, end to end: secrets planted into real runs (a simulated host built from a scenario
+written here, and `--host local` with a real server process and a real git repository) appear in
+no artifact (the SQLite checkpoints read as bytes included), not on stdout, not in `--json`, not
+on the console; the diagnostic flags stay readable; run files are 0600 and folders 0700."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tools.redact import REDACTED, Redactor, is_secret_name
+from tools.sim import load_scenario
+from tools.sim.serve import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJQbGFudGVkIn0.PlantedJwtSig15abc"
+PEM_KEY = "-----BEGIN PRIVATE KEY-----\nMIIPlantedPemLineOne20abc\nPlantedPemLineTwo20xyz\n-----END PRIVATE KEY-----"
+PEM_NEUTRAL = ("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaPlantedPemNeutral21abc\n"
+               "-----END OPENSSH PRIVATE KEY-----")
+GOOGLE = "AIza" + "SyPlanted25abcdefghijklmnopqrstuvwx"[:35]
+
+# where each secret is planted, and the part of it that must never show up
+SERVER_ARGS = {
+    "api-key": ("PlantedApiKeyValue01", "PlantedApiKeyValue01"),                       # value in the next argument
+    "admin-password": ("PlantedAdminPw02", "PlantedAdminPw02"),
+    "header": ("Authorization: Bearer PlantedBearer03xyz", "PlantedBearer03xyz"),
+    "hf-token": ("hf_PlantedHfToken04abc", "PlantedHfToken04abc"),
+    "ssl-keyfile-password": ("PlantedSslPw05", "PlantedSslPw05"),
+}
+SERVER_ENV = {
+    "HF_TOKEN": ("hf_PlantedEnvHf07xyz", "PlantedEnvHf07xyz"),
+    "OPENAI_API_KEY": ("PlantedOpenAi08value", "PlantedOpenAi08value"),
+    "DATABASE_URL": ("postgres://app:PlantedDbPw09@db.internal:5432/app", "PlantedDbPw09"),
+    "PIP_INDEX_URL": ("https://__token__:PlantedPipPw10@pypi.internal/simple", "PlantedPipPw10"),
+    "REDIS_URL": ("redis://:PlantedRedisPw11@redis:6379/0", "PlantedRedisPw11"),
+    "SENTRY_DSN": ("https://0123abcdPlantedSentry12ef4567@o1.ingest.sentry.io/42", "PlantedSentry12"),
+    "SLACK_WEBHOOK_URL": ("https://hooks.slack.com/services/T0PLANT/B0PLANT/PlantedSlack13xyz", "PlantedSlack13xyz"),
+    "NOTIFY": ("https://discord.com/api/webhooks/1234567890/PlantedDiscord14xyz", "PlantedDiscord14xyz"),
+    "SESSION_JWT": (JWT, "PlantedJwtSig15abc"),
+    "GITLAB_DEPLOY": ("glpat-PlantedGitlab16xyz", "PlantedGitlab16xyz"),
+    "GH": ("ghp_PlantedGithub17abcdefghijkl", "PlantedGithub17"),
+    "AWS_ACCESS_KEY_ID": ("AKIAPLANTED000000018", "AKIAPLANTED000000018"),
+    "AWS_SECRET_ACCESS_KEY": ("PlantedAwsSecret19/abcdEFGH", "PlantedAwsSecret19"),
+    "TLS_PRIVATE_KEY": (PEM_KEY, "PlantedPemLineTwo20xyz"),
+    "CLUSTER_PEM": (PEM_NEUTRAL, "PlantedPemNeutral21abc"),
+    "MY_SERVICE_PASSWORD": ("Planted pass phrase 22", "pass phrase 22"),
+    "MODEL_URL": ("https://models.example.com/m?token=PlantedQuery23abc&rev=main", "PlantedQuery23abc"),
+    "SLACK_BOT": ("xoxb-PlantedSlackBot24-abc", "PlantedSlackBot24"),
+    "MAPS": (GOOGLE, GOOGLE),
+    "HTTP_HEADERS": ("Authorization: Basic UGxhbnRlZEJhc2ljMjk6eA==", "UGxhbnRlZEJhc2ljMjk6eA"),
+    "COOKIE_SECRET": ("PlantedCookie30abc", "PlantedCookie30abc"),
+    "ANTHROPIC": ("sk-ant-PlantedAnthropic33xyzabc", "PlantedAnthropic33"),
+    "WANDB_API_KEY": ("PlantedWandb34value", "PlantedWandb34value"),
+}
+BENCH_SECRET = "PlantedBench27value"
+LLM_SECRET = "PlantedLlm28pass"
+REFLOG_SECRET = "PlantedReflog26pw"
+LOCAL_ARG_SECRET = "PlantedLocalKey31"
+LOCAL_ENV_SECRET = "PlantedLocalPw32"
+# what the diagnosis needs, in the same runs
+READABLE_ARGS = {"speculative-num-draft-tokens": 4, "max-num-batched-tokens": 8192}
+READABLE_ENV = {"VLLM_MAX_TOKENS_PER_EXPERT": "3", "NCCL_SOCKET_IFNAME": "eth0"}
+
+
+def all_secrets() -> dict[str, str]:
+    s = {f"--{k}": v[1] for k, v in SERVER_ARGS.items()}
+    s.update({k: v[1] for k, v in SERVER_ENV.items()})
+    s.update({"--bench": BENCH_SECRET, "--llm": LLM_SECRET, "reflog URL": REFLOG_SECRET,
+              "local --api-key": LOCAL_ARG_SECRET, "local env": LOCAL_ENV_SECRET})
+    return s
+
+
+def planted_scenario(folder: Path) -> Path:
+    """The seeds' host with every secret planted into its server's command line and environment."""
+    base = load_scenario("eagle3-flashinfer-rebuilt")
+    data = yaml.safe_load(Path(base.source).read_text())
+    data["name"] = "planted-secrets"
+    data["host"]["server"]["args"].update({k: v[0] for k, v in SERVER_ARGS.items()}, **READABLE_ARGS)
+    data["host"]["server"]["env"].update({k: v[0] for k, v in SERVER_ENV.items()}, **READABLE_ENV)
+    p = folder / "planted.yaml"
+    p.write_text(yaml.safe_dump(data, sort_keys=False))
+    return p
+
+
+def cli(*args: str, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True, timeout=timeout,
+                          env=env, cwd=ROOT)
+
+
+def leaks(blob: bytes, secrets: dict[str, str]) -> list[str]:
+    return [name for name, value in secrets.items() if value.encode() in blob]
+
+
+def check_folder(folder: Path, secrets: dict[str, str]) -> dict[str, list[str]]:
+    """Every file of a run folder: leaked secrets by file; modes checked on the way."""
+    found = {}
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
+    for p in sorted(folder.rglob("*")):
+        mode = stat.S_IMODE(p.stat().st_mode)
+        assert mode == (0o700 if p.is_dir() else 0o600), f"{p}: mode {mode:o}"
+        if p.is_file():
+            hit = leaks(p.read_bytes(), secrets)
+            if hit:
+                found[p.name] = hit
+    return found
+
+
+@pytest.fixture
+def env(tmp_path):
+    e = {**os.environ, "HOME": str(tmp_path / "home"), "XDG_STATE_HOME": str(tmp_path / "state"), "COLUMNS": "200"}
+    return e
+
+
+def test_no_planted_secret_in_any_artifact_of_a_simulated_run(tmp_path, env):
+    """A run on a simulated host whose server holds 28 planted secrets (plus --bench and --llm): none in
+    events, Markdown, checkpoints, undo journal, run.json, snapshot, stdout or the console; flags readable."""
+    scenario = planted_scenario(tmp_path)
+    secrets = all_secrets()
+    llm = f"http://llmuser:{LLM_SECRET}@127.0.0.1:{free_port()}/v1"
+    bench = f"BENCH_API_TOKEN={BENCH_SECRET} gpu-bench"
+    out = tmp_path / "run"
+    r = cli("run", "--host", f"sim:{scenario}", "--symptom", "verify 30ms", "--baseline", "verify 20ms",
+            "--bench", bench, "--llm", llm, "--reproduce-runs", "3", "--max-runs", "3", "--out", str(out), env=env)
+    assert r.returncode in (0, 3), r.stderr[-2000:]      # 3 where a loaded machine leaves the GPU sample undecided
+    assert "[agent]" in r.stderr and "commands" in r.stdout and "restart the server" in r.stderr
+    assert leaks((r.stdout + r.stderr).encode(), secrets) == []
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().split("\n") if line]
+    kinds = {e["event"] for e in events}
+    assert {"tool_result", "experiment", "llm_call", "conclusion"} <= kinds   # undo steps, an LLM exchange: all there
+    assert json.loads((out / "undo.json").read_text()) == []
+    assert (out / "checkpoints.sqlite").stat().st_size > 0
+    assert check_folder(out, secrets) == {}
+    # the grep can find: what the diagnosis needs is in the very same files, the SQLite one included
+    text = (out / "events.jsonl").read_text()
+    for flag, value in READABLE_ARGS.items():
+        assert f"--{flag}\\n{value}" in text or f"--{flag} {value}" in text, flag
+    for var, value in READABLE_ENV.items():
+        assert f"{var}={value}" in text, var
+    assert b"speculative-num-draft-tokens" in (out / "checkpoints.sqlite").read_bytes()
+    assert "max-num-batched-tokens" in (out / "transcript.md").read_text()
+    run_json = json.loads((out / "run.json").read_text())
+    assert run_json["bench"].startswith("BENCH_API_TOKEN=" + REDACTED) and "127.0.0.1" in run_json["llm"]
+    assert "BENCH_API_TOKEN=[REDACTED] gpu-bench" in text      # the command as sent stays readable
+
+    snap = tmp_path / "snap.json"
+    r = cli("snapshot", "--host", f"sim:{scenario}", "-o", str(snap), "--bench", bench, "--bench-runs", "1", env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert stat.S_IMODE(snap.stat().st_mode) == 0o600
+    assert leaks(snap.read_bytes() + (r.stdout + r.stderr).encode(), secrets) == []
+    s = json.loads(snap.read_text())
+    assert s["server"]["flags"]["speculative-num-draft-tokens"] == "4"
+    assert s["server"]["env"]["VLLM_MAX_TOKENS_PER_EXPERT"] == "3" and s["server"]["env"]["HF_TOKEN"] == REDACTED
+
+
+def test_no_planted_secret_in_a_local_run_or_its_json(tmp_path, env):
+    """`--host local` with a real server process (secret flag and variable) and a real git repository whose
+    reflog holds a URL with a password: the default run folder and `--json` hold none of them."""
+    secrets = {"local --api-key": LOCAL_ARG_SECRET, "local env": LOCAL_ENV_SECRET, "reflog URL": REFLOG_SECRET,
+               "--bench": BENCH_SECRET}
+    repo = tmp_path / "repo"
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-C", str(repo)]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "first"], check=True)
+    subprocess.run([*git, "update-ref", "-m", f"pull https://deploy:{REFLOG_SECRET}@git.example.com/x.git: Fast-forward",
+                    "HEAD", "HEAD"], check=True)
+    assert REFLOG_SECRET in subprocess.run([*git, "reflog"], capture_output=True, text=True).stdout
+    script = tmp_path / "sglang_launch_server.py"
+    script.write_text("import time\ntime.sleep(600)\n")
+    server = subprocess.Popen([sys.executable, str(script), "--api-key", LOCAL_ARG_SECRET, "--speculative-num-draft-tokens",
+                               "4"], env={**env, "LOCAL_DB_PASSWORD": LOCAL_ENV_SECRET, "VLLM_MAX_TOKENS_PER_EXPERT": "3"})
+    try:
+        time.sleep(0.2)
+        r = cli("run", "--host", "local", "--symptom", "verify 30ms", "--baseline", "verify 20ms", "--json",
+                "--server-pattern", "sglang_launch_server", "--repo", str(repo), "--reproduce-runs", "2",
+                "--bench", f"BENCH_API_TOKEN={BENCH_SECRET} echo verify=30 ms", env=env)
+    finally:
+        server.kill()
+        server.wait()
+    assert r.returncode in (0, 3), r.stderr[-2000:]
+    assert leaks((r.stdout + r.stderr).encode(), secrets) == []
+    result = json.loads(r.stdout)
+    folder = Path(result["transcript"])
+    assert folder.parent == tmp_path / "state" / "debugagent" / "runs"
+    assert check_folder(folder, secrets) == {}
+    text = (folder / "events.jsonl").read_text()
+    assert "--speculative-num-draft-tokens" in text and "VLLM_MAX_TOKENS_PER_EXPERT=3" in text
+    assert "git.example.com" in text and "deploy:[REDACTED]@" in text     # the reflog was read, and redacted
+    assert "LOCAL_DB_PASSWORD=[REDACTED]" in text and "--api-key\\n[REDACTED]" in text
+
+
+@pytest.mark.parametrize("name, secret", [
+    ("HF_TOKEN", True), ("--api-key", True), ("--admin-password", True), ("apiKey", True), ("SENTRY_DSN", True),
+    ("AWS_SECRET_ACCESS_KEY", True), ("--ssl-keyfile-password", True), ("client_secret", True), ("GH_PAT_TOKEN", True),
+    ("--speculative-num-draft-tokens", False), ("--max-num-batched-tokens", False), ("VLLM_MAX_TOKENS_PER_EXPERT", False),
+    ("--tokenizer-mode", False), ("--ssl-keyfile", False), ("KEY_PATH", False), ("max_tokens", False),
+    ("TOKENIZERS_PARALLELISM", False), ("--kv-cache-dtype", False), ("monkey", False), ("AUTHOR", False),
+])
+def test_names_are_matched_as_whole_words(name, secret):
+    """A name is secret by its words: HF_TOKEN is, VLLM_MAX_TOKENS_PER_EXPERT and --ssl-keyfile are not."""
+    assert is_secret_name(name) is secret
+
+
+@pytest.mark.parametrize("text, hidden, kept", [
+    ("--api-key PlantedX1 --tp 8", "PlantedX1", "--tp 8"),
+    ("--api-key=PlantedX2 --tp 8", "PlantedX2", "--api-key="),
+    ("srv --admin-password 'two words X3' --port 1", "two words X3", "--port 1"),
+    ("== cmdline\npy\n--hf-token\nPlantedX4\n--tp\n8\n== environ", "PlantedX4", "== environ"),
+    ('curl -H "Authorization: Bearer PlantedX5abc" http://h', "PlantedX5abc", "http://h"),
+    ("cookie: session=PlantedX6", "PlantedX6", "cookie"),
+    ("x https://u:PlantedX7@h/p y", "PlantedX7", "https://u:"),
+    ("-----BEGIN RSA PRIVATE KEY-----\nPlantedX8\n(cut off", "PlantedX8", ""),
+    ('{"private_key": "-----BEGIN PRIVATE KEY-----\\nPlantedX9\\n-----END PRIVATE KEY-----\\n"}', "PlantedX9", "private_key"),
+    ("token: PlantedX10abc", "PlantedX10abc", "token"),
+    ("export DB_PASSWORD=PlantedX11", "PlantedX11", "export DB_PASSWORD="),
+    ("url=https://h/x?sig=PlantedX12&v=1", "PlantedX12", "v=1"),
+])
+def test_detectors(text, hidden, kept):
+    """Each detector hides the secret and leaves the text around it."""
+    out = Redactor().text(text)
+    assert hidden not in out and kept in out and REDACTED in out
+
+
+def test_a_value_seen_under_a_secret_name_is_hidden_everywhere_after():
+    """The redactor remembers a secret it hid and hides it in later text that names nothing."""
+    r = Redactor()
+    assert r.value({"env": {"MY_PASSWORD": "PlantedLearned1"}}) == {"env": {"MY_PASSWORD": REDACTED}}
+    assert r.text("ps: srv PlantedLearned1 --x") == f"ps: srv {REDACTED} --x"
+
+
+def test_argv_hides_the_next_argument_of_a_secret_flag_only():
+    """In an argument vector, `--api-key VALUE` hides VALUE; `--num-draft-tokens 4` and boolean flags stay."""
+    r = Redactor()
+    argv = ["py", "--api-key", "PlantedA", "--auth-enabled", "--speculative-num-draft-tokens", "4", "--password=PlantedB"]
+    assert r.argv(argv) == ["py", "--api-key", REDACTED, "--auth-enabled", "--speculative-num-draft-tokens", "4",
+                            f"--password={REDACTED}"]
+
+
+def test_refused_input_writes_nothing_and_bad_out_is_exit_2(tmp_path, env):
+    """A scenario name typo or a bad symptom writes no run folder; --out /dev/null and an unwritable --out exit 2
+    naming --out."""
+    state = tmp_path / "state"
+    r = cli("run", "--host", "sim:eagle3-flashinfer-rebuit", "--symptom", "verify 30ms", "--baseline", "verify 20ms",
+            env=env)
+    assert r.returncode == 2 and "eagle3-flashinfer-rebuilt" in r.stderr, r.stderr   # the suggestion
+    r2 = cli("run", "--host", "sim:eagle3-flashinfer-rebuilt", "--symptom", "verify fast", env=env)
+    assert r2.returncode == 2
+    assert not state.exists() or not any(state.rglob("*.json*"))
+    r = cli("run", "--host", "sim:eagle3-flashinfer-rebuilt", "--symptom", "verify 30ms", "--baseline", "verify 20ms",
+            "--out", "/dev/null", env=env)
+    assert r.returncode == 2 and "--out /dev/null" in r.stderr and "not a folder" in r.stderr
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    if os.geteuid() != 0:   # root writes anywhere; a path under a file cannot be made by anyone
+        r = cli("run", "--host", "sim:eagle3-flashinfer-rebuilt", "--symptom", "verify 30ms", "--baseline", "verify 20ms",
+                "--out", str(locked / "run"), env=env)
+        assert r.returncode == 2 and "--out" in r.stderr
+    (tmp_path / "afile").write_text("x")
+    r = cli("run", "--host", "sim:eagle3-flashinfer-rebuilt", "--symptom", "verify 30ms", "--baseline", "verify 20ms",
+            "--out", str(tmp_path / "afile" / "run"), env=env)
+    assert r.returncode == 2 and "--out" in r.stderr and "not a writable folder" in r.stderr
+    assert not state.exists() or not any(state.rglob("*.json*"))

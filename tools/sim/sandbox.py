@@ -70,6 +70,13 @@ def _ts(value: str) -> float:
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
 def host_salt(name: str) -> str:
     """The salt of a scenario's build bytes: from a random secret of this machine's user (outside every
     sealed host), so the good and bad states of one scenario agree, and nothing inside a host, nor anyone
@@ -93,7 +100,7 @@ class SimHost:
         self.scenario = scenario
         self.which = state
         self.state = scenario.state(state)
-        self.base = Path(root or tempfile.mkdtemp(prefix="debugagent-sim-"))
+        self.base = Path(root or tempfile.mkdtemp(prefix="sim-"))
         self.sandbox = self.base / "fs"
         self.salt = host_salt(scenario.name)
         self.sealed = seal.available() if sealed is None else sealed
@@ -255,13 +262,14 @@ class SimHost:
         import pip  # noqa: PLC0415 - only where a host is laid out
         src = Path(pip.__file__).parent
         info = next(src.parent.glob("pip-*.dist-info"), None)
-        self.pip_binds = []
-        for s in filter(None, (src, info)):
-            if self.sealed:
-                (site / s.name).mkdir()
-                self.pip_binds.append((str(s), f"{self.env_root_inside}/lib/{PYV}/site-packages/{s.name}"))
-            else:
-                (site / s.name).symlink_to(s)
+        when = _ts(DEFAULT_INSTALLED)
+        # the package as hard links where the file system allows (no bytes copied); never a bind, whose
+        # source folder /proc/self/mountinfo would name. Its metadata is copied, dated as the image.
+        shutil.copytree(src, site / src.name, copy_function=_link_or_copy, ignore=shutil.ignore_patterns("__pycache__"))
+        if info is not None:
+            shutil.copytree(info, site / info.name)
+            for f in [site / info.name, *(site / info.name).iterdir()]:
+                os.utime(f, (when, when))
         launcher = f"#!{self.inside(self.state['python'])}\nimport sys\nfrom pip._internal.cli.main import main\nsys.exit(main())\n"
         for name in ("pip", "pip3"):
             (env_root / "bin" / name).write_text(launcher)

@@ -359,6 +359,27 @@ def _norm(v: Any) -> Any:
     return v
 
 
+def scenario_schema() -> dict[str, Any]:
+    """The JSON Schema of a scenario file (for editors); validation itself adds the cross-field checks."""
+    schema = Scenario.model_json_schema()
+    schema["properties"].pop("source", None)
+    schema["title"] = "debugagent simulated host scenario, format version 1"
+    return schema
+
+
+def _check_wheels(sc: Scenario, file: str) -> None:
+    if not sc.host.wheelhouse:
+        return
+    for i, w in enumerate(sc.host.wheelhouse.wheels):
+        spec = sc.host.packages.get(w.dist)
+        if spec is None:
+            raise ScenarioError(f"no package `{w.dist}` under host.packages", file=file,
+                                field=f"host.wheelhouse.wheels[{i}].dist", fix=f"one of: {', '.join(sc.host.packages)}")
+        if spec.editable:
+            raise ScenarioError(f"`{w.dist}` is an editable install; a wheel cannot stand for it", file=file,
+                                field=f"host.wheelhouse.wheels[{i}].dist")
+
+
 def builtin_dir() -> Path:
     return Path(str(resources.files("tools.sim") / "scenarios"))
 
@@ -382,4 +403,5 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
         raise ScenarioError(msg, file=file, field=loc, fix="see the scenario format in DESIGN.md / README (version 1)") from exc
     sc.source = file
     _check_factors(sc, file)
+    _check_wheels(sc, file)
     return sc

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .sandbox import SimHost
 
+CLEAN_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}  # what the namespace's pid 1 and 2 carry
 USR = ("bin", "sbin", "lib", "lib32", "lib64", "libexec", "share", "include")
 
 
@@ -69,8 +70,6 @@ def bwrap_args(sim: SimHost) -> list[str]:
     if not base.startswith("/usr/") or base.startswith("/usr/local/"):
         prefix = os.path.dirname(os.path.dirname(base))
         a += ["--ro-bind", prefix, prefix]
-    for src, dst in sim.pip_binds:
-        a += ["--ro-bind", src, dst]
     a += ["--tmpfs", "/proc/driver", "--dir", "/proc/driver/nvidia",
           "--ro-bind", str(sim.base / "proc-driver-nvidia" / "version"), "/proc/driver/nvidia/version",
           "--chdir", "/"]
@@ -82,7 +81,7 @@ def start(sim: SimHost) -> tuple[subprocess.Popen, int]:
     args_r, args_w = os.pipe()
     info_r, info_w = os.pipe()
     data = b"".join(x.encode() + b"\0" for x in [*bwrap_args(sim), "--info-fd", str(info_w)])
-    proc = subprocess.Popen(["bwrap", "--args", str(args_r), "sleep", "infinity"], pass_fds=(args_r, info_w),
+    proc = subprocess.Popen(["bwrap", "--args", str(args_r), "sleep", "infinity"], pass_fds=(args_r, info_w), env=CLEAN_ENV,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     os.close(args_r)
     os.close(info_w)

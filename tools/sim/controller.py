@@ -160,15 +160,15 @@ class Controller:
 
     # ------------------------------------------------------------ the socket
     def _handle(self, h: socketserver.StreamRequestHandler) -> None:
-        line = h.rfile.readline()
-        if not line:
+        first = h.rfile.read(1)
+        if first == b"{":  # a server's report: one JSON line, then the connection stays open
+            self._register(h, json.loads(first + h.rfile.readline()))
             return
-        req = json.loads(line)
-        op = req.get("op")
-        if op == "up":
-            self._register(h, req)
+        head = first + h.rfile.read(3)
+        if len(head) < 4:
             return
-        argv = [str(a) for a in req.get("argv", [])]
+        fields = h.rfile.read(int.from_bytes(head, "big")).split(b"\0")[:-1]
+        op, argv = fields[0].decode(), [f.decode("utf-8", "surrogateescape") for f in fields[1:]]
         if op == "nvidia-smi":
             out, err = io.StringIO(), io.StringIO()
             rc = nvsmi(self, argv, out, err)
@@ -177,7 +177,9 @@ class Controller:
             reply = self.bench(argv)
         else:
             reply = {"out": "", "err": f"{op}: unknown program\n", "rc": 127}
-        h.wfile.write(json.dumps(reply).encode())
+        o, e = reply["out"].encode(), reply["err"].encode()
+        h.wfile.write(int(reply["rc"]).to_bytes(4, "big", signed=True) + len(o).to_bytes(4, "big") + o
+                      + len(e).to_bytes(4, "big") + e)
 
     def _register(self, h: socketserver.StreamRequestHandler, req: dict[str, Any]) -> None:
         pid, _uid, _gid = struct.unpack("3i", h.request.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,

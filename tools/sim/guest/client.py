@@ -3,40 +3,48 @@
 ``nvidia-smi`` asks the service what the GPUs report now; the benchmark asks it to run
 its workload (the flags it was given) against the running inference server and prints
 the service's measurement. The service runs outside this host; it answers observations
-only. Standard library only, so a call starts in a few milliseconds.
+only. The protocol of ``client.c`` (used where a C compiler is): the request is a 4-byte
+big-endian length and NUL-terminated strings (program, arguments); the reply is the exit
+code, stdout and stderr, each behind a 4-byte length. Built-in modules only (``_socket``),
+so a call starts fast.
 """
 
-import json
+import _socket
 import os
-import socket
 import sys
 
 SERVICE = "/run/nvidia-gpu/service.sock"
 
 
+def readn(s, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise EOFError
+        buf += chunk
+    return buf
+
+
 def main() -> int:
     prog = os.path.basename(sys.argv[0])
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    payload = b"".join(a.encode("utf-8", "surrogateescape") + b"\0" for a in [prog, *sys.argv[1:]])
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         s.connect(SERVICE)
-    except OSError as exc:
-        print(f"{prog}: cannot reach the GPU service at {SERVICE}: {exc}", file=sys.stderr)
+    except OSError:
+        sys.stderr.write(f"{prog}: cannot reach the GPU service at {SERVICE}\n")
         return 9
-    s.sendall(json.dumps({"op": prog, "argv": sys.argv[1:]}).encode() + b"\n")
-    buf = bytearray()
-    while True:
-        chunk = s.recv(65536)
-        if not chunk:
-            break
-        buf += chunk
-    if not buf:
-        print(f"{prog}: the GPU service closed the connection", file=sys.stderr)
+    s.sendall(len(payload).to_bytes(4, "big") + payload)
+    try:
+        rc = int.from_bytes(readn(s, 4), "big", signed=True)
+        for out in (sys.stdout.buffer, sys.stderr.buffer):
+            out.write(readn(s, int.from_bytes(readn(s, 4), "big")))
+            out.flush()
+    except EOFError:
+        sys.stderr.write(f"{prog}: the GPU service closed the connection\n")
         return 9
-    reply = json.loads(buf)
-    sys.stdout.write(reply["out"])
-    sys.stdout.flush()
-    sys.stderr.write(reply["err"])
-    return int(reply["rc"])
+    return rc
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ class Proc:
     real_pid: int
     code: int
     builds: dict[str, str]
+    seq: int = 0  # the order of registration (1, 2, …)
     started: float = field(default_factory=time.monotonic)
 
     def argv(self, strip: str = "") -> list[str]:
@@ -103,6 +104,8 @@ class Controller:
         self.procs: list[Proc] = []
         self.load = 0
         self.count = 0
+        self.connect_wait_s = 20.0
+        self.registered = 0
         self.cv = threading.Condition()
         self.builds = self._build_table()
         self.path = socket_path
@@ -148,10 +151,10 @@ class Controller:
         return [(p.pid, p.argv(self.strip), p.env()) for p in self.live("server")]
 
     def wait_server(self, timeout: float, after: int = 0) -> bool:
-        """Wait until a server that registered after ``after`` registrations runs."""
+        """Wait until a server runs that registered after the first ``after`` registrations."""
         deadline = time.monotonic() + timeout
         with self.cv:
-            while not any(p.role == "server" for p in self.procs[after:]):
+            while not any(p.role == "server" and p.seq > after for p in self.procs):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -187,6 +190,8 @@ class Controller:
         p = Proc(role=str(req.get("role")), pid=int(req["pid"]), real_pid=pid, code=int(req.get("code", -1)),
                  builds={str(k): str(v) for k, v in (req.get("builds") or {}).items()})
         with self.cv:
+            self.registered += 1
+            p.seq = self.registered
             self.procs.append(p)
             self.cv.notify_all()
         try:
@@ -265,6 +270,10 @@ class Controller:
 
     def bench(self, client: list[str]) -> dict[str, Any]:
         spec = self.scenario.bench
+        if not self.live("server"):
+            # a benchmark client retries a refused connection for a while, as a server that was just
+            # restarted is still importing its code
+            self.wait_server(self.connect_wait_s, 0)
         servers = self.live("server")
         if not servers:
             return {"out": "", "rc": 1,

@@ -532,7 +532,7 @@ class SimHost:
         self.path(cwd).mkdir(parents=True, exist_ok=True)
         log = h["server"].get("log_file") or "/tmp/server.log"
         assert self.controller is not None
-        before = len(self.controller.procs)
+        before = self.controller.registered
         argv = " ".join(shlex.quote(a) for a in self.server_argv())
         envs = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
         r = self.exec(f"mkdir -p {shlex.quote(os.path.dirname(log))} && cd {shlex.quote(cwd)} && "

@@ -267,3 +267,17 @@ def test_schema_lists_the_format():
     assert {"profile", "environment", "wheelhouse", "gpu_processes"} <= set(host)
     assert "worker" in schema["$defs"]["Server"]["properties"] and "args" in schema["$defs"]["BenchSpec"]["properties"]
     assert schema["$defs"]["Host"]["additionalProperties"] is False
+
+
+def test_unsealed_host_still_runs(tmp_path):
+    """Where a host cannot be sealed it still runs (commands rewritten onto its folder) and says so."""
+    from tools.sim.sandbox import SimHost
+    h = SimHost(load_scenario("launch-blocking"), root=str(tmp_path / "h"), sealed=False)
+    try:
+        assert not h.sealed
+        assert re.search(r"verify=\d", h.exec("gpu-bench").stdout)
+        assert h.exec("nvidia-smi --query-gpu=index,clocks.sm --format=csv,noheader").stdout == "0, 345 MHz\n"
+        assert "sglang.launch_server" in h.exec("for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; done").stdout
+    finally:
+        h.close()
+    assert not (tmp_path / "h").exists()

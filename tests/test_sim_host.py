@@ -196,21 +196,21 @@ def test_sealed_host_reveals_nothing(sim, name):
     assert t.run("ps -e | wc -l").stdout.strip() and "python" not in t.run("readlink /proc/1/exe").stdout
 
 
-def test_sealed_host_reveals_nothing_over_sshd(tmp_path):
+@pytest.mark.parametrize("name", builtin_names())
+def test_sealed_host_reveals_nothing_over_sshd(tmp_path, name):
     """The same leak hunt through `sim serve`'s OpenSSH server and a real SSH connection."""
     from tools.sim import serve
     from tools.ssh import SSHTransport
     if not Path(serve.SSHD).is_file():
         pytest.skip("needs Debian's openssh-server")
-    name = "eagle3-flashinfer-rebuilt"
     with serve.start(f"sim:{name}") as served:
         t = SSHTransport.from_spec(served.target, identity_file=str(served.identity), known_hosts=str(tmp_path / "kh"),
                                    accept_new=True)
         try:
-            assert t.run("hostname").stdout.strip() == "gpu-node-3"
+            assert t.run("hostname").stdout.strip() == served.sim.state["hostname"]
             assert leaks(lambda c: (lambda r: r.stdout + r.stderr)(t.run(c, timeout=120)), name,
                          served.sim.scenario.source, None) == []
-            assert "sglang.launch_server" in t.run("ps -eo args").stdout
+            assert served.sim.state["server"]["cmd"].split()[-1] in t.run("ps -eo args").stdout
         finally:
             t.close()
 

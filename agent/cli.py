@@ -189,6 +189,13 @@ def sim_list() -> None:
     out.print("\nrun one: debugagent run --host sim:NAME --symptom '…' --baseline '…'  (the symptom and baseline above)")
 
 
+@sim_app.command("schema")
+def sim_schema() -> None:
+    """Print the scenario file's JSON Schema (format version 1, for editors)."""
+    from tools.sim.scenario import scenario_schema
+    print(json.dumps(scenario_schema(), indent=1))
+
+
 @sim_app.command("serve")
 def sim_serve(name: Annotated[str, typer.Argument(help="built-in scenario name or a scenario .yaml")],
               port: Annotated[int, typer.Option("--port", help="port on 127.0.0.1 (0: a free one)")] = 0,

@@ -41,11 +41,16 @@ def check(sc, out) -> None:
 
 
 @pytest.mark.parametrize("name", ALL)
+def given_bench(sc) -> str | None:
+    """The --bench a user gives where the host has no profile naming its benchmark."""
+    return None if sc.host.profile else sc.bench.command()
+
+
 def test_scenario_with_numbers(name, tmp_path):
     """Each built-in scenario is diagnosed from `--baseline METRIC VALUE UNIT`."""
     sc = load_scenario(name)
     out = investigate(RunOptions(host=f"sim:{name}", symptom=sc.symptom, baseline=sc.baseline, as_json=True,
-                                 out=str(tmp_path / "run")))
+                                 out=str(tmp_path / "run"), bench=given_bench(sc)))
     check(sc, out)
 
 
@@ -55,9 +60,10 @@ def test_scenario_with_baseline_snapshot(name, tmp_path):
     sc = load_scenario(name)
     snap = tmp_path / "good.json"
     with SimTransport(f"sim:{name}@good") as t:
-        snap.write_text(dump(collect(Runner(t), bench_runs=3)))
+        snap.write_text(dump(collect(Runner(t), bench_runs=3, bench=given_bench(sc),
+                                     metric=None if sc.host.profile else sc.bench.metric)))
     out = investigate(RunOptions(host=f"sim:{name}", symptom=sc.symptom, baseline_snapshot=str(snap), as_json=True,
-                                 out=str(tmp_path / "run")))
+                                 out=str(tmp_path / "run"), bench=given_bench(sc)))
     check(sc, out)
 
 

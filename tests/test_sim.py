@@ -70,15 +70,16 @@ def test_sandbox_answers_at_scenario_paths(sim):
               "/root/ml-env/bin/python3 -c 'import sglang; print(sglang.__version__)'")
     assert "sgl-kernel" in r.stdout and "Improve CI for diffusion models" in r.stdout
     assert "AttributeError: module 'sglang' has no attribute '__version__'" in r.stderr
-    r = t.run("for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; done")
-    assert r.stdout.startswith("/root/ml-env/bin/python3 -m sglang.launch_server --model-path moonshotai/Kimi-K2.5")
+    r = t.run("for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done")
+    assert any(ln.startswith("/root/ml-env/bin/python3 -m sglang.launch_server --model-path moonshotai/Kimi-K2.5")
+               for ln in r.stdout.splitlines())
     assert "/tmp" not in r.stdout
 
 
 def test_nothing_readable_reveals_the_answer(sim):
     """No file under the sandbox's roots names the expected cause, factors or effects."""
     t = sim(f"sim:{SEED}")
-    r = t.run("grep -rIl -e expect -e factors -e effect -e compiled_dependency /root /etc/debugagent 2>/dev/null | "
+    r = t.run("grep -rIl -e root_cause -e 'factors:' -e 'effect:' -e compiled_dependency /root /etc 2>/dev/null | "
               "grep -v -e '/\\.git/' || true")
     assert r.stdout.strip() == ""
 
@@ -130,7 +131,8 @@ def test_snapshot_diff_equals_factors(sim, name):
     good = collect(Runner(sim(f"sim:{name}@good")))
     bad = collect(Runner(sim(f"sim:{name}")))
     assert good.errors == [] and bad.errors == []
-    assert sorted(c.path for c in diff(good, bad)) == sorted(f.path for f in sc.factors)
+    # a snapshot fingerprints the host; a changed client workload (bench.args) is not on it
+    assert sorted(c.path for c in diff(good, bad)) == sorted(f.path for f in sc.factors if not f.path.startswith("bench."))
 
 
 def test_sandbox_is_removed_and_server_stopped():

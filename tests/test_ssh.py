@@ -290,6 +290,7 @@ def test_scenario_over_ssh_matches_sim(name, tmp_path):
             s.target, identity_file=str(s.identity), known_hosts=str(s.known_hosts))))
         out = investigate(RunOptions(host=s.target, symptom=sc.symptom, baseline=sc.baseline, as_json=True,
                                      allow_mutations=True, out=str(tmp_path / "run"),
+                                     bench=None if sc.host.profile else sc.bench.command(),
                                      ssh=__import__("agent.hosts", fromlist=["SSHOptions"]).SSHOptions(
                                          identity_file=str(s.identity), known_hosts=str(tmp_path / "kh"),
                                          accept_new_host_key=True)))

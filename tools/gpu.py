@@ -407,20 +407,29 @@ class GpuSampleUnderLoad(BaseModel):
     interval: float = 0.25
     limit_s: float = 300.0
 
+    attempts: int = 3
+
     def command(self) -> str:
         """Run the load (repeated until ``seconds`` have passed, and at least once, however long it
         takes: a real benchmark spends seconds importing before the GPU works) and sample the GPUs
-        for as long as it runs, up to ``limit_s``."""
+        for as long as it runs, up to ``limit_s``. A round in which no sample caught the GPUs busy
+        (utilization above 0) proves nothing: the load and the sampling run again, ``attempts``
+        rounds at most."""
         fields = ",".join(n for n, _ in QUERY_FIELDS)
+        util = [n for n, _ in QUERY_FIELDS].index("utilization.gpu") + 1
         load = self.load if not self.cwd else f"cd {q(self.cwd)} && {self.load}"
         ms = int(self.seconds * 1000)
         loop = (f"e=$(( $(date +%s%3N) + {ms} )); while :; do {load}; "
                 f"[ $(date +%s%3N) -ge $e ] && break; done")
         most = int(self.limit_s / max(self.interval, 0.05))
+        busy = f"awk -F', ' '${util}+0>0{{f=1}} END{{exit !f}}'"
         return (
+            f"for a in $(seq 1 {int(self.attempts)}); do busy=0; "
             f"timeout {self.limit_s:g} bash -c {q(loop)} >/dev/null 2>&1 & b=$!; n=0; "
             f"while kill -0 $b 2>/dev/null && [ $n -lt {most} ]; do "
-            f"nvidia-smi --query-gpu={fields} --format=csv,noheader; n=$((n+1)); sleep {self.interval:g}; done; wait $b; true"
+            f"s=$(nvidia-smi --query-gpu={fields} --format=csv,noheader); printf '%s\\n' \"$s\"; "
+            f"printf '%s\\n' \"$s\" | {busy} && busy=1; n=$((n+1)); sleep {self.interval:g}; done; wait $b; "
+            f"[ $busy = 1 ] && break; done; true"
         )
 
 

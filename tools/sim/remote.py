@@ -1,10 +1,12 @@
 """The command an OpenSSH server runs for ``debugagent sim serve`` (its ``ForceCommand``).
 
-``python -S remote.py BASE``: runs ``$SSH_ORIGINAL_COMMAND`` in the simulated host laid
-out under BASE, exactly as ``SimHost.exec`` does, streaming stdout and stderr back with
-the sandbox folder removed. With no command (an interactive login) it reads commands
-line by line at a prompt. For the shell-session protocol of ``tools/session.py`` it runs
-one bash in the sandbox and feeds it each frame rewritten. Standard library only.
+``python -S remote.py BASE``: runs ``$SSH_ORIGINAL_COMMAND`` in the simulated host laid out
+under BASE, exactly as ``SimHost.exec`` does. On a sealed host it replaces itself with
+``nsenter … bash -c COMMAND`` in the host's namespace, so the SSH channel's stdin, stdout
+and stderr are bash's own (the shell sessions of ``tools/session.py`` included); with no
+command (an interactive login) it starts an interactive bash there. On a host that is not
+sealed it runs bash on the rewritten command and removes the sandbox folder from what it
+prints. Standard library only.
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ def pump(src, dst, sandbox: str) -> None:
     dst.flush()
 
 
-def bash_in_sandbox(sh: SimShell, args: list[str], stdin, feed=None) -> int:
-    """Runs ``bash ARGS`` in the sandbox, its output streamed back unrewritten; ``feed(p)``, if
+def bash_unsealed(sh: SimShell, args: list[str], stdin, feed=None) -> int:
+    """Runs ``bash ARGS`` on the sandbox folder, its output streamed back unrewritten; ``feed(p)``, if
     given, writes its stdin. Returns bash's exit code."""
     sh.sync_proc()
     os.makedirs(sh.home(), exist_ok=True)
@@ -52,12 +54,8 @@ def bash_in_sandbox(sh: SimShell, args: list[str], stdin, feed=None) -> int:
     return code
 
 
-def run(sh: SimShell, command: str, stdin=None) -> int:
-    return bash_in_sandbox(sh, ["-c", sh.rewrite(command)], stdin)
-
-
-def session(sh: SimShell) -> int:
-    """A shell session (tools/session.py): one bash in the sandbox, each frame rewritten on its way in."""
+def session_unsealed(sh: SimShell) -> int:
+    """A shell session (tools/session.py): one bash, each frame rewritten on its way in."""
 
     def feed(p: subprocess.Popen) -> None:
         try:
@@ -72,17 +70,20 @@ def session(sh: SimShell) -> int:
         except BrokenPipeError:
             pass
 
-    return bash_in_sandbox(sh, ["--noprofile", "--norc"], subprocess.PIPE, feed)
+    return bash_unsealed(sh, ["--noprofile", "--norc"], subprocess.PIPE, feed)
 
 
 def main() -> int:
     sh = SimShell.load(sys.argv[1])
     hostname = sys.argv[2] if len(sys.argv) > 2 else "sim"
     command = os.environ.get("SSH_ORIGINAL_COMMAND")
+    if sh.sealed:
+        argv = sh.argv(command, args=None if command is not None else ["-i"])
+        os.execvp(argv[0], argv)
     if command == SESSION_COMMAND:
-        return session(sh)
+        return session_unsealed(sh)
     if command is not None:
-        return run(sh, command)
+        return bash_unsealed(sh, ["-c", sh.rewrite(command)], None)
     code = 0
     while True:
         sys.stdout.write(f"{sh.user}@{hostname}:~# ")
@@ -91,7 +92,7 @@ def main() -> int:
         if not line or line.strip() in ("exit", "logout"):
             return code
         if line.strip():
-            code = run(sh, line.rstrip("\n"), stdin=subprocess.DEVNULL)
+            code = bash_unsealed(sh, ["-c", sh.rewrite(line.rstrip("\n"))], subprocess.DEVNULL)
 
 
 if __name__ == "__main__":

@@ -1,34 +1,44 @@
-"""A simulated GPU host: a sandbox folder laid out at the scenario's paths.
+"""A simulated GPU host: the scenario's folders, sealed in their own mount and pid namespace.
 
-The scenario's paths (``/root/ml-env/bin/python3``, ``/root/sglang``, ``/proc/PID``,
-``/sys/…/scaling_governor``) live under one sandbox folder. Commands reach the sandbox
-through ``SimHost.exec``: absolute paths under the mapped roots are rewritten onto the
-sandbox at the command boundary, and the sandbox folder is rewritten back out of the
-output, so the agent sees exactly the scenario's paths. This needs no privileges and no
-extra program (no bubblewrap, no proot).
+The host's own folders (``/root/ml-env``, ``/root/sglang``, ``/etc``, ``/sys/…/cpufreq``,
+``/usr/local``, ``/run``) are laid out under one folder and bound at their paths by
+Debian's ``bubblewrap`` (``tools.sim.seal``) into a mount, pid, UTS and IPC namespace: ``/``,
+``ps`` and ``/proc`` show the simulated host only, and every command enters that namespace.
+The scenario itself (factors, effects, ``expect``) never exists inside: the GPU service
+(``tools.sim.controller``) runs in this process, outside, and answers over a bound unix
+socket with observations only.
 
-What is real: a Python virtual environment with the scenario's distributions (metadata,
-``RECORD``, ``.so`` files whose bytes follow ``build``, install times), a git repository
-with real commits, the inference server as a real process (a stand-in module that
-sleeps) with the scenario's command line and environment, ``/proc/PID`` of that process,
-CPU governor files. ``nvidia-smi``, ``hostname``, ``nproc`` and the benchmark are
-stand-ins (``tools.sim.standin``) that read a control folder kept outside the sandbox;
-nothing under the mapped roots reveals ``expect``, ``factors`` or which one matters.
+What is real inside: a Python environment with the scenario's distributions and a few
+hundred more (metadata, ``RECORD``, compiled files whose bytes follow the build and a
+per-host random salt, install times), ``pip`` and a wheelhouse to reinstall from, a git
+repository with real commits whose code the server imports when it starts, the server as
+a real process (``python -m``, a script or a console-script launcher) and its worker with
+their own environments, CPU governor files. ``nvidia-smi`` and the benchmark are clients
+of the GPU service (``guest/client.py``).
+
+Where ``bwrap`` cannot run, the host is laid out the same way but commands are rewritten
+onto its folder instead (``tools.sim.shell``): it works, and it says plainly that it is
+not sealed.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import io
 import json
 import os
 import re
+import secrets
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
-import time
-import venv
+import zipfile
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,72 +51,163 @@ from ..transport import (
     run_subprocess,
     ssh_line,
 )
+from . import seal
+from .controller import Controller
+from .environment import extra_distributions
 from .scenario import Scenario, load_scenario
 from .shell import SimShell
 from .standin import so_bytes
 
 DEFAULT_INSTALLED = "2026-11-02T09:00:00+00:00"
 FIRST_COMMIT = 1763283600  # 2025-11-16T09:00Z
+GUEST = Path(__file__).resolve().parent / "guest"
+SERVICE_DIR = "/run/nvidia-gpu"
+PYV = f"python{sys.version_info.major}.{sys.version_info.minor}"
+REPO_PACKAGE = "sglang"  # the package a scenario's repository holds (under python/)
 
 
 def _ts(value: str) -> float:
-    from datetime import datetime
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
-class SimHost:
-    """Lays out one scenario state in a sandbox, runs commands in it, tears it down."""
+def _scratch() -> str | None:
+    """Memory-backed scratch space for a host's folders where there is room (a host writes ~1500 small
+    files), else the default temporary folder."""
+    try:
+        st = os.statvfs("/dev/shm")
+        if os.access("/dev/shm", os.W_OK) and st.f_bavail * st.f_frsize > 2 << 30:
+            return "/dev/shm"
+    except OSError:
+        pass
+    return None
 
-    def __init__(self, scenario: Scenario, state: Literal["good", "bad"] = "bad", root: str | None = None) -> None:
+
+def compiled_client(service: str) -> Path | None:
+    """``guest/client.c`` compiled for ``service`` (cached per user; None where no C compiler is)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None or os.environ.get("DEBUGAGENT_SIM_NO_CC") == "1":
+        return None
+    src = (GUEST / "client.c").read_bytes()
+    key = hashlib.sha256(src + service.encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "debugagent"
+    out = cache / f"sim-client-{key}"
+    if out.exists():
+        return out
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = cache / f".sim-client-{key}.{os.getpid()}"
+    r = subprocess.run([cc, "-O2", "-o", str(tmp), f'-DSERVICE="{service}"', "-x", "c", "-"], input=src,
+                       capture_output=True)
+    if r.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        return None
+    os.replace(tmp, out)
+    return out
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def host_salt(name: str) -> str:
+    """The salt of a scenario's build bytes: from a random secret of this machine's user (outside every
+    sealed host), so the good and bad states of one scenario agree, and nothing inside a host, nor anyone
+    who only has the scenario file, can compute a build's bytes."""
+    state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "debugagent"
+    f = state / "sim-salt"
+    if not f.exists():
+        state.mkdir(parents=True, exist_ok=True)
+        tmp = state / f".sim-salt.{os.getpid()}"
+        tmp.write_text(secrets.token_hex(32))
+        tmp.chmod(0o600)
+        os.replace(tmp, f) if not f.exists() else tmp.unlink()
+    return hashlib.sha256(f"{f.read_text().strip()}:{name}".encode()).hexdigest()[:32]
+
+
+class SimHost:
+    """Lays out one scenario state, seals it, runs commands in it, tears it down."""
+
+    def __init__(self, scenario: Scenario, state: Literal["good", "bad"] = "bad", root: str | None = None,
+                 sealed: bool | None = None) -> None:
         self.scenario = scenario
         self.which = state
         self.state = scenario.state(state)
-        self.base = Path(root or tempfile.mkdtemp(prefix="debugagent-sim-"))
+        self.base = Path(root or tempfile.mkdtemp(prefix="sim-", dir=_scratch()))
         self.sandbox = self.base / "fs"
-        self.control = self.base / "control"
-        self.bin = self.base / "bin"
-        self._lock = threading.Lock()
-        self.roots = self._roots()
-        self.shell = SimShell(str(self.sandbox), str(self.bin), self.roots, self.state["user"])
+        self.salt = host_salt(scenario.name)
+        self.sealed = seal.available() if sealed is None else sealed
+        self.unsealed_reason = "" if self.sealed else seal.why_not()
+        self.init_pid = 0
+        self._bwrap: subprocess.Popen | None = None
+        self.controller: Controller | None = None
         self.labels: dict[str, str] = {}
-        self._layout()
+        self.roots = self._roots()
+        self.shell = SimShell(str(self.sandbox), str(self.path("/usr/local/bin")), self.roots, self.state["user"])
+        try:
+            self._layout()
+        except BaseException:
+            self.close()
+            raise
 
     # ------------------------------------------------------------------ layout
     def _roots(self) -> list[str]:
+        """Top-level folders the scenario owns (bound or rewritten at their paths)."""
         h = self.state
-        roots = {"/proc", "/sys", "/etc/debugagent", "/usr/lib/x86_64-linux-gnu"}
-        for p in [h["python"], (h.get("repo") or {}).get("path"), h["server"].get("cwd")]:
-            if p:
+        roots = {"/root" if h["user"] == "root" else "/home"}
+        paths = [h["python"], (h.get("repo") or {}).get("path"), h["server"].get("cwd"), self._script()]
+        if h.get("wheelhouse"):
+            paths.append(h["wheelhouse"]["path"])
+        for p in paths:
+            if p and not p.startswith("/tmp/"):
                 roots.add("/" + p.strip("/").split("/")[0])
+        bad = roots & {"/usr", "/etc", "/proc", "/sys", "/dev", "/run", "/tmp", "/bin", "/lib", "/sbin"}
+        if bad:
+            raise ScenarioError(f"paths under {', '.join(sorted(bad))} belong to the system", file=self.scenario.source,
+                                field="host.python", fix="put the environment, repository and scripts under /root, /opt or /home")
+        if not self.sealed:
+            roots |= {"/proc", "/sys", "/etc/debugagent", "/usr/local/bin", "/usr/local/nvidia", SERVICE_DIR}
         return sorted(roots)
 
     def path(self, p: str) -> Path:
         return self.sandbox / p.lstrip("/")
+
+    def inside(self, p: str | Path) -> str:
+        """A path as programs inside the host must name it (the sandbox folder where not sealed)."""
+        return str(p) if self.sealed else str(self.sandbox) + str(p)
 
     def _layout(self) -> None:
         for prog, pkg in (("git", "git"), ("bash", "bash")):
             if shutil.which(prog) is None:
                 raise ScenarioError(f"`{prog}` is not installed here; simulated hosts need it", file=self.scenario.source,
                                     fix=f"apt-get install {pkg}")
-        for d in (self.sandbox, self.control / "load", self.bin, self.path("/proc"), self.path("/etc/debugagent")):
-            d.mkdir(parents=True, exist_ok=True)
-        h = self.state
-        if h.get("repo"):
+        for d in ("/proc", "/etc", "/usr/local/bin", "/usr/local/nvidia/lib64", SERVICE_DIR, "/tmp", *self.roots):
+            self.path(d).mkdir(parents=True, exist_ok=True)
+        self.path("/root" if self.state["user"] == "root" else f"/home/{self.state['user']}").mkdir(parents=True, exist_ok=True)
+        if self.state.get("repo"):
             self._git()
         self._python()
         self._sys()
-        self._write_control()
-        self._shims()
-        self.shell.save(self.base)
+        self._etc()
+        self._clients()
+        self.controller = Controller(self.scenario, self.state, self.salt, self.path(SERVICE_DIR) / "service.sock",
+                                     self.path("/sys"), strip="" if self.sealed else str(self.sandbox))
+        if self.sealed:
+            self._bwrap, self.init_pid = seal.start(self)
+        self._save_exec()
         self.start_server()
+
+    def _git_env(self) -> dict[str, str]:
+        return dict(os.environ, GIT_AUTHOR_NAME="dev", GIT_AUTHOR_EMAIL="dev@example.com", GIT_COMMITTER_NAME="dev",
+                    GIT_COMMITTER_EMAIL="dev@example.com", GIT_CONFIG_GLOBAL="/dev/null", GIT_CONFIG_NOSYSTEM="1")
 
     def _git(self) -> None:
         repo = self.state["repo"]
         d = self.path(repo["path"])
-        (d / "python" / "sglang").mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, GIT_AUTHOR_NAME="dev", GIT_AUTHOR_EMAIL="dev@example.com",
-                   GIT_COMMITTER_NAME="dev", GIT_COMMITTER_EMAIL="dev@example.com", GIT_CONFIG_GLOBAL="/dev/null",
-                   GIT_CONFIG_NOSYSTEM="1")
+        pkg_dir = d / "python" / REPO_PACKAGE
+        (pkg_dir / "srt").mkdir(parents=True, exist_ok=True)
+        env = self._git_env()
 
         def git(*args: str, when: float | None = None) -> str:
             e = dict(env)
@@ -117,22 +218,23 @@ class SimHost:
             return r.stdout.strip()
 
         git("init", "-q", "-b", "main")
-        pkg = self.state["packages"].get("sglang") or {}
+        pkg = self.state["packages"].get(REPO_PACKAGE) or {}
         init = "" if not pkg.get("has_version_attr", True) else f'__version__ = "{pkg.get("version", "0.0.0")}"\n'
-        (d / "python" / "sglang" / "__init__.py").write_text('"""SGLang."""\n' + init)
-        (d / "python" / "sglang" / "launch_server.py").write_text(STANDIN_SERVER)
-        (d / "python" / "pyproject.toml").write_text('[project]\nname = "sglang"\nversion = "0.0.0"\n')
+        (pkg_dir / "__init__.py").write_text('"""SGLang."""\n' + init)
+        (pkg_dir / "srt" / "__init__.py").write_text('"""The SGLang runtime."""\n')
+        (d / "python" / "pyproject.toml").write_text(f'[project]\nname = "{REPO_PACKAGE}"\nversion = "0.0.0"\n')
         for sub in ("sgl-kernel", "scripts", "test", "docs", "benchmark"):
             (d / sub).mkdir(exist_ok=True)
             (d / sub / "README.md").write_text(f"# {sub}\n")
+        entry = self._entry()
+        if entry and entry[0] == "module" and entry[1].split(".")[0] == REPO_PACKAGE:
+            self._write_server_module(d / "python", entry[1])
         times: list[float] = []
         for i, c in enumerate(repo["commits"]):
             when = _ts(c["date"]) if c.get("date") else FIRST_COMMIT + 3600 * 7 * i
             times.append(when)
             slug = re.sub(r"[^a-z0-9]+", "_", c["subject"].lower()).strip("_")[:40] or f"change_{i}"
-            f = d / "python" / "sglang" / "srt" / f"{slug}.py"
-            f.parent.mkdir(parents=True, exist_ok=True)
-            f.write_text(f'"""{c["subject"]}."""\n\nCHANGE = {i}\n')
+            (pkg_dir / "srt" / f"{slug}.py").write_text(f'"""{c["subject"]}."""\n\nCHANGE = {i}\n')
             git("add", "-A")
             git("commit", "-q", "-m", c["subject"], when=when)
             self.labels[c["sha"]] = git("rev-parse", "HEAD")
@@ -148,40 +250,66 @@ class SimHost:
                 git("reset", "-q", "--hard", self.labels[moved_from], when=moved - 60)
                 git("merge", "-q", "--ff-only", self.labels[head], when=moved)
 
+    # ---------------------------------------------------------------- python
+    def base_python(self) -> str:
+        """The interpreter the host's environment is made from, as the host names it."""
+        if self.sealed:
+            debian = f"/usr/bin/{PYV}"
+            if os.access(debian, os.X_OK):
+                return debian
+        return str(Path(getattr(sys, "_base_executable", sys.executable)).resolve())
+
     def _python(self) -> None:
         h = self.state
         py = self.path(h["python"])
         env_root = py.parent.parent
-        venv.EnvBuilder(symlinks=True, with_pip=False, clear=True).create(env_root)
+        base = self.base_python()
+        (env_root / "bin").mkdir(parents=True, exist_ok=True)
+        site = env_root / "lib" / PYV / "site-packages"
+        site.mkdir(parents=True, exist_ok=True)
+        (env_root / "lib64").symlink_to("lib")
+        (env_root / "pyvenv.cfg").write_text(
+            f"home = {os.path.dirname(base)}\ninclude-system-site-packages = false\n"
+            f"version = {sys.version_info.major}.{sys.version_info.minor}.{sys.version_info.micro}\n")
+        (env_root / "bin" / PYV).symlink_to(base)
+        for name in ("python3", "python"):
+            if not (env_root / "bin" / name).exists():
+                (env_root / "bin" / name).symlink_to(PYV)
         if not py.exists():
-            py.symlink_to(Path(sys.executable).name if (py.parent / Path(sys.executable).name).exists() else "python3")
-        site = env_root / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+            py.symlink_to(PYV)
+        self.site = site
+        self.env_root_inside = str(Path(h["python"]).parent.parent)
+        self._pip(env_root, site)
+        extra = h.get("environment") or {"extra": 0}
+        skip = {re.sub(r"[-_.]+", "_", d).lower() for d in h["packages"]}
+        when = extra.get("installed_at") or DEFAULT_INSTALLED
+        for dist, version, compiled in extra_distributions(int(extra.get("extra", 0)), skip):
+            self._package(site, dist, {"version": version, "installed_at": when, "build": None}, compiled=compiled)
         for dist, spec in h["packages"].items():
             self._package(site, dist, spec)
-        self._server_module(site)
+        self._server_code()
+        if h.get("wheelhouse"):
+            self._wheelhouse(h["wheelhouse"])
 
-    def _server_module(self, site: Path) -> None:
-        """Make sure ``python -m X.Y`` of the server's command line finds a module."""
-        argv = self.state["server"]["cmd"].split()
-        if "-m" not in argv or argv.index("-m") + 1 >= len(argv):
-            return
-        parts = argv[argv.index("-m") + 1].split(".")
-        base = site
-        pth = next(site.glob(f"__editable__.{parts[0]}-*.pth"), None)
-        if pth is not None:
-            base = Path(pth.read_text().strip())
-        d = base
-        for p in parts[:-1]:
-            d = d / p
-            d.mkdir(exist_ok=True)
-            init = d / "__init__.py"
-            if not init.exists():
-                init.write_text("")
-        mod = d / f"{parts[-1]}.py"
-        if not mod.exists():
-            mod.write_text(STANDIN_SERVER)
+    def _pip(self, env_root: Path, site: Path) -> None:
+        """pip in the environment (this interpreter's own, pure Python), so experiments can reinstall."""
+        import pip  # noqa: PLC0415 - only where a host is laid out
+        src = Path(pip.__file__).parent
+        info = next(src.parent.glob("pip-*.dist-info"), None)
+        when = _ts(DEFAULT_INSTALLED)
+        # the package as hard links where the file system allows (no bytes copied); never a bind, whose
+        # source folder /proc/self/mountinfo would name. Its metadata is copied, dated as the image.
+        shutil.copytree(src, site / src.name, copy_function=_link_or_copy, ignore=shutil.ignore_patterns("__pycache__"))
+        if info is not None:
+            shutil.copytree(info, site / info.name)
+            for f in [site / info.name, *(site / info.name).iterdir()]:
+                os.utime(f, (when, when))
+        launcher = f"#!{self.inside(self.state['python'])}\nimport sys\nfrom pip._internal.cli.main import main\nsys.exit(main())\n"
+        for name in ("pip", "pip3"):
+            (env_root / "bin" / name).write_text(launcher)
+            (env_root / "bin" / name).chmod(0o755)
 
-    def _package(self, site: Path, dist: str, spec: dict[str, Any]) -> None:
+    def _package(self, site: Path, dist: str, spec: dict[str, Any], compiled: bool = True) -> None:
         module = spec.get("module") or dist.replace("-", "_")
         norm = re.sub(r"[-_.]+", "_", dist)
         version = spec["version"]
@@ -190,22 +318,20 @@ class SimHost:
         when = _ts(spec.get("installed_at") or DEFAULT_INSTALLED)
         files: list[str] = []
         editable = spec.get("editable")
-        if dist == "sglang" and self.state.get("repo") and not editable:
+        if dist == REPO_PACKAGE and self.state.get("repo") and not editable:
             editable = self.state["repo"]["path"] + "/python"
         if editable:
             pth = site / f"__editable__.{norm}-{version}.pth"
-            pth.write_text(str(self.path(editable)) + "\n")
+            pth.write_text(self.inside(editable) + "\n")
             files.append(pth.name)
-            (info / "direct_url.json").write_text(json.dumps({"url": f"file://{self.path(editable)}", "dir_info": {"editable": True}}))
+            (info / "direct_url.json").write_text(json.dumps({"url": f"file://{self.inside(editable)}", "dir_info": {"editable": True}}))
             files.append(f"{info.name}/direct_url.json")
         else:
-            mod = site / module
-            mod.mkdir(exist_ok=True)
-            init = f'__version__ = "{version}"\n' if spec.get("has_version_attr", True) else ""
-            (mod / "__init__.py").write_text(f'"""{dist}."""\n' + init)
-            so = mod / "_C.abi3.so"
-            so.write_bytes(so_bytes(dist, version, spec.get("build")))
-            files += [f"{module}/__init__.py", f"{module}/_C.abi3.so"]
+            for rel, data in self._module_files(dist, module, version, spec, compiled).items():
+                p = site / rel
+                p.parent.mkdir(parents=True, exist_ok=True)
+                p.write_bytes(data)
+                files.append(rel)
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
         (info / "INSTALLER").write_text("pip\n")
         (info / "top_level.txt").write_text(module + "\n")
@@ -219,6 +345,106 @@ class SimHost:
             if p.exists():
                 os.utime(p, (when, when))
 
+    def _module_files(self, dist: str, module: str, version: str, spec: dict[str, Any], compiled: bool) -> dict[str, bytes]:
+        init = f'__version__ = "{version}"\n' if spec.get("has_version_attr", True) else ""
+        out = {f"{module}/__init__.py": (f'"""{dist}."""\n' + init).encode()}
+        if compiled:
+            out[f"{module}/_C.abi3.so"] = so_bytes(dist, version, spec.get("build"), self.salt)
+        return out
+
+    def _wheelhouse(self, wh: dict[str, Any]) -> None:
+        """Real wheels of the builds the scenario lists: ``pip install --no-index --find-links DIR``."""
+        d = self.path(wh["path"])
+        d.mkdir(parents=True, exist_ok=True)
+        for w in wh["wheels"]:
+            spec = dict(self.state["packages"][w["dist"]], version=w["version"], build=w.get("build"))
+            module = spec.get("module") or w["dist"].replace("-", "_")
+            norm = re.sub(r"[-_.]+", "_", w["dist"])
+            info = f"{norm}-{w['version']}.dist-info"
+            files = self._module_files(w["dist"], module, w["version"], spec, True)
+            files[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {w['dist']}\nVersion: {w['version']}\n".encode()
+            files[f"{info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: bdist_wheel (0.45.1)\nRoot-Is-Purelib: false\nTag: cp39-abi3-linux_x86_64\n"
+            files[f"{info}/top_level.txt"] = (module + "\n").encode()
+            record = "".join(
+                f"{k},sha256={base64.urlsafe_b64encode(hashlib.sha256(v).digest()).rstrip(b'=').decode()},{len(v)}\n"
+                for k, v in files.items()) + f"{info}/RECORD,,\n"
+            buf = io.BytesIO()
+            with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+                for k, v in files.items():
+                    z.writestr(k, v)
+                z.writestr(f"{info}/RECORD", record)
+            (d / f"{norm}-{w['version']}-cp39-abi3-linux_x86_64.whl").write_bytes(buf.getvalue())
+
+    # ---------------------------------------------------------------- the server's code
+    def _script(self) -> str | None:
+        argv = self.state["server"]["cmd"].split()
+        return argv[1] if len(argv) > 1 and argv[1].endswith(".py") else None
+
+    def _entry(self) -> tuple[str, str] | None:
+        """How the server's command line reaches its code: ("module", M), ("script", PATH) or ("console", NAME)."""
+        argv = self.state["server"]["cmd"].split()
+        if "-m" in argv and argv.index("-m") + 1 < len(argv):
+            return ("module", argv[argv.index("-m") + 1])
+        if self._script():
+            return ("script", argv[1])
+        if not os.path.basename(argv[0]).startswith("python"):
+            return ("console", os.path.basename(argv[0]))
+        return None
+
+    def server_code(self) -> str:
+        deps = []
+        for dist, spec in self.state["packages"].items():
+            if not spec.get("editable") and not (dist == REPO_PACKAGE and self.state.get("repo")):
+                deps.append(spec.get("module") or dist.replace("-", "_"))
+        worker = self.state["server"].get("worker")
+        config = {"deps": deps, "code": f"{REPO_PACKAGE}.srt" if self.state.get("repo") else None,
+                  "log": self.state["server"].get("log") or [], "worker": (worker or {}).get("env") if worker else None}
+        text = (GUEST / "server.py").read_text()
+        text = text.replace("CONFIG: dict = {}", f"CONFIG: dict = {config!r}", 1)
+        return text.replace(f'SERVICE = "{SERVICE_DIR}/service.sock"', f'SERVICE = "{self.inside(SERVICE_DIR)}/service.sock"', 1)
+
+    def _write_server_module(self, base: Path, module: str) -> None:
+        parts = module.split(".")
+        d = base
+        for p in parts[:-1]:
+            d = d / p
+            d.mkdir(parents=True, exist_ok=True)
+            if not (d / "__init__.py").exists():
+                (d / "__init__.py").write_text("")
+        (d / f"{parts[-1]}.py").write_text(self.server_code())
+
+    def _package_base(self, top: str) -> Path:
+        """Where ``import top`` finds its package: an editable install's folder, else site-packages."""
+        for dist, spec in self.state["packages"].items():
+            if (spec.get("module") or dist.replace("-", "_")) == top and spec.get("editable"):
+                return self.path(spec["editable"])
+        return self.site
+
+    def _server_code(self) -> None:
+        entry = self._entry()
+        if entry is None:
+            raise ScenarioError("the server's command runs no code: give `-m MODULE`, a script or a console script",
+                                file=self.scenario.source, field="host.server.cmd",
+                                fix="e.g. `/root/ml-env/bin/python3 -m sglang.launch_server`")
+        kind, what = entry
+        if kind == "module":
+            if what.split(".")[0] == REPO_PACKAGE and self.state.get("repo"):
+                return  # committed in the repository
+            self._write_server_module(self._package_base(what.split(".")[0]), what)
+        elif kind == "script":
+            p = self.path(what)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(self.server_code())
+        else:
+            module = f"{what.replace('-', '_')}.entrypoints.cli.main"
+            self._write_server_module(self._package_base(what.replace("-", "_")), module)
+            launcher = self.path(self.state["server"]["cmd"].split()[0])
+            launcher.parent.mkdir(parents=True, exist_ok=True)
+            launcher.write_text(f"#!{self.inside(self.state['python'])}\nimport sys\nfrom {module} import main\n"
+                                "if __name__ == \"__main__\":\n    sys.exit(main())\n")
+            launcher.chmod(0o755)
+
+    # ---------------------------------------------------------------- system files
     def _sys(self) -> None:
         cpu = self.state["cpu"]
         for i in range(cpu["cores"]):
@@ -226,52 +452,62 @@ class SimHost:
             d.mkdir(parents=True, exist_ok=True)
             (d / "scaling_governor").write_text(cpu["governor"] + "\n")
             (d / "scaling_available_governors").write_text("performance powersave schedutil ondemand\n")
-        (self.path("/proc") / "loadavg").write_text("0.42 0.37 0.31 1/812 41235\n")
         drv = self.state["driver"]
-        (self.path("/proc/driver/nvidia")).mkdir(parents=True, exist_ok=True)
-        (self.path("/proc/driver/nvidia") / "version").write_text(
+        d = self.base / "proc-driver-nvidia"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "version").write_text(
             f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {drv['version']}  Release Build  (dvs-builder@U16-I3-B03-4-3)\n"
             "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1)\n")
-        lib = self.path("/usr/lib/x86_64-linux-gnu")
-        lib.mkdir(parents=True, exist_ok=True)
+        if not self.sealed:
+            (self.path("/proc/driver")).mkdir(parents=True, exist_ok=True)
+            shutil.copytree(d, self.path("/proc/driver/nvidia"))
+            (self.path("/proc") / "loadavg").write_text("0.42 0.37 0.31 1/812 41235\n")
+        lib = self.path("/usr/local/nvidia/lib64")
         so = lib / f"libcuda.so.{drv['version']}"
         so.write_bytes(b"\x7fELF" + drv["version"].encode() * 8)
         when = _ts(drv.get("installed_at") or "2026-10-01T08:00:00+00:00")
         os.utime(so, (when, when))
         (lib / "libcuda.so.1").symlink_to(so.name)
-        profile = {"bench": self.scenario.bench.cmd, "metric": self.scenario.bench.metric,
-                   "unit": self.scenario.bench.unit}
-        (self.path("/etc/debugagent") / "host.json").write_text(json.dumps(profile) + "\n")
 
-    def _write_control(self) -> None:
-        sc = self.scenario
-        data = {
-            "sandbox": str(self.sandbox),
-            "host": self.state,
-            "labels": self.labels,
-            "commit_order": [self.labels.get(c.sha, c.sha) for c in sc.host.repo.commits] if sc.host.repo else [],
-            "factors": [f.model_dump(mode="json") for f in sc.factors],
-            "bench": sc.bench.model_dump(mode="json"),
-            "name": sc.name,
-            "server_entry": self._entry(),
-        }
-        (self.control / "host.json").write_text(json.dumps(data, indent=1))
-        (self.control / "counter").write_text("0")
+    def _etc(self) -> None:
+        etc = self.path("/etc")
+        if self.sealed:
+            for name in ("passwd", "group", "nsswitch.conf", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime",
+                         "os-release", "debian_version", "alternatives", "bash.bashrc", "profile", "inputrc"):
+                src = Path("/etc") / name
+                if src.is_symlink() or src.is_file():
+                    shutil.copy2(src, etc / name, follow_symlinks=False)
+                elif src.is_dir():
+                    shutil.copytree(src, etc / name, symlinks=True, ignore_dangling_symlinks=True)
+            (etc / "hostname").write_text(self.state["hostname"] + "\n")
+            (etc / "hosts").write_text(f"127.0.0.1\tlocalhost\n127.0.1.1\t{self.state['hostname']}\n::1\tlocalhost\n")
+        if self.state.get("profile", True):
+            (etc / "debugagent").mkdir(exist_ok=True)
+            profile = {"bench": self.scenario.bench.model_copy(update={"args": self.state["bench_args"]}).command(),
+                       "metric": self.scenario.bench.metric, "unit": self.scenario.bench.unit}
+            (etc / "debugagent" / "host.json").write_text(json.dumps(profile) + "\n")
 
-    def _entry(self) -> str:
-        argv = self.state["server"]["cmd"].split()
-        return argv[argv.index("-m") + 1] if "-m" in argv and argv.index("-m") + 1 < len(argv) else argv[-1]
+    def _clients(self) -> None:
+        service = f"{self.inside(SERVICE_DIR)}/service.sock"
+        bindir = self.path("/usr/local/bin")
+        binary = compiled_client(service)
+        if binary is None:
+            text = (GUEST / "client.py").read_text().replace(f'SERVICE = "{SERVICE_DIR}/service.sock"', f'SERVICE = "{service}"', 1)
+            shebang = f"#!{self.inside(self.base_python())} -SE\n" if self.sealed else f"#!{sys.executable} -SE\n"
+        for name in ("nvidia-smi", os.path.basename(self.scenario.bench.cmd.split()[0])):
+            if binary is not None:
+                shutil.copy(binary, bindir / name)
+            else:
+                (bindir / name).write_text(shebang + text)
+            (bindir / name).chmod(0o755)
+        (bindir / "nproc").write_text(f"#!/bin/sh\necho {int(self.state['cpu']['cores'])}\n")
+        (bindir / "nproc").chmod(0o755)
+        if not self.sealed:
+            (bindir / "hostname").write_text(f"#!/bin/sh\necho {shlex.quote(self.state['hostname'])}\n")
+            (bindir / "hostname").chmod(0o755)
 
-    def _shims(self) -> None:
-        standin = Path(__file__).resolve().parent / "standin.py"
-        for name, sub in (("nvidia-smi", "nvidia-smi"), ("hostname", "hostname"), ("nproc", "nproc"),
-                          (self.scenario.bench.cmd.split()[0], "bench")):
-            shim = self.bin / name
-            shim.write_text(
-                "#!/bin/sh\n"
-                f"exec {sys.executable} -S {standin} {sub} {self.control} \"$@\"\n"
-            )
-            shim.chmod(0o755)
+    def _save_exec(self) -> None:
+        self.shell.save(self.base, sealed=self.sealed, init_pid=self.init_pid)
 
     # ------------------------------------------------------------------ processes
     def server_argv(self) -> list[str]:
@@ -286,86 +522,74 @@ class SimHost:
                 argv += [f"--{k}", str(v)]
         return argv
 
-    def start_server(self) -> None:
+    def start_server(self, timeout: float = 60.0) -> None:
+        """Start the server as the host's init would: its command line, environment and cwd; wait until it
+        has imported its code and registered with the GPU service."""
         h = self.state
-        argv = self.server_argv()
-        argv = [self.rewrite(a) for a in argv]
         env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
                "LANG": "C.UTF-8", **h["server"]["env"]}
         cwd = h["server"].get("cwd") or (h.get("repo") or {}).get("path") or "/root"
         self.path(cwd).mkdir(parents=True, exist_ok=True)
-        proc = subprocess.Popen(argv, env=env, cwd=str(self.path(cwd)), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        # reap it when it is stopped, as init would on a real host (a zombie still answers `kill -0`)
-        threading.Thread(target=proc.wait, daemon=True).start()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            self.sync_proc()
-            if self.server_pids():
-                return
-            time.sleep(0.02)
-        raise ScenarioError("the simulated server did not start", file=self.scenario.source, field="host.server.cmd",
-                            fix="use `PYTHON -m MODULE` with PYTHON = host.python")
+        log = h["server"].get("log_file") or "/tmp/server.log"
+        assert self.controller is not None
+        before = self.controller.registered
+        argv = " ".join(shlex.quote(a) for a in self.server_argv())
+        envs = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
+        r = self.exec(f"mkdir -p {shlex.quote(os.path.dirname(log))} && cd {shlex.quote(cwd)} && "
+                      f"{{ setsid nohup env -i {envs} {argv} > {shlex.quote(log)} 2>&1 < /dev/null & }}; echo started", timeout=30)
+        if r.exit_code != 0 or not self.controller.wait_server(timeout, before):
+            tail = self.exec(f"tail -5 {shlex.quote(log)}", timeout=10).stdout.strip()
+            raise ScenarioError(f"the simulated server did not start: {tail or r.stderr.strip() or 'no output'}",
+                                file=self.scenario.source, field="host.server.cmd",
+                                fix="use `PYTHON -m MODULE`, `PYTHON SCRIPT.py` or a console script, PYTHON = host.python")
 
     def _own_pids(self) -> list[int]:
+        if self.sealed:
+            return [self.init_pid] if self.init_pid else []
         return self.shell.own_pids()
-
-    def server_pids(self) -> list[int]:
-        return [int(p.name) for p in self.path("/proc").iterdir() if p.name.isdigit()]
-
-    def sync_proc(self) -> None:
-        self.shell.sync_proc()
 
     # ------------------------------------------------------------------ commands
     def rewrite(self, command: str) -> str:
-        return self.shell.rewrite(command)
+        return command if self.sealed else self.shell.rewrite(command)
 
     def unrewrite(self, text: str) -> str:
-        return self.shell.unrewrite(text)
+        return text if self.sealed else self.shell.unrewrite(text)
 
     def env(self) -> dict[str, str]:
-        return self.shell.env()
+        return self.shell.env(sealed=self.sealed)
+
+    def argv(self, command: str) -> list[str]:
+        """The program that runs ``command`` in the host (what ``remote.py`` runs for ``sim serve`` too)."""
+        return self.shell.argv(command, sealed=self.sealed, init_pid=self.init_pid)
 
     def exec(self, command: str, *, timeout: float = DEFAULT_TIMEOUT_S, max_output: int = DEFAULT_MAX_OUTPUT,
              host: str = "sim") -> CommandResult:
-        self.sync_proc()
-        cwd = self.env()["HOME"]
-        Path(cwd).mkdir(parents=True, exist_ok=True)
-        r = run_subprocess(["bash", "-c", self.rewrite(command)], host=host, command=command, timeout=timeout,
-                           max_output=max_output, env=self.env(), cwd=cwd)
-        self.sync_proc()
+        if not self.sealed:
+            self.shell.sync_proc()
+        r = run_subprocess(self.argv(command), host=host, command=command, timeout=timeout, max_output=max_output,
+                           env=None if self.sealed else self.env(), cwd=None if self.sealed else self.shell.home())
+        if self.sealed:
+            return r
+        self.shell.sync_proc()
         return r.model_copy(update={"stdout": self.unrewrite(r.stdout), "stderr": self.unrewrite(r.stderr)})
 
     def close(self) -> None:
-        for pid in self._own_pids():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        # worktrees the agent made outside the sandbox point into it; they go with it
+        if self._bwrap is not None:
+            seal.stop(self._bwrap, self.init_pid)
+            self._bwrap = None
+        elif not self.sealed:
+            for pid in self.shell.own_pids():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        if self.controller is not None:
+            self.controller.close()
+            self.controller = None
         shutil.rmtree(self.base, ignore_errors=True)
 
 
-STANDIN_SERVER = '''"""Launch the SGLang server.
-
-This build holds its GPUs and serves nothing: it keeps running until it is stopped.
-"""
-
-import os
-import sys
-import time
-
-
-def main() -> None:
-    here = os.path.abspath(__file__)
-    while os.path.exists(here):
-        time.sleep(1.0)
-    sys.exit(0)
-
-
-if __name__ == "__main__":
-    main()
-'''
+_warned = threading.Event()
 
 
 class SimTransport(BaseTransport):
@@ -382,6 +606,11 @@ class SimTransport(BaseTransport):
             ref = ref[:-4]
         self.scenario = load_scenario(ref)
         self.sim = SimHost(self.scenario, which)
+        if not self.sim.sealed and not _warned.is_set():
+            _warned.set()
+            print(f"note: the simulated host is NOT sealed ({self.sim.unsealed_reason}); commands are rewritten onto "
+                  "its folder, and a program inside can read this machine. Install Debian's bubblewrap to seal it.",
+                  file=sys.stderr)
         self.host = f"sim:{self.scenario.name}" + ("@good" if which == "good" else "")
         self.user = self.sim.state["user"]
         self.hostname = self.sim.state["hostname"]
@@ -394,3 +623,4 @@ class SimTransport(BaseTransport):
 
     def close(self) -> None:
         self.sim.close()
+

@@ -29,6 +29,13 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _quoted(v: Any) -> Any:
+    """Version strings must be strings: a bare YAML number (``2.9``, ``13``) loses digits (``2.10`` reads as 2.1)."""
+    if isinstance(v, int | float) and not isinstance(v, bool):
+        raise ValueError(f"`{v}` is a bare YAML number; quote it (\"{v}\") so it stays a version string")
+    return v
+
+
 class Expect(Strict):
     root_cause: Literal[HYPOTHESIS_IDS] | None  # type: ignore[valid-type]
     mentions: str | list[str] | None = None
@@ -39,6 +46,8 @@ class Driver(Strict):
     version: str
     cuda: str
     installed_at: datetime | None = None  # extension: mtime of the user-space driver library
+
+    _q = field_validator("version", "cuda", mode="before")(_quoted)
 
 
 class Gpu(Strict):
@@ -57,6 +66,7 @@ class Gpu(Strict):
     pcie_width_max: int = 16
     event_reasons: list[str] = Field(default_factory=list)
     reset_required: bool = False
+    locked_sm_clock: int | None = None  # `nvidia-smi -lgc MIN,MAX` (MAX); `-rgc` clears it
 
 
 class PackageSpec(Strict):
@@ -66,6 +76,30 @@ class PackageSpec(Strict):
     installed_at: datetime | None = None
     editable: str | None = None
     has_version_attr: bool = True
+
+    _q = field_validator("version", mode="before")(_quoted)
+
+
+class Wheel(Strict):
+    """A wheel the host's wheelhouse holds: ``pip install --no-index --find-links DIR`` can install it."""
+
+    dist: str
+    version: str
+    build: str | None = None
+
+    _q = field_validator("version", mode="before")(_quoted)
+
+
+class Wheelhouse(Strict):
+    path: str = "/root/wheelhouse"
+    wheels: list[Wheel] = Field(default_factory=list)
+
+
+class Environment(Strict):
+    """Distributions beyond ``packages``, as a container image has them (one install time shared)."""
+
+    extra: int = 200
+    installed_at: datetime | None = None
 
 
 class CommitSpec(Strict):
@@ -95,14 +129,34 @@ class Repo(Strict):
         return v
 
 
+class Worker(Strict):
+    """A worker process the server starts (multiprocessing spawn): the server's environment plus ``env``.
+    It does the GPU work, so environment factors are read from it."""
+
+    env: dict[str, str] = Field(default_factory=dict)
+
+
 class Server(Strict):
     cmd: str
     args: dict[str, Scalar] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
     cwd: str | None = None
+    worker: Worker | None = None
+    log: list[str] = Field(default_factory=list)  # printed at start; `{flag:NAME}` / `{env:NAME}` are filled in
+    log_file: str = "/tmp/server.log"
+
+    @field_validator("cmd")
+    @classmethod
+    def _cmd(cls, v: str) -> str:
+        if not v.strip() or not v.startswith("/"):
+            raise ValueError("give the absolute path of the program first: `/root/env/bin/python3 -m MODULE`, "
+                             "`/root/env/bin/python3 /root/serve.py` or a console script `/root/env/bin/vllm serve`")
+        return v
 
 
 class GpuProcessSpec(Strict):
+    """Another process holding GPU memory: ``nvidia-smi --query-compute-apps`` lists it."""
+
     pid: int
     name: str
     used_memory_mib: int
@@ -125,6 +179,9 @@ class Host(Strict):
     server: Server
     gpu_processes: list[GpuProcessSpec] = Field(default_factory=list)
     cpu: Cpu = Field(default_factory=Cpu)
+    profile: bool = True  # /etc/debugagent/host.json naming the benchmark; false: the user must give --bench
+    environment: Environment = Field(default_factory=Environment)
+    wheelhouse: Wheelhouse | None = None
 
 
 class BenchSpec(Strict):
@@ -134,6 +191,17 @@ class BenchSpec(Strict):
     noise_pct: float = 2.0
     cmd: str = "gpu-bench"
     seconds: float = 0.15
+    args: dict[str, Scalar] = Field(default_factory=dict)  # the client's workload flags, in the host profile's command
+
+    def command(self) -> str:
+        """The benchmark command line the host profile names (``cmd`` and the workload flags)."""
+        parts = [self.cmd]
+        for k, v in self.args.items():
+            if v is True:
+                parts.append(f"--{k}")
+            elif v not in (False, None):
+                parts += [f"--{k}", str(v)]
+        return " ".join(parts)
 
 
 class Factor(Strict):
@@ -167,8 +235,10 @@ class Scenario(Strict):
     source: str = Field(default="", exclude=True)
 
     def state(self, which: Literal["good", "bad"]) -> dict[str, Any]:
-        """The host as a plain dict in the given state, with the repo's HEAD label resolved."""
+        """The host as a plain dict in the given state, with the repo's HEAD label resolved (and the
+        benchmark's workload flags under ``bench_args``)."""
         host = self.host.model_dump(mode="json")
+        host["bench_args"] = dict(self.bench.args)
         if host.get("repo"):
             host["repo"]["head"] = host["repo"]["commits"][-1]["sha"]
         if which == "bad":
@@ -180,7 +250,7 @@ class Scenario(Strict):
 
 _PATH_RE = re.compile(
     r"^(packages\.[^.]+\.(version|build)|repo\.head|server\.args\.[^.]+|server\.env\.[^.]+|"
-    r"gpus\.[0-9]+\.[a-z_]+|gpu_processes|cpu\.governor|driver\.version)$"
+    r"gpus\.[0-9]+\.[a-z_]+|gpu_processes|cpu\.governor|driver\.version|bench\.args\.[^.]+)$"
 )
 
 
@@ -201,6 +271,8 @@ def get_path(host: dict[str, Any], path: str) -> Any:
         return host["cpu"]["governor"]
     if path == "driver.version":
         return host["driver"]["version"]
+    if parts[0] == "bench":
+        return host["bench_args"].get(parts[2])
     raise KeyError(path)
 
 
@@ -224,6 +296,11 @@ def set_path(host: dict[str, Any], path: str, value: Any) -> None:
         host["cpu"]["governor"] = value
     elif path == "driver.version":
         host["driver"]["version"] = value
+    elif parts[0] == "bench":
+        if value is None:
+            host["bench_args"].pop(parts[2], None)
+        else:
+            host["bench_args"][parts[2]] = value
 
 
 def _check_factors(sc: Scenario, file: str) -> None:
@@ -235,7 +312,7 @@ def _check_factors(sc: Scenario, file: str) -> None:
             raise ScenarioError(
                 f"path `{f.path}` matches nothing", file=file, field=field,
                 fix="use packages.NAME.version|build, repo.head, server.args.FLAG, server.env.VAR, "
-                    "gpus.N.FIELD, gpu_processes, cpu.governor or driver.version")
+                    "gpus.N.FIELD, gpu_processes, cpu.governor, driver.version or bench.args.FLAG")
         parts = f.path.split(".")
         if parts[0] == "packages" and parts[1] not in sc.host.packages:
             raise ScenarioError(f"no package `{parts[1]}` under host.packages", file=file, field=field,
@@ -282,6 +359,27 @@ def _norm(v: Any) -> Any:
     return v
 
 
+def scenario_schema() -> dict[str, Any]:
+    """The JSON Schema of a scenario file (for editors); validation itself adds the cross-field checks."""
+    schema = Scenario.model_json_schema()
+    schema["properties"].pop("source", None)
+    schema["title"] = "debugagent simulated host scenario, format version 1"
+    return schema
+
+
+def _check_wheels(sc: Scenario, file: str) -> None:
+    if not sc.host.wheelhouse:
+        return
+    for i, w in enumerate(sc.host.wheelhouse.wheels):
+        spec = sc.host.packages.get(w.dist)
+        if spec is None:
+            raise ScenarioError(f"no package `{w.dist}` under host.packages", file=file,
+                                field=f"host.wheelhouse.wheels[{i}].dist", fix=f"one of: {', '.join(sc.host.packages)}")
+        if spec.editable:
+            raise ScenarioError(f"`{w.dist}` is an editable install; a wheel cannot stand for it", file=file,
+                                field=f"host.wheelhouse.wheels[{i}].dist")
+
+
 def builtin_dir() -> Path:
     return Path(str(resources.files("tools.sim") / "scenarios"))
 
@@ -305,4 +403,5 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
         raise ScenarioError(msg, file=file, field=loc, fix="see the scenario format in DESIGN.md / README (version 1)") from exc
     sc.source = file
     _check_factors(sc, file)
+    _check_wheels(sc, file)
     return sc

@@ -1,4 +1,5 @@
-"""How a command reaches a simulated host's sandbox. Standard library only.
+"""How a command reaches a simulated host: entered into its namespace (sealed) or rewritten onto
+its folder (not sealed). Standard library only.
 
 Shared by ``SimHost.exec`` (``--host sim:…``) and by ``remote.py``, the command an
 OpenSSH server runs for ``debugagent sim serve``: so what ``ssh`` shows is what
@@ -13,6 +14,13 @@ import re
 from pathlib import Path
 
 
+def enter(init_pid: int, home: str, env: dict[str, str], argv: list[str]) -> list[str]:
+    """The command line that runs ``argv`` inside the sealed host whose namespace ``init_pid`` holds."""
+    user = [] if os.geteuid() == 0 else ["--user", "--preserve-credentials"]
+    return ["nsenter", f"--target={init_pid}", *user, "--mount", "--pid", "--uts", "--ipc", "--root", f"--wdns={home}",
+            "--", "/usr/bin/env", "-i", *(f"{k}={v}" for k, v in env.items()), *argv]
+
+
 class SimShell:
     def __init__(self, sandbox: str, bin_dir: str, roots: list[str], user: str) -> None:
         self.sandbox = sandbox
@@ -24,14 +32,32 @@ class SimShell:
             + r")(?=[/\s'\";|&)<>:*\[]|$)")
         self._marker = sandbox.encode()
 
+        self.sealed = False
+        self.init_pid = 0
+
     @classmethod
     def load(cls, base: str) -> SimShell:
         d = json.loads((Path(base) / "exec.json").read_text())
-        return cls(d["sandbox"], d["bin"], d["roots"], d["user"])
+        sh = cls(d["sandbox"], d["bin"], d["roots"], d["user"])
+        sh.sealed, sh.init_pid = bool(d.get("sealed")), int(d.get("init_pid") or 0)
+        return sh
 
-    def save(self, base: Path) -> None:
+    def save(self, base: Path, *, sealed: bool = False, init_pid: int = 0) -> None:
+        self.sealed, self.init_pid = sealed, init_pid
         (base / "exec.json").write_text(json.dumps({"sandbox": self.sandbox, "bin": self.bin, "roots": self.roots,
-                                                    "user": self.user}))
+                                                    "user": self.user, "sealed": sealed, "init_pid": init_pid}))
+
+    def home_inside(self) -> str:
+        return "/root" if self.user == "root" else "/home/" + self.user
+
+    def argv(self, command: str, *, sealed: bool | None = None, init_pid: int | None = None, args: list[str] | None = None) -> list[str]:
+        """``bash -c COMMAND`` (or ``bash ARGS``) as it runs on the host: entered into its namespace where
+        sealed, rewritten onto the sandbox folder where not."""
+        sealed = self.sealed if sealed is None else sealed
+        bash = ["bash", *(args if args is not None else ["-c", command if sealed else self.rewrite(command)])]
+        if not sealed:
+            return bash
+        return enter(self.init_pid if init_pid is None else init_pid, self.home_inside(), self.env(sealed=True), bash)
 
     def rewrite(self, command: str) -> str:
         return self._re.sub(lambda m: self.sandbox + m.group(1), command)
@@ -42,7 +68,10 @@ class SimShell:
     def home(self) -> str:
         return self.sandbox + ("/root" if self.user == "root" else "/home/" + self.user)
 
-    def env(self) -> dict[str, str]:
+    def env(self, sealed: bool | None = None) -> dict[str, str]:
+        if self.sealed if sealed is None else sealed:
+            return {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": self.home_inside(),
+                    "USER": self.user, "LOGNAME": self.user, "LANG": "C.UTF-8", "SHELL": "/bin/bash"}
         return {
             "PATH": f"{self.bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "HOME": self.home(), "USER": self.user, "LOGNAME": self.user, "LANG": "C.UTF-8", "SHELL": "/bin/bash",

@@ -1,22 +1,16 @@
-"""Stand-in programs of a simulated host: ``nvidia-smi``, ``hostname``, ``nproc``, the benchmark.
+"""What a simulated host's ``nvidia-smi`` prints, computed by its controller (outside the host).
 
-Run as ``python -S -m tools.sim.standin PROGRAM CONTROL_DIR ARGS…`` by the shims a
-sandbox puts on its PATH. Standard library only, so each call starts fast. The control
-folder is outside the sandbox: what the agent can read never holds the factors.
+The ``nvidia-smi`` inside the host is a small client (``guest/client.py``) that sends its
+arguments to the controller and prints the reply; the formats follow the H200 captures in
+``tests/vectors/h200``. ``ctl`` is the controller's view of the host: ``host``, ``gpu(i)``,
+``save_override``, ``loaded()``, ``servers()`` (pid as the host sees it, argv, env), ``driver_old()``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-import random
-import re
-import subprocess
-import sys
-import time
 from datetime import UTC, datetime
-from pathlib import Path
+from typing import Any, TextIO
 
 REASON_BITS = {
     "gpu_idle": 0x1, "applications_clocks_setting": 0x2, "sw_power_cap": 0x4, "hw_slowdown": 0x8,
@@ -25,64 +19,12 @@ REASON_BITS = {
 }
 
 
-def so_bytes(name: str, version: str, build: str | None) -> bytes:
+def so_bytes(name: str, version: str, build: str | None, salt: str = "") -> bytes:
+    """The bytes of a distribution's compiled file: they follow name, version and build, and a per-host
+    random salt (so nothing outside the host can tell a build from its bytes)."""
     label = build or f"v{version}"
-    seed = hashlib.sha256(f"{name}:{version}:{label}".encode()).digest()
+    seed = hashlib.sha256(f"{salt}:{name}:{version}:{label}".encode()).digest()
     return b"\x7fELF\x02\x01\x01\x00" + seed * 64
-
-
-class Ctl:
-    def __init__(self, control: str) -> None:
-        self.dir = Path(control)
-        self.data = json.loads((self.dir / "host.json").read_text())
-        self.host = self.data["host"]
-        self.sandbox = Path(self.data["sandbox"])
-        over = self.dir / "gpu_overrides.json"
-        self.overrides = json.loads(over.read_text()) if over.exists() else {}
-
-    def gpu(self, i: int) -> dict:
-        g = dict(self.host["gpus"][i])
-        g.update(self.overrides.get(str(i), {}))
-        return g
-
-    def save_override(self, i: int, key: str, value: object) -> None:
-        self.overrides.setdefault(str(i), {})[key] = value
-        (self.dir / "gpu_overrides.json").write_text(json.dumps(self.overrides))
-
-    def loaded(self) -> bool:
-        for f in (self.dir / "load").iterdir():
-            try:
-                os.kill(int(f.name), 0)
-                return True
-            except (ProcessLookupError, ValueError):
-                f.unlink(missing_ok=True)
-            except PermissionError:
-                return True
-        return False
-
-    def servers(self) -> list[tuple[int, list[str], dict[str, str]]]:
-        out = []
-        proc = self.sandbox / "proc"
-        for p in sorted(proc.iterdir(), key=lambda x: x.name):
-            if not p.name.isdigit():
-                continue
-            try:
-                argv = (p / "cmdline").read_bytes().split(b"\0")
-                env = (p / "environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            args = [a.decode(errors="replace") for a in argv if a]
-            entry = self.data.get("server_entry") or "launch_server"
-            if any(entry in a for a in args):
-                envd = dict(e.decode(errors="replace").split("=", 1) for e in env if b"=" in e)
-                out.append((int(p.name), args, envd))
-        return out
-
-    def driver_old(self) -> bool:
-        try:
-            return int(self.host["driver"]["version"].split(".")[0]) < 530
-        except ValueError:
-            return False
 
 
 # ---------------------------------------------------------------- nvidia-smi
@@ -95,7 +37,7 @@ CANON = {"clocks.sm": "clocks.current.sm", "clocks.mem": "clocks.current.memory"
          "clocks.gr": "clocks.current.graphics", "gpu_name": "name", "gpu_uuid": "uuid", "gpu_bus_id": "pci.bus_id"}
 
 
-def gpu_view(ctl: Ctl, i: int, loaded: bool) -> dict:
+def gpu_view(ctl: Any, i: int, loaded: bool) -> dict:
     g = ctl.gpu(i)
     servers = ctl.servers()
     used = int(g["memory_mib"] * 0.88) if servers else 0
@@ -103,6 +45,8 @@ def gpu_view(ctl: Ctl, i: int, loaded: bool) -> dict:
     if loaded:
         reasons = list(g.get("event_reasons", []))
         sm, power, temp, gen, util = g["sm_clock"], g["power_draw"], g["temperature"], g["pcie_gen"], 97
+        if g.get("locked_sm_clock"):
+            sm = min(sm, int(g["locked_sm_clock"]))
     else:
         reasons = ["gpu_idle"]
         sm, power, temp, gen, util = 345, 79.62 + 0.31 * i, max(30, g["temperature"] - 14), 1, 0
@@ -132,13 +76,14 @@ def gpu_view(ctl: Ctl, i: int, loaded: bool) -> dict:
     }
 
 
-def nvsmi(ctl: Ctl, args: list[str]) -> int:
+def nvsmi(ctl: Any, args: list[str], out: TextIO, err: TextIO) -> int:
     fmt = ""
     query = None
     apps = None
     index = None
     i = 0
     pl = None
+    lgc: str | None = None
     while i < len(args):
         a = args[i]
         if a.startswith("--query-gpu="):
@@ -155,6 +100,13 @@ def nvsmi(ctl: Ctl, args: list[str]) -> int:
         elif a in ("-pl", "--power-limit"):
             pl = float(args[i + 1])
             i += 1
+        elif a in ("-lgc", "--lock-gpu-clocks") and i + 1 < len(args):
+            lgc = args[i + 1]
+            i += 1
+        elif a.startswith("--lock-gpu-clocks="):
+            lgc = a.split("=", 1)[1]
+        elif a in ("-rgc", "--reset-gpu-clocks"):
+            lgc = ""
         elif a in ("-q", "--query"):
             query = query or ["-q"]
         elif a in ("-d", "--display"):
@@ -165,19 +117,21 @@ def nvsmi(ctl: Ctl, args: list[str]) -> int:
     n = len(ctl.host["gpus"])
     indices = [index] if index is not None else list(range(n))
     if index is not None and index >= n:
-        print(f"No devices were found matching the index {index}", file=sys.stderr)
+        print(f"No devices were found matching the index {index}", file=err)
         return 6
+    if lgc is not None:
+        return lock_clocks(ctl, indices, lgc, out, err)
     if pl is not None:
         for idx in indices:
             g = ctl.gpu(idx)
             if pl > g["power_limit_max"] or pl < 200:
                 print(f"Provided power limit {pl:.2f} W is not a valid power limit which should be between "
-                      f"200.00 W and {g['power_limit_max']:.2f} W for GPU 00000000:{0x18 + 0x10 * idx:02X}:00.0", file=sys.stderr)
+                      f"200.00 W and {g['power_limit_max']:.2f} W for GPU 00000000:{0x18 + 0x10 * idx:02X}:00.0", file=err)
                 return 2
             old = g["power_limit"]
             ctl.save_override(idx, "power_limit", pl)
-            print(f"Power limit for GPU 00000000:{0x18 + 0x10 * idx:02X}:00.0 was set to {pl:.2f} W from {old:.2f} W.")
-        print("All done.")
+            print(f"Power limit for GPU 00000000:{0x18 + 0x10 * idx:02X}:00.0 was set to {pl:.2f} W from {old:.2f} W.", file=out)
+        print("All done.", file=out)
         return 0
     loaded = ctl.loaded()
     if apps is not None:
@@ -185,7 +139,7 @@ def nvsmi(ctl: Ctl, args: list[str]) -> int:
         for idx in indices:
             v = gpu_view(ctl, idx, loaded)
             for pid, argv, _env in ctl.servers():
-                rows.append({"gpu_uuid": v["uuid"], "pid": pid, "process_name": argv[0].replace(str(ctl.sandbox), ""),
+                rows.append({"gpu_uuid": v["uuid"], "pid": pid, "process_name": argv[0] if argv else "python3",
                              "used_memory": int(v["_raw"]["memory_mib"] * 0.88), "gpu_bus_id": v["pci.bus_id"]})
             for p in ctl.host.get("gpu_processes", []):
                 if p.get("gpu", 0) == idx:
@@ -193,19 +147,19 @@ def nvsmi(ctl: Ctl, args: list[str]) -> int:
                                  "used_memory": p["used_memory_mib"], "gpu_bus_id": v["pci.bus_id"]})
         nounits = "nounits" in fmt
         if "noheader" not in fmt:
-            print(", ".join(f + (" [MiB]" if f == "used_memory" and not nounits else "") for f in apps))
+            print(", ".join(f + (" [MiB]" if f == "used_memory" and not nounits else "") for f in apps), file=out)
         for r in rows:
             vals = []
             for f in apps:
                 if f not in r:
-                    print(f'Field "{f}" is not a valid field to query.', file=sys.stderr)
+                    print(f'Field "{f}" is not a valid field to query.', file=err)
                     return 2
                 val = r[f]
                 vals.append(f"{val} MiB" if f == "used_memory" and not nounits else str(val))
-            print(", ".join(vals))
+            print(", ".join(vals), file=out)
         return 0
     if query == ["-q"]:
-        print(q_text(ctl, indices, loaded))
+        print(q_text(ctl, indices, loaded), file=out)
         return 0
     if query:
         views = [gpu_view(ctl, idx, loaded) for idx in indices]
@@ -213,8 +167,8 @@ def nvsmi(ctl: Ctl, args: list[str]) -> int:
         for f in query:
             c = CANON.get(f, f)
             if c not in views[0] or c.startswith("_"):
-                print(f'Field "{f}" is not a valid field to query.', file=sys.stderr)
-                print("\nPlease run 'nvidia-smi --help-query-gpu' for more information.", file=sys.stderr)
+                print(f'Field "{f}" is not a valid field to query.', file=err)
+                print("\nPlease run 'nvidia-smi --help-query-gpu' for more information.", file=err)
                 return 2
             names.append(c)
         nounits = "nounits" in fmt
@@ -225,15 +179,39 @@ def nvsmi(ctl: Ctl, args: list[str]) -> int:
                 if c in ("clocks_throttle_reasons.active", "clocks_event_reasons.active"):
                     shown = "clocks_throttle_reasons.active" if ctl.driver_old() else "clocks_event_reasons.active"
                 hdr.append(shown + (f" [{UNITS[c]}]" if c in UNITS else ""))
-            print(", ".join(hdr))
+            print(", ".join(hdr), file=out)
         for v in views:
             vals = []
             for c in names:
                 val = v[c]
                 vals.append(f"{val} {UNITS[c]}" if c in UNITS and not nounits else str(val))
-            print(", ".join(vals))
+            print(", ".join(vals), file=out)
         return 0
-    print(table(ctl, loaded))
+    print(table(ctl, loaded), file=out)
+    return 0
+
+
+def lock_clocks(ctl: Any, indices: list[int], spec: str, out: TextIO, err: TextIO) -> int:
+    """``-lgc MIN,MAX`` locks the SM clock at most MAX under load; ``-rgc`` (spec "") resets it."""
+    if spec:
+        try:
+            lo, hi = (int(x) for x in spec.split(","))
+        except ValueError:
+            print(f"Invalid clock values: {spec}; give MIN,MAX in MHz, e.g. -lgc 1980,1980", file=err)
+            return 2
+        if lo > hi:
+            print("Invalid clock values: MIN is above MAX", file=err)
+            return 2
+    for idx in indices:
+        bus = f"00000000:{0x18 + 0x10 * idx:02X}:00.0"
+        if spec:
+            ctl.save_override(idx, "locked_sm_clock", hi)
+            print(f"GPU clocks set to \"(gpuClkMin {lo}, gpuClkMax {hi})\" for GPU {bus}", file=out)
+        else:
+            ctl.save_override(idx, "locked_sm_clock", None)
+            print(f"All done.\nGPU clocks reset to default for GPU {bus}", file=out)
+    if spec:
+        print("All done.", file=out)
     return 0
 
 
@@ -242,7 +220,7 @@ def _line(indent: int, key: str, value: object | None = None) -> str:
     return head if value is None else head.ljust(55) + f": {value}"
 
 
-def q_text(ctl: Ctl, indices: list[int], loaded: bool) -> str:
+def q_text(ctl: Any, indices: list[int], loaded: bool) -> str:
     old = ctl.driver_old()
     d = ctl.host["driver"]
     out = ["", "==============NVSMI LOG==============", "",
@@ -291,7 +269,7 @@ def q_text(ctl: Ctl, indices: list[int], loaded: bool) -> str:
     return "\n".join(out) + "\n"
 
 
-def table(ctl: Ctl, loaded: bool) -> str:
+def table(ctl: Any, loaded: bool) -> str:
     d = ctl.host["driver"]
     lines = [datetime.now(UTC).strftime("%a %b %d %H:%M:%S %Y       "), "+" + "-" * 89 + "+",
              f"| NVIDIA-SMI {d['version']:<22} Driver Version: {d['version']:<14} CUDA Version: {d['cuda']:<9}|",
@@ -303,140 +281,3 @@ def table(ctl: Ctl, loaded: bool) -> str:
                      f" {v['memory.used']:>8}MiB / {v['memory.total']}MiB | {v['utilization.gpu']:>8}%      Default |")
     lines.append("+" + "-" * 41 + "+" + "-" * 24 + "+" + "-" * 22 + "+")
     return "\n".join(lines)
-
-
-# ---------------------------------------------------------------- benchmark
-def current(ctl: Ctl, path: str, cwd: str) -> object:
-    parts = path.split(".")
-    h = ctl.host
-    if parts[0] == "packages":
-        name = parts[1]
-        site = next((ctl.sandbox / h["python"].lstrip("/")).parent.parent.glob("lib/python*/site-packages"))
-        norm = re.sub(r"[-_.]+", "_", name)
-        info = next(site.glob(f"{norm}-*.dist-info"), None)
-        if info is None:
-            return None
-        version = re.search(r"^Version: (.+)$", (info / "METADATA").read_text(), re.M).group(1).strip()
-        if parts[2] == "version":
-            return version
-        module = (info / "top_level.txt").read_text().split()[0]
-        so = site / module / "_C.abi3.so"
-        if not so.exists():
-            return None
-        data = so.read_bytes()
-        for f in ctl.data["factors"]:
-            if f["path"] == path:
-                for label in (f["good"], f["bad"]):
-                    if so_bytes(name, version, label) == data:
-                        return label
-        return "other"
-    if parts[0] == "server":
-        servers = ctl.servers()
-        if not servers:
-            return KeyError
-        _pid, argv, env = servers[0]
-        if parts[1] == "env":
-            return env.get(parts[2])
-        flags: dict[str, object] = {}
-        i = 0
-        while i < len(argv):
-            a = argv[i]
-            if a.startswith("--"):
-                k, eq, v = a[2:].partition("=")
-                if eq:
-                    flags[k] = v
-                elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-                    flags[k] = argv[i + 1]
-                    i += 1
-                else:
-                    flags[k] = True
-            i += 1
-        return flags.get(parts[2])
-    if path == "repo.head":
-        repo = str(ctl.sandbox / h["repo"]["path"].lstrip("/"))
-        where = repo
-        r = subprocess.run(["git", "-C", cwd, "rev-parse", "--git-common-dir"], capture_output=True, text=True)
-        if r.returncode == 0:
-            common = os.path.realpath(os.path.join(cwd, r.stdout.strip()))
-            if common == os.path.realpath(os.path.join(repo, ".git")):
-                where = cwd
-        sha = subprocess.run(["git", "-C", where, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-        return sha
-    if parts[0] == "gpus":
-        return ctl.gpu(int(parts[1])).get(parts[2])
-    if path == "gpu_processes":
-        return h.get("gpu_processes", [])
-    if path == "cpu.governor":
-        return (ctl.sandbox / "sys/devices/system/cpu/cpu0/cpufreq/scaling_governor").read_text().strip()
-    if path == "driver.version":
-        return h["driver"]["version"]
-    return None
-
-
-def _same(a: object, b: object) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool) or a is None or b is None:
-        return a == b
-    try:
-        return float(a) == float(b)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return a == b
-
-
-def bench(ctl: Ctl, args: list[str]) -> int:
-    spec = ctl.data["bench"]
-    marker = ctl.dir / "load" / str(os.getpid())
-    marker.write_text("")
-    try:
-        cwd = os.getcwd()
-        value = spec["base"]
-        labels = ctl.data["labels"]
-        order = ctl.data["commit_order"]
-        for f in ctl.data["factors"]:
-            cur = current(ctl, f["path"], cwd)
-            if cur is KeyError:
-                print("error: cannot connect to the server at 127.0.0.1:30000 (connection refused); is it running?", file=sys.stderr)
-                return 1
-            if f["path"] == "repo.head":
-                if cur not in order:
-                    continue
-                if f.get("culprit"):
-                    active = order.index(cur) >= order.index(labels[f["culprit"]])
-                else:
-                    active = cur == labels.get(f["bad"])
-            else:
-                active = _same(cur, f["bad"])
-            if active:
-                value += f["effect"]
-        counter = ctl.dir / "counter"
-        n = int(counter.read_text() or 0) + 1
-        counter.write_text(str(n))
-        rng = random.Random(f"{ctl.data['name']}:{n}")
-        value = value * (1 + rng.gauss(0, spec["noise_pct"] / 100.0))
-        time.sleep(spec.get("seconds", 0.15))
-        unit = spec["unit"]
-        print(f"[bench] warmup 3 iters, measure 10 iters, host {ctl.host['hostname']}")
-        print(f"{spec['metric']}={value:.3f} {unit}")
-        return 0
-    finally:
-        marker.unlink(missing_ok=True)
-
-
-def main(argv: list[str]) -> int:
-    prog, control, args = argv[0], argv[1], argv[2:]
-    ctl = Ctl(control)
-    if prog == "nvidia-smi":
-        return nvsmi(ctl, args)
-    if prog == "hostname":
-        print(ctl.host["hostname"])
-        return 0
-    if prog == "nproc":
-        print(ctl.host["cpu"]["cores"])
-        return 0
-    if prog == "bench":
-        return bench(ctl, args)
-    print(f"unknown stand-in {prog}", file=sys.stderr)
-    return 127
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

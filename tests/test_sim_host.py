@@ -1,0 +1,283 @@
+"""Simulated hosts behave like real ones: code and packages change only with a restart, and a
+sealed host reveals nothing of its scenario (locally and through `sim serve`'s sshd)."""
+
+from __future__ import annotations
+
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+
+from tools.errors import ScenarioError
+from tools.registry import Runner
+from tools.sim import builtin_names, load_scenario, parse_scenario
+from tools.sim.scenario import builtin_dir
+from tools.sim.seal import available, why_not
+from tools.sim.standin import so_bytes
+
+pytestmark = pytest.mark.skipif(not available(), reason=f"a sealed host needs bwrap: {why_not()}")
+
+
+def bench(runner: Runner, n: int = 3, cwd: str | None = None) -> float:
+    """The mean of ``n`` benchmark runs (the host's own benchmark and metric)."""
+    args: dict = {"cmd": "gpu-bench", "metric": runner.transport.scenario.bench.metric}
+    if cwd:
+        args["cwd"] = cwd
+    vals = [runner.call("bench", args).output.value for _ in range(n)]
+    return statistics.fmean(vals)
+
+
+def restart(runner: Runner, *, cwd: str | None = None, set_env: dict[str, str] | None = None) -> int:
+    """Restart the running server as an experiment does (same argv and environment, changes applied)."""
+    pid = runner.call("find_servers").output.processes[0].pid
+    d = runner.call("server_details", {"pid": pid}).output
+    r = runner.call("restart_server", {"pid": pid, "argv": d.argv, "cwd": cwd or d.cwd, "env_file": f"/tmp/env-{pid}",
+                                       "set": set_env or {}, "save_env": True})
+    assert r.ok, r.error
+    return r.output.pid
+
+
+def wait_up(t, pid: int) -> None:
+    """The restarted server has imported its code and registered (as a readiness check would see)."""
+    import time
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if any(p.pid == pid and p.role == "server" for p in t.sim.controller.procs):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"server {pid} did not come up: {t.run('tail -5 /tmp/debugagent-server.log').stdout}")
+
+
+def test_code_revert_needs_a_restart_from_the_worktree(sim):
+    """With the benchmark merely run in a worktree the regression stays; restarting the server from the
+    worktree (first on PYTHONPATH, cwd inside) recovers it, and bisecting that way finds the culprit."""
+    t = sim("sim:code-regression-bisect")
+    r = Runner(t)
+    sc = t.scenario
+    labels = t.sim.labels
+    good, culprit = labels["a2"], labels["a5"]
+    wt = "/tmp/wt-revert"
+    assert r.call("git_worktree_add", {"repo": "/root/sglang", "path": wt, "commit": good}).ok
+    bad_mean = bench(r)
+    in_worktree = bench(r, cwd=wt)
+    assert abs(in_worktree - bad_mean) < 3, "the benchmark is a client of the server: the worktree alone changes nothing"
+    assert in_worktree < sc.bench.base - 4
+
+    def run_at(commit: str) -> float:
+        assert r.call("git_worktree_checkout", {"path": wt, "commit": commit}).ok
+        wait_up(t, restart(r, cwd=f"{wt}/python", set_env={"PYTHONPATH": f"{wt}/python"}))
+        return bench(r)
+
+    assert run_at(good) > sc.bench.base - 3
+    commits = [labels[c.sha] for c in sc.host.repo.commits]
+    lo, hi = commits.index(good), len(commits) - 1  # lo good, hi bad
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if run_at(commits[mid]) < sc.bench.base - 3.5:
+            hi = mid
+        else:
+            lo = mid
+    assert commits[hi] == culprit
+
+
+def test_package_reinstall_takes_effect_on_restart(sim):
+    """pip installs the baseline wheel from the wheelhouse; the running server keeps what it imported
+    until it is restarted."""
+    t = sim("sim:flashinfer-wheelhouse")
+    r = Runner(t)
+    before = bench(r)
+    assert before > 27
+    pip = t.run("/root/ml-env/bin/pip install -q --no-index --find-links /root/wheelhouse --force-reinstall --no-deps "
+                "flashinfer-python==0.5.3 2>&1; echo rc=$?", timeout=180)
+    assert "rc=0" in pip.stdout, pip.stdout
+    assert bench(r) > 27, "a reinstall without a restart changes nothing in the running server"
+    wait_up(t, restart(r))
+    assert bench(r) < 23
+
+
+def test_console_script_server_and_worker_environment(sim):
+    """`vllm serve` runs as a console-script launcher; its worker has its own environment, and the
+    benchmark follows the worker's."""
+    t = sim("sim:vllm-console-worker")
+    r = Runner(t)
+    procs = r.call("find_servers").output.processes
+    assert len(procs) == 1 and procs[0].argv[:3] == ["/opt/venv/bin/python3", "/opt/venv/bin/vllm", "serve"]
+    ps = t.run("ps -eo args").stdout
+    assert "multiprocessing.spawn" in ps
+    worker_env = t.run("for p in /proc/[0-9]*; do grep -qa multiprocessing $p/cmdline && tr '\\0' '\\n' < $p/environ; done").stdout
+    assert "CUDA_VISIBLE_DEVICES=0" in worker_env and "CUDA_LAUNCH_BLOCKING=1" in worker_env
+    assert "Using FlashInfer backend" in t.run("cat /tmp/server.log").stdout
+    slow = statistics.fmean(r.call("bench", {"cmd": "gpu-bench", "metric": "itl"}).output.value for _ in range(3))
+    pid = r.call("find_servers").output.processes[0].pid
+    d = r.call("server_details", {"pid": pid}).output
+    assert r.call("restart_server", {"pid": pid, "argv": d.argv, "cwd": d.cwd, "env_file": f"/tmp/e-{pid}",
+                                     "unset": ["CUDA_LAUNCH_BLOCKING"], "save_env": True}).ok
+    import time
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not t.sim.controller.live("worker"):
+        time.sleep(0.05)
+    fast = statistics.fmean(r.call("bench", {"cmd": "gpu-bench", "metric": "itl"}).output.value for _ in range(3))
+    assert slow > 15 and fast < 13
+
+
+def test_no_host_profile_and_a_large_environment(sim):
+    """A scenario may omit the host profile; the environment holds 200+ distributions, many sharing one
+    install time."""
+    t = sim("sim:no-host-profile")
+    assert t.run("cat /etc/debugagent/host.json").exit_code != 0
+    out = t.run("cd /root/ml-env/lib/python3.11/site-packages && ls -d *.dist-info | wc -l; "
+                "stat -c %Y *.dist-info | sort | uniq -c | sort -rn | head -1").stdout.split()
+    assert int(out[0]) >= 200 and int(out[1]) >= 150
+
+
+def test_locked_clocks(sim):
+    """`nvidia-smi -lgc` caps the SM clock under load; `-rgc` resets it; the benchmark follows."""
+    t = sim(f"sim:{Path(__file__).parent / 'scenarios' / 'clocks-locked.yaml'}")
+    r = Runner(t)
+    load = r.call("gpu_sample_under_load", {"load": "gpu-bench", "seconds": 0.6}).output
+    assert load.loaded and load.per_gpu()[0].sm_clock == 1305
+    slow = bench(r)
+    assert t.run("nvidia-smi -rgc").exit_code == 0
+    assert r.call("gpu_sample_under_load", {"load": "gpu-bench", "seconds": 0.6}).output.per_gpu()[0].sm_clock == 1980
+    assert bench(r) > slow + 12
+
+
+def test_under_load_reading_is_decided_by_the_service(sim):
+    """While a benchmark is in its work, nvidia-smi reads the loaded values, whatever the machine's load:
+    the GPU service runs the workload, so it knows."""
+    t = sim("sim:power-capped")
+    for _ in range(3):
+        load = Runner(t).call("gpu_sample_under_load", {"load": "gpu-bench", "seconds": 0.4}).output
+        assert load.loaded, "the sampler samples again until it has caught the load"
+        assert load.per_gpu()[0].power_limit == 450.0 and load.per_gpu()[0].sm_clock == 1545
+
+
+# ---------------------------------------------------------------- the seal
+LEAK_COMMANDS = [
+    'cat "$(command -v nvidia-smi)"', 'cat "$(command -v gpu-bench)"', "ps -eo pid,args", "env",
+    "find / -path /proc -prune -o -path /usr -prune -o -path /sys -prune -o -path /dev -prune -o -print", "ls -la /proc/*/root/ 2>/dev/null",
+    "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; tr '\\0' '\\n' < $p/environ; done 2>/dev/null",
+    "for p in /proc/[0-9]*; do ls $p/root/ 2>/dev/null; cat $p/root/etc/hostname 2>/dev/null; done",
+    "grep -rIl -e root_cause -e compiled_dependency -e 'factors:' -e 'effect:' / --exclude-dir=proc --exclude-dir=sys "
+    "--exclude-dir=usr --exclude-dir=dev 2>/dev/null | head -50",
+    "cat /proc/mounts /proc/self/mountinfo",
+]
+
+
+def leaks(run, sc_name: str, source: str, salt_free: bytes | None) -> list[str]:
+    """What a shell on the host can read that names the scenario's answer."""
+    sc = load_scenario(sc_name)
+    needles = {"root_cause", "compiled_dependency", "factors:", "effect:", source, str(builtin_dir()), "/work/",
+               sc.name + ".yaml", f"expect: {sc.expect.root_cause}"}
+    found = []
+    for cmd in LEAK_COMMANDS:
+        text = run(cmd)
+        for n in needles:
+            if n and n in text:
+                found.append(f"`{cmd}` shows {n!r}")
+    if salt_free is not None:
+        dump = run("od -An -tx1 -v /root/ml-env/lib/python3.11/site-packages/*/_C.abi3.so 2>/dev/null | tr -d ' \\n'")
+        if salt_free.hex() in dump:
+            found.append("a compiled file's bytes are the unsalted label's")
+    return found
+
+
+@pytest.mark.parametrize("name", builtin_names())
+def test_sealed_host_reveals_nothing(sim, name):
+    """From a shell on a sealed host: the stand-ins, ps, env, find /, every /proc/*/cmdline and environ,
+    /proc/PID/root and the mounts name no factor, effect, expect or scenario path."""
+    t = sim(f"sim:{name}")
+    assert t.sim.sealed
+    sc = t.scenario
+    first = next(iter(sc.host.packages.items()))
+    unsalted = so_bytes(first[0], first[1].version, first[1].build)[8:40]
+    assert leaks(lambda c: (lambda r: r.stdout + r.stderr)(t.run(c, timeout=120)), name, sc.source, unsalted) == []
+    assert t.run("ps -e | wc -l").stdout.strip() and "python" not in t.run("readlink /proc/1/exe").stdout
+
+
+@pytest.mark.parametrize("name", builtin_names())
+def test_sealed_host_reveals_nothing_over_sshd(tmp_path, name):
+    """The same leak hunt through `sim serve`'s OpenSSH server and a real SSH connection."""
+    from tools.sim import serve
+    from tools.ssh import SSHTransport
+    if not Path(serve.SSHD).is_file():
+        pytest.skip("needs Debian's openssh-server")
+    with serve.start(f"sim:{name}") as served:
+        t = SSHTransport.from_spec(served.target, identity_file=str(served.identity), known_hosts=str(tmp_path / "kh"),
+                                   accept_new=True)
+        try:
+            assert t.run("hostname").stdout.strip() == served.sim.state["hostname"]
+            assert leaks(lambda c: (lambda r: r.stdout + r.stderr)(t.run(c, timeout=120)), name,
+                         served.sim.scenario.source, None) == []
+            assert served.sim.state["server"]["cmd"].split()[-1] in t.run("ps -eo args").stdout
+        finally:
+            t.close()
+
+
+def test_nothing_left_on_disk_when_a_host_fails_to_start(tmp_path):
+    """A scenario whose server cannot start raises a clear error and leaves no folder behind."""
+    from tools.sim.sandbox import SimHost
+    text = (builtin_dir() / "launch-blocking.yaml").read_text().replace(
+        "cmd: /root/ml-env/bin/python3 -m sglang.launch_server", "cmd: /root/ml-env/bin/python3 -c pass")
+    sc = parse_scenario(text, "x.yaml")
+    with pytest.raises(ScenarioError, match="host.server.cmd"):
+        SimHost(sc, root=str(tmp_path / "host"))
+    assert not (tmp_path / "host").exists()
+
+
+def test_host_ends_with_every_process():
+    """Closing a sealed host ends its namespace (server and all) and removes its folder."""
+    from tools.sim import SimTransport
+    t = SimTransport("sim:launch-blocking")
+    base, pid = t.sim.base, t.sim.init_pid
+    assert Path(f"/proc/{pid}").exists()
+    t.close()
+    assert not base.exists() and not Path(f"/proc/{pid}").exists()
+
+
+# ---------------------------------------------------------------- the format
+def test_bare_number_version_says_quote_it():
+    """A version written as a bare YAML number is refused with the field and "quote it"."""
+    text = (builtin_dir() / "launch-blocking.yaml").read_text().replace("torch: {version: 2.9.1+cu130}", "torch: {version: 2.10}")
+    with pytest.raises(ScenarioError, match=r"host\.packages\.torch\.version.*quote it"):
+        parse_scenario(text, "x.yaml")
+
+
+def test_script_server_runs(sim, tmp_path):
+    """A `cmd` that runs a script (not `python -m`) starts and serves."""
+    p = tmp_path / "script.yaml"
+    p.write_text((builtin_dir() / "container-torch-layer.yaml").read_text().replace(
+        "cmd: /root/ml-env/bin/python3 -m sglang.launch_server", "cmd: /root/ml-env/bin/python3 /root/serve.py"))
+    t = sim(f"sim:{p}")
+    procs = Runner(t).call("find_servers", {"pattern": r"serve\.py"}).output.processes
+    assert procs and procs[0].argv[:2] == ["/root/ml-env/bin/python3", "/root/serve.py"]
+    assert re.search(r"decode=\d", t.run("gpu-bench").stdout)
+
+
+def test_schema_lists_the_format():
+    """`debugagent sim schema` prints a JSON Schema that names the new fields and forbids unknown keys."""
+    import json
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "agent.cli", "sim", "schema"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0
+    schema = json.loads(out.stdout)
+    host = schema["$defs"]["Host"]["properties"]
+    assert {"profile", "environment", "wheelhouse", "gpu_processes"} <= set(host)
+    assert "worker" in schema["$defs"]["Server"]["properties"] and "args" in schema["$defs"]["BenchSpec"]["properties"]
+    assert schema["$defs"]["Host"]["additionalProperties"] is False
+
+
+def test_unsealed_host_still_runs(tmp_path):
+    """Where a host cannot be sealed it still runs (commands rewritten onto its folder) and says so."""
+    from tools.sim.sandbox import SimHost
+    h = SimHost(load_scenario("launch-blocking"), root=str(tmp_path / "h"), sealed=False)
+    try:
+        assert not h.sealed
+        assert re.search(r"verify=\d", h.exec("gpu-bench").stdout)
+        assert h.exec("nvidia-smi --query-gpu=index,clocks.sm --format=csv,noheader").stdout == "0, 345 MHz\n"
+        assert "sglang.launch_server" in h.exec("for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; done").stdout
+    finally:
+        h.close()
+    assert not (tmp_path / "h").exists()

@@ -1,0 +1,301 @@
+"""The GPU service of a simulated host: the one place that knows the factors, outside the host.
+
+It listens on a unix socket that the host sees at ``/run/nvidia-gpu/service.sock``. Programs
+inside the host ask it for observations only:
+
+- ``nvidia-smi ARGS``: what the GPUs report now (idle unless a benchmark is running, which
+  the service knows because it runs the benchmark's workload itself), and ``-pl`` / ``-lgc``.
+- the benchmark (``gpu-bench ARGS``): its workload (the flags it was given) against the
+  inference server that runs now, measured with noise.
+- ``up``: an inference server (or its worker) tells what it imported when it started; the
+  connection stays open for the process's life, so the service knows what runs.
+
+What a server runs is what it imported when it started: its code's newest change and the
+sha256 of each compiled dependency it loaded. The service maps those back to the
+scenario's labels; nothing inside the host holds the mapping.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import socket
+import socketserver
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .scenario import Scenario
+from .standin import nvsmi, so_bytes
+
+
+@dataclass
+class Proc:
+    """A server or worker process as it registered: host pid, real pid, what it imported."""
+
+    role: str
+    pid: int
+    real_pid: int
+    code: int
+    builds: dict[str, str]
+    seq: int = 0  # the order of registration (1, 2, …)
+    started: float = field(default_factory=time.monotonic)
+
+    def argv(self, strip: str = "") -> list[str]:
+        try:
+            raw = Path(f"/proc/{self.real_pid}/cmdline").read_bytes()
+        except OSError:
+            return []
+        return [a.decode(errors="replace").replace(strip, "") if strip else a.decode(errors="replace")
+                for a in raw.split(b"\0") if a]
+
+    def env(self) -> dict[str, str]:
+        try:
+            raw = Path(f"/proc/{self.real_pid}/environ").read_bytes()
+        except OSError:
+            return {}
+        return dict(e.decode(errors="replace").split("=", 1) for e in raw.split(b"\0") if b"=" in e)
+
+
+def parse_flags(argv: list[str]) -> dict[str, Any]:
+    """``--k v`` / ``--k=v`` / ``--flag`` (True) of a command line."""
+    flags: dict[str, Any] = {}
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a.startswith("--"):
+            k, eq, v = a[2:].partition("=")
+            if eq:
+                flags[k] = v
+            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                flags[k] = argv[i + 1]
+                i += 1
+            else:
+                flags[k] = True
+        i += 1
+    return flags
+
+
+def same(a: object, b: object) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool) or a is None or b is None:
+        return a == b
+    try:
+        return float(a) == float(b)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return a == b
+
+
+class Controller:
+    """The host's state outside the host, and the socket service that answers from it."""
+
+    def __init__(self, scenario: Scenario, state: dict[str, Any], salt: str, socket_path: Path, sys_root: Path,
+                 strip: str = "") -> None:
+        self.scenario = scenario
+        self.host = state
+        self.salt = salt
+        self.sys_root = sys_root
+        self.strip = strip  # the sandbox folder, removed from command lines where the host is not sealed
+        self.overrides: dict[int, dict[str, Any]] = {}
+        self.procs: list[Proc] = []
+        self.load = 0
+        self.count = 0
+        self.connect_wait_s = 20.0
+        self.registered = 0
+        self.cv = threading.Condition()
+        self.builds = self._build_table()
+        self.path = socket_path
+        ctl = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                ctl._handle(self)
+
+        self.server = socketserver.ThreadingUnixStreamServer(str(socket_path), Handler)
+        self.server.daemon_threads = True
+        os.chmod(socket_path, 0o666)
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    # ------------------------------------------------------------ what nvidia-smi reads
+    def gpu(self, i: int) -> dict[str, Any]:
+        g = dict(self.host["gpus"][i])
+        g.update(self.overrides.get(i, {}))
+        return g
+
+    def save_override(self, i: int, key: str, value: object) -> None:
+        self.overrides.setdefault(i, {})[key] = value
+
+    def loaded(self) -> bool:
+        return self.load > 0
+
+    def driver_old(self) -> bool:
+        try:
+            return int(self.host["driver"]["version"].split(".")[0]) < 530
+        except ValueError:
+            return False
+
+    def live(self, role: str) -> list[Proc]:
+        with self.cv:
+            return [p for p in self.procs if p.role == role]
+
+    def servers(self) -> list[tuple[int, list[str], dict[str, str]]]:
+        return [(p.pid, p.argv(self.strip), p.env()) for p in self.live("server")]
+
+    def wait_server(self, timeout: float, after: int = 0) -> bool:
+        """Wait until a server runs that registered after the first ``after`` registrations."""
+        deadline = time.monotonic() + timeout
+        with self.cv:
+            while not any(p.role == "server" and p.seq > after for p in self.procs):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cv.wait(left)
+        return True
+
+    # ------------------------------------------------------------ the socket
+    def _handle(self, h: socketserver.StreamRequestHandler) -> None:
+        first = h.rfile.read(1)
+        if first == b"{":  # a server's report: one JSON line, then the connection stays open
+            self._register(h, json.loads(first + h.rfile.readline()))
+            return
+        head = first + h.rfile.read(3)
+        if len(head) < 4:
+            return
+        fields = h.rfile.read(int.from_bytes(head, "big")).split(b"\0")[:-1]
+        op, argv = fields[0].decode(), [f.decode("utf-8", "surrogateescape") for f in fields[1:]]
+        if op == "nvidia-smi":
+            out, err = io.StringIO(), io.StringIO()
+            rc = nvsmi(self, argv, out, err)
+            reply = {"out": out.getvalue(), "err": err.getvalue(), "rc": rc}
+        elif op == os.path.basename(self.scenario.bench.cmd.split()[0]):
+            reply = self.bench(argv)
+        else:
+            reply = {"out": "", "err": f"{op}: unknown program\n", "rc": 127}
+        o, e = reply["out"].encode(), reply["err"].encode()
+        h.wfile.write(int(reply["rc"]).to_bytes(4, "big", signed=True) + len(o).to_bytes(4, "big") + o
+                      + len(e).to_bytes(4, "big") + e)
+
+    def _register(self, h: socketserver.StreamRequestHandler, req: dict[str, Any]) -> None:
+        pid, _uid, _gid = struct.unpack("3i", h.request.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                                   struct.calcsize("3i")))
+        p = Proc(role=str(req.get("role")), pid=int(req["pid"]), real_pid=pid, code=int(req.get("code", -1)),
+                 builds={str(k): str(v) for k, v in (req.get("builds") or {}).items()})
+        with self.cv:
+            self.registered += 1
+            p.seq = self.registered
+            self.procs.append(p)
+            self.cv.notify_all()
+        try:
+            while h.rfile.read(4096):
+                pass
+        finally:
+            with self.cv:
+                self.procs.remove(p)
+                self.cv.notify_all()
+
+    # ------------------------------------------------------------ the benchmark
+    def _build_table(self) -> dict[str, tuple[str, str | None]]:
+        """sha256 of a compiled file -> (version, build label), for every version and build the
+        scenario or its wheelhouse names."""
+        import hashlib
+        sc = self.scenario
+        table: dict[str, tuple[str, str | None]] = {}
+        for dist, spec in sc.host.packages.items():
+            versions, builds = {spec.version}, {spec.build}
+            for f in sc.factors:
+                if f.path == f"packages.{dist}.version":
+                    versions |= {str(f.good), str(f.bad)}
+                if f.path == f"packages.{dist}.build":
+                    builds |= {f.good, f.bad}
+            if sc.host.wheelhouse:
+                for w in sc.host.wheelhouse.wheels:
+                    if w.dist == dist:
+                        versions.add(w.version)
+                        builds.add(w.build)
+            for v in versions:
+                for b in builds:
+                    table[hashlib.sha256(so_bytes(dist, v, b, self.salt)).hexdigest()] = (v, b)
+        return table
+
+    def current(self, path: str, srv: Proc, worker: Proc | None, client: list[str]) -> Any:
+        """The value of a factor's path as the running server, its worker, the GPUs and the client have it."""
+        parts = path.split(".")
+        if parts[0] == "packages":
+            spec = self.scenario.host.packages[parts[1]]
+            module = spec.module or parts[1].replace("-", "_")
+            got = self.builds.get(srv.builds.get(module, ""))
+            if got is None:
+                return None
+            return got[0] if parts[2] == "version" else got[1]
+        if path == "repo.head":
+            commits = self.scenario.host.repo.commits if self.scenario.host.repo else []
+            return commits[srv.code].sha if 0 <= srv.code < len(commits) else None
+        if parts[0] == "server" and parts[1] == "args":
+            return parse_flags(srv.argv(self.strip)[1:]).get(parts[2])
+        if parts[0] == "server" and parts[1] == "env":
+            return (worker or srv).env().get(parts[2])
+        if parts[0] == "gpus":
+            return self.gpu(int(parts[1])).get(parts[2])
+        if path == "gpu_processes":
+            return self.host.get("gpu_processes", [])
+        if path == "cpu.governor":
+            f = self.sys_root / "devices/system/cpu/cpu0/cpufreq/scaling_governor"
+            return f.read_text().strip() if f.exists() else None
+        if path == "driver.version":
+            return self.host["driver"]["version"]
+        if parts[0] == "bench":
+            return parse_flags(client).get(parts[2])
+        return None
+
+    def active(self, f: Any, cur: Any) -> bool:
+        if f.path == "repo.head":
+            labels = [c.sha for c in self.scenario.host.repo.commits]
+            if cur not in labels:
+                return False
+            if f.culprit:
+                return labels.index(cur) >= labels.index(f.culprit)
+            return cur == f.bad
+        if f.path == "gpu_processes":
+            return bool(cur) == bool(f.bad)
+        return same(cur, f.bad)
+
+    def bench(self, client: list[str]) -> dict[str, Any]:
+        spec = self.scenario.bench
+        if not self.live("server"):
+            # a benchmark client retries a refused connection for a while, as a server that was just
+            # restarted is still importing its code
+            self.wait_server(self.connect_wait_s, 0)
+        servers = self.live("server")
+        if not servers:
+            return {"out": "", "rc": 1,
+                    "err": "error: cannot connect to the server at 127.0.0.1:30000 (connection refused); is it running?\n"}
+        srv = servers[-1]
+        workers = self.live("worker") if self.scenario.host.server.worker else []
+        worker = workers[-1] if workers else None
+        value = spec.base
+        for f in self.scenario.factors:
+            if self.active(f, self.current(f.path, srv, worker, client)):
+                value += f.effect
+        with self.cv:
+            self.count += 1
+            n = self.count
+            self.load += 1
+        try:
+            rng = random.Random(f"{self.scenario.name}:{n}")
+            value = value * (1 + rng.gauss(0, spec.noise_pct / 100.0))
+            time.sleep(spec.seconds)
+        finally:
+            with self.cv:
+                self.load -= 1
+        out = (f"[bench] warmup 3 iters, measure 10 iters, host {self.host['hostname']}\n"
+               f"{spec.metric}={value:.3f} {spec.unit}\n")
+        return {"out": out, "err": "", "rc": 0}

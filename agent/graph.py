@@ -274,8 +274,7 @@ def evaluate_node(ctx: Ctx, s: State) -> State:
             f = findings[0]
             h.update(status=f.verdict, how="evidence" if f.verdict == "ruled_out" else None, because=[f.because],
                      findings=[f.model_dump()], experiments=[])
-        ctx.transcript.emit("hypothesis_opened", hypothesis=hid, title=hp.title,
-                            text=f"Does the evidence point at {hp.title}?")
+        ctx.transcript.emit("hypothesis_opened", hypothesis=hid, title=hp.title, checks=list(hp.checks))
         ctx.transcript.emit("verdict", hypothesis=hid, status=h["status"], how=h["how"], because="; ".join(h["because"]))
         ctx.on_status("verdict", {"hypothesis": hid, "status": h["status"]})
     return {"hyps": hyps, "facts": _jsonable(facts)}

@@ -117,7 +117,7 @@ def test_seed_transcript_reads_like_the_seeds(tmp_path):
                                  as_json=True, out=str(tmp_path / "run")))
     md = (Path(out["transcript"]) / "transcript.md").read_text()
     assert "[msg 1] [assistant]" in md
-    assert '[assistant] [bash] ssh root@gpu-node-3 "nvidia-smi --query-gpu=' in md
+    assert "[assistant] [bash] `ssh root@gpu-node-3 \"nvidia-smi --query-gpu=" in md
     assert "Output:" in md
     assert "git -C /root/sglang worktree add --detach" in md and "worktree remove" in md
     for h in ["code_change", "gpu_clocks", "pcie_link", "serving_config", "compiled_dependency", "driver_cuda",

@@ -67,6 +67,8 @@ def run(
     connect_timeout: TimeoutOpt = 10.0,
 ) -> None:
     """Investigate a regression: reproduce it, gather evidence, run experiments, conclude."""
+    if err.is_terminal and not as_json:   # at once, before the heavy imports
+        err.print(escape(f"debugagent run: {symptom}" + (f" (was {baseline})" if baseline else "") + f" on {host}"))
     from .run import RunOptions, execute
     opts = RunOptions(host=host, symptom=symptom, baseline=baseline, baseline_snapshot=baseline_snapshot,
                       playbook=playbook, bench=bench, repo=repo, python=python, allow_mutations=allow_mutations,

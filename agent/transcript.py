@@ -39,6 +39,7 @@ class Transcript:
         self._file = self.path.open("a", buffering=1)
         self._lock = threading.Lock()
         self._start = time.monotonic()
+        self.listeners: list[Any] = []   # reporters (the live view): called with (event, data) after it is written
 
         def stamp(logger: Any, name: str, ed: dict[str, Any]) -> dict[str, Any]:
             with self._lock:
@@ -56,6 +57,8 @@ class Transcript:
     def emit(self, event: str, **data: Any) -> None:
         assert event in EVENTS, event
         self.log.msg(event, **data)
+        for listen in self.listeners:
+            listen(event, data)
 
     def observer(self, hypothesis: str | None = None):
         def observe(event: str, data: dict[str, Any]) -> None:

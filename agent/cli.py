@@ -8,6 +8,7 @@ its recording · 1 internal error.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -94,6 +95,28 @@ def replay(run_dir: Annotated[str, typer.Argument(help="a transcript folder (or 
     """Re-run a recorded run against its recorded outputs: same conclusion (exit 0) or a diff (exit 5)."""
     from .replay import replay_run
     raise typer.Exit(replay_run(run_dir, playbook=playbook, as_json=as_json))
+
+
+@app.command()
+def report(run_dir: Annotated[str, typer.Argument(metavar="RUN", help="a run folder (the one `debugagent run` printed)")],
+           no_open: Annotated[bool, typer.Option("--no-open", help="print the path only; do not open a browser")] = False) -> None:
+    """Print the path of a run's report.html and open it in a browser when a display exists."""
+    from tools.errors import UsageError
+
+    from .report import write_report
+    folder = Path(run_dir)
+    if folder.name == "events.jsonl":
+        folder = folder.parent
+    page = folder / "report.html"
+    if not page.is_file():
+        if not (folder / "events.jsonl").is_file():
+            raise UsageError(f"{run_dir}: no report.html and no events.jsonl (not a debugagent run folder)",
+                             fix="give the folder `debugagent run` wrote (it prints it at the end)")
+        page = write_report(folder)
+    print(page.resolve())
+    if not no_open and (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY") or sys.platform == "darwin"):
+        import webbrowser
+        webbrowser.open(page.resolve().as_uri())
 
 
 # ---------------------------------------------------------------- snapshot / diff

@@ -417,8 +417,10 @@ def conclude(ctx: Ctx, s: State) -> State:
 
 
 def report(ctx: Ctx, s: State) -> State:
+    from .report import write_report
     from .transcript import write_markdown
     write_markdown(ctx.transcript.folder)
+    write_report(ctx.transcript.folder)
     return {}
 
 

@@ -201,10 +201,10 @@ def render_unit_sep(text: str, command: str) -> list[str]:
             if "sha" in head:
                 s_ = head.index("sha")
                 rows = [[c[:12] if i == s_ else c for i, c in enumerate(r)] for r in rows]
+        if hidden and lines and lines[-1].endswith("**"):
+            lines[-1] += f" ({plural(hidden, 'entry', 'entries')} that only record a commit not shown)"
         if rows:
             lines.extend(table([head[i] for i in keep], [[r[i] for i in keep] for r in rows]))
-        if hidden:
-            lines.append(f"({plural(hidden, 'reflog entry', 'reflog entries')} that only record a commit not shown)")
         rows = []
 
     for line in text.rstrip("\n").split("\n"):
@@ -220,6 +220,9 @@ def render_unit_sep(text: str, command: str) -> list[str]:
                 if t.startswith("== ") and plain and plain[-1].startswith("**"):
                     plain[-1] += " (none)"
                 plain.append(f"**{t[3:]}**" if t.startswith("== ") else code(t))
+                if t.startswith("== ") and "\x1f" in (text.split(line, 1)[1].split("\n", 2)[1] if "\n" in text.split(line, 1)[1] else ""):
+                    lines.append(" · ".join(plain))
+                    plain = []
     flush()
     if plain:
         lines.append(" · ".join(plain))
@@ -476,9 +479,6 @@ def render_conclusion(doc: Doc, f: RunFacts) -> None:
         return
     doc.add("## Conclusion", "")
     causes = c.get("root_causes") or ([c["root_cause"]] if c.get("root_cause") else [])
-    if causes:
-        doc.add("Root cause" + ("s" if len(causes) > 1 else "") + ": " + "; ".join(
-            f"**{rc['hypothesis']}** ({cause_share(rc)})" for rc in causes) + " (the answer at the top).", "")
     if not causes:
         reg = f.regression or {}
         if reg.get("measured") and not reg.get("real"):
@@ -498,8 +498,7 @@ def render_conclusion(doc: Doc, f: RunFacts) -> None:
     doc.add(*table(["hypothesis", "verdict", "how", "share", "evidence"], rows), "")
     for n in c.get("notes") or []:
         doc.add(f"Note: {n}", "")
-    doc.add(f"{plural(c.get('commands') or 0, 'command')}, {plural(c.get('bench_runs') or 0, 'benchmark run')}"
-            + (f" in {f.wall_s:.1f} s" if f.wall_s else "") + f"; exit {c.get('exit_code')}.", "")
+
 
 
 def render_fixes(doc: Doc, fixes: list[Fix]) -> None:
@@ -513,7 +512,9 @@ def render_fixes(doc: Doc, fixes: list[Fix]) -> None:
         if fx.commands:
             doc.add("", *["   " + ln for ln in fenced("\n".join(fx.commands), "bash")])
         doc.add("")
-    doc.add("Then run the benchmark again; it should be back at the baseline.", "")
+    if fixes:
+        doc.add("Then run the benchmark again: it should be back at the baseline.")
+    doc.add("")
 
 
 def render(events: list[dict[str, Any]]) -> str:
@@ -524,6 +525,10 @@ def render(events: list[dict[str, Any]]) -> str:
     doc.add(title, "")
     meta = [f"Host {code(f.host)}"] + ([f"reached as {code('ssh ' + f.target)}"] if f.target else [])
     meta += [f"playbook {code(f.playbook)} ({f.playbook_digest})", f"debugagent {f.version}", f"run {code(f.run_id)}"]
+    if f.conclusion:
+        c = f.conclusion
+        meta.append(f"{plural(c.get('commands') or 0, 'command')}, {plural(c.get('bench_runs') or 0, 'benchmark run')}"
+                    + (f" in {f.wall_s:.1f} s" if f.wall_s else "") + f", exit {c.get('exit_code')}")
     doc.add(" · ".join(meta), "")
     if f.conclusion:
         causes = f.conclusion.get("root_causes") or []

@@ -28,6 +28,7 @@ from tools.transport import BaseTransport
 from .experiments import ConnectionLost, ExperimentError, Lab, Measure, UndoStack
 from .facts import build_facts
 from .playbook import Playbook, evaluate
+from .preflight import check_benchmark
 from .stats import regression_is_real
 from .symptom import Symptom
 from .transcript import Transcript
@@ -172,6 +173,7 @@ def discover(ctx: Ctx, s: State) -> State:
     else:
         ctx.say("No benchmark is known (no --bench and no host profile): the regression cannot be reproduced and "
                 "experiments cannot be measured; the run relies on read-only evidence.")
+    check_benchmark(ctx, {"bench": bench, "repo": repo})
     return {"discovered": {"host_facts": facts.model_dump() if facts else None, "server": server.model_dump() if server else None,
                            "python": python, "repo": repo, "bench": bench, "metric": metric}}
 

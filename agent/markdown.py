@@ -517,6 +517,17 @@ def render_fixes(doc: Doc, fixes: list[Fix]) -> None:
     doc.add("")
 
 
+def render_items(doc: Doc, items: list[tuple], f: RunFacts) -> None:
+    """Messages outside the hypotheses: reasoning, commands, transport notices and errors."""
+    for item in items:
+        if item[0] == "say":
+            doc.msg(item[1])
+        elif item[0] == "calls":
+            render_calls(doc, item[1], f.target, f.metric, f.unit)
+        elif item[0] == "event":
+            doc.msg(item[1], item[2])
+
+
 def render(events: list[dict[str, Any]]) -> str:
     """The whole transcript.md."""
     f = gather(events)
@@ -540,13 +551,7 @@ def render(events: list[dict[str, Any]]) -> str:
             doc.add("**Answer**: no cause confirmed; suspects: " + ", ".join(s["hypothesis"] for s in f.conclusion["suspects"])
                     + ".", "")
     doc.add("## The regression", "")
-    for item in f.prelude:
-        if item[0] == "say":
-            doc.msg(item[1])
-        elif item[0] == "calls":
-            render_calls(doc, item[1], f.target, f.metric, f.unit)
-        elif item[0] == "event":
-            doc.msg(item[1], item[2])
+    render_items(doc, f.prelude, f)
     if doc.lines and not doc.lines[-1]:
         doc.lines.pop()
     doc.add(*arithmetic(f))
@@ -554,8 +559,7 @@ def render(events: list[dict[str, Any]]) -> str:
     doc.add("## Hypotheses, in the playbook's order", "")
     for hid in f.order:
         render_hypothesis(doc, hid, f)
-    for kind, text in f.epilogue:
-        doc.msg(text, kind)
+    render_items(doc, f.epilogue, f)
     render_conclusion(doc, f)
     render_fixes(doc, fixes_for(f))
     return "\n".join(tighten(doc.lines)).rstrip() + "\n"

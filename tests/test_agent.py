@@ -161,8 +161,9 @@ def test_sigint_mid_experiment_restores_host_and_resume_finishes(tmp_path):
     sc = load_scenario(name)
     with SimTransport(f"sim:{name}") as sim:
         before = collect(Runner(sim))
-        # the 7th benchmark is the second one after the server was restarted without the variable
-        t = InterruptAt(sim, "gpu-bench", 7)
+        # the 8th benchmark is the second one after the server was restarted without the variable (the first
+        # checks the metric, the second samples the GPUs, five reproduce)
+        t = InterruptAt(sim, "gpu-bench", 8)
         opts = RunOptions(host=f"sim:{name}", symptom=sc.symptom, baseline=sc.baseline, as_json=True, out=str(tmp_path / "run"))
         out = investigate(opts, transport=t)
         assert out.get("interrupted")

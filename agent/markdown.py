@@ -15,7 +15,6 @@ exactly as it was sent, in a code span, or as a heredoc when it is long.
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import statistics
@@ -618,5 +617,13 @@ def tighten(lines: list[str]) -> list[str]:
     return out
 
 
-def dumps(v: Any) -> str:
-    return json.dumps(v, ensure_ascii=False)
+def excerpt(md: str, hypotheses: list[str]) -> str:
+    """The part of a transcript the README shows: the answer, some hypotheses' sections and what to do now."""
+    lines = md.splitlines()
+    out = [next((ln for ln in lines if ln.startswith("**Answer**")), ""), "", "…", ""]
+    for hid in hypotheses:
+        start = next(i for i, ln in enumerate(lines) if ln.startswith(f"### {hid}:"))
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("#")), len(lines))
+        out += [*lines[start:end], "…", ""]
+    fix = next(i for i, ln in enumerate(lines) if ln == "## What to do now")
+    return "\n".join(out + lines[fix:]).rstrip() + "\n"

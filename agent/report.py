@@ -100,10 +100,8 @@ def render_html(events: list[dict[str, Any]]) -> str:
         out.append("</ol>")
     reg = f.regression
     if f.reproduce:
-        base = reg.get("baseline")
-        out.append(f"<h2>The regression</h2><p>Measured {escape(_mean_sd(f.reproduce, f.unit))}"
-                   + (f" against a baseline of {base:.4g} {escape(f.unit)}" if isinstance(base, int | float) else "")
-                   + f"; {escape('real' if reg.get('real', True) else 'not reproduced')}: {escape(reg.get('why') or '')}.</p>")
+        word = "real" if reg.get("real", True) else "not reproduced"
+        out.append(f"<h2>The regression</h2><p>The regression is {word}: {escape(reg.get('why') or _mean_sd(f.reproduce, f.unit))}.</p>")
     out.append("<h2>Hypotheses</h2><ul class='tree'>")
     for hid in f.order:
         h = f.hyps[hid]

@@ -139,8 +139,10 @@ def shown_command(call: dict[str, Any], target: str | None) -> Shown:
     mark = "EOF"
     while re.search(rf"^{mark}$", command, re.M):
         mark += "_"
-    head = f"ssh {target} bash -s <<'{mark}'" if target else f"bash -s <<'{mark}'"
-    return Shown(block=f"{head}\n{command}\n{mark}")
+    if not target:
+        return Shown(block=command)
+    # the command is ssh's argument, as debugagent sends it; the quoted heredoc keeps it byte for byte
+    return Shown(block=f"ssh {target} \"$(cat <<'{mark}'\n{command}\n{mark}\n)\"")
 
 
 # ---------------------------------------------------------------- outputs, readable
@@ -382,9 +384,10 @@ def render_calls(doc: Doc, pairs: list[tuple[dict[str, Any], dict[str, Any]]], t
             j = i
             while j < len(pairs) and pairs[j][0].get("tool") == "bench" and bench_why(pairs[j][0]) == bench_why(call):
                 j += 1
-            render_bench_group(doc, pairs[i:j], target, metric, unit, bench_why(call))
-            i = j
-            continue
+            if j - i > 1:
+                render_bench_group(doc, pairs[i:j], target, metric, unit, bench_why(call))
+                i = j
+                continue
         render_call(doc, call, res, target)
         i += 1
 

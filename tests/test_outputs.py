@@ -63,8 +63,9 @@ def test_wording(quick):
 def test_benchmark_runs_are_one_table_with_mean_and_sd(quick):
     """The reproduction's runs are one table whose mean ± sd is the events' own numbers."""
     _, md, events = quick
-    vals = [e["output"]["value"] for e in events if e["event"] == "tool_result" and e["tool"] == "bench"
-            and e.get("hypothesis") is None][:5]
+    reproduce = {e["call_id"] for e in events if e["event"] == "tool_call" and e["why"].startswith("reproduce")}
+    vals = [e["output"]["value"] for e in events if e["event"] == "tool_result" and e["call_id"] in reproduce]
+    assert len(vals) == 5
     assert "| run | 1 | 2 | 3 | 4 | 5 | mean ± sd |" in md
     assert f"{statistics.fmean(vals):.2f} ± {statistics.stdev(vals):.2f}" in md
     assert md.count("gpu-bench\"` ×") == 3   # reproduction and two experiments, each one message
@@ -88,7 +89,7 @@ def pasted(md: str) -> list[str]:
         words = shlex.split(span[1])
         assert words[:2] == ["ssh", "root@gpu-node-3"] and len(words) == 3, span[1]
         out.append(words[2])
-    for body in re.findall(r"```bash\nssh root@gpu-node-3 bash -s <<'(EOF_*)'\n(.*?)\n\1\n```", md, flags=re.S):
+    for body in re.findall(r"```bash\nssh root@gpu-node-3 \"\$\(cat <<'(EOF_*)'\n(.*?)\n\1\n\)\"\n```", md, flags=re.S):
         out.append(body[1])
     return out
 
@@ -103,12 +104,14 @@ def test_every_command_is_pasteable_as_run(quick):
 
 
 def test_pasted_heredoc_gives_the_same_output(quick, sim):
-    """The long package probe, pasted as its heredoc into the host's shell, prints what the run recorded."""
+    """The long package probe, pasted as its heredoc, reaches the host as the same command and prints what the run recorded."""
     _, md, events = quick
     rec = next(e for e in events if e["event"] == "tool_result" and e["tool"] == "python_packages")
-    block = re.search(r"```bash\nssh root@gpu-node-3 (bash -s <<'EOF'\n.*?\nEOF)\n```", md, flags=re.S).group(1)
+    block = re.search(r"```bash\nssh root@gpu-node-3 (\"\$\(cat <<'EOF'\n.*?\nEOF\n\)\")\n```", md, flags=re.S).group(1)
+    # what the local shell makes of the pasted argument is the command the host runs
+    command = subprocess.run(["bash", "-c", f"printf %s {block}"], capture_output=True, text=True, check=True).stdout
     host = sim("sim:eagle3-flashinfer-rebuilt")
-    got = host.run(block)
+    got = host.run(command)
     assert got.exit_code == 0
     assert json.loads(got.stdout)["packages"] == json.loads(rec["stdout"])["packages"]
 
@@ -179,3 +182,33 @@ def test_report_renders_in_headless_chromium(quick, tmp_path):
     dom = subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True, timeout=180).stdout
     assert "Root cause: compiled_dependency" in dom and "flashinfer-python 0.5.3" in dom
     assert "<svg" in dom and "<circle" in dom
+
+
+@pytest.mark.ssh
+@pytest.mark.skipif(not Path("/usr/sbin/sshd").is_file() or not shutil.which("ssh"), reason="needs Debian's openssh-server")
+def test_pasted_commands_work_over_ssh_on_sim_serve(tmp_path):
+    """Run over SSH against `sim serve`, then each probe pasted from transcript.md into OpenSSH's client gives the recorded output."""
+    from agent.hosts import SSHOptions
+    from tools.sim.serve import start
+    with start("eagle3-flashinfer-rebuilt") as s:
+        investigate(RunOptions(host=s.target, symptom="verify 30ms", baseline="verify 20ms", as_json=True,
+                               out=str(tmp_path / "run"), ssh=SSHOptions(identity_file=str(s.identity),
+                                                                        known_hosts=str(s.known_hosts))))
+        md = (tmp_path / "run" / "transcript.md").read_text()
+        events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+        steady = ("host_info", "gpu_query", "driver_files", "git_state", "python_packages")
+        recorded = {e["command"]: e["stdout"] for e in events if e["event"] == "tool_result" and e["tool"] in steady}
+        spans = [m[1] for m in re.findall(r"\[bash\] (`+) ?(ssh -p \d+ \S+ .+?) ?\1", md)]
+        blocks = re.findall(r"```bash\n(ssh -p \d+ \S+ \"\$\(cat <<'EOF'\n.*?\nEOF\n\)\")\n```", md, flags=re.S)
+        assert spans and blocks
+        client = f"ssh -i {shlex.quote(str(s.identity))} -o UserKnownHostsFile={shlex.quote(str(s.known_hosts))} -o BatchMode=yes"
+        checked = set()
+        for text in spans + blocks:
+            command = shlex.split(text)[-1] if "\n" not in text else text.split("\n", 1)[1].rsplit("\nEOF", 1)[0]
+            if command not in recorded:
+                continue
+            got = subprocess.run(["bash", "-c", client + text[3:]], capture_output=True, text=True, timeout=120)
+            assert got.returncode == 0, got.stderr
+            assert got.stdout == recorded[command], command[:80]
+            checked.add(command)
+    assert len(checked) == len(recorded) == 5

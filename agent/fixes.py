@@ -58,24 +58,26 @@ def _packages_named(f: RunFacts, text: str) -> list[dict[str, Any]]:
 
 def fix_compiled(f: RunFacts, cause: dict[str, Any]) -> Fix:
     text = cause.get("summary", "") + " " + " ".join(cause.get("evidence") or [])
-    pkgs = _packages_named(f, text)[:1]
+    pkgs = _packages_named(f, text)
     python = (f.outputs.get("python_packages") or {}).get("python") or (f.outputs.get("server_details") or {}).get("python") or "python3"
     base = {p["name"]: p for p in ((f.baseline_snapshot or {}).get("packages") or {}).get("packages", [])}
     if not pkgs:
         return Fix(hypothesis="compiled_dependency", text="Reinstall the dependency named above at the version the good state had, "
                    "then restart the server.")
-    p = pkgs[0]
-    version = (base.get(p["name"]) or {}).get("version") or p["version"]
-    same = version == p["version"]
-    why = ("the same version from the package index, replacing the rebuilt files" if same
-           else f"the baseline's version {version} instead of {p['version']}")
-    cmds = [on_host(f, f"{shlex.quote(python)} -m pip install --force-reinstall --no-deps {shlex.quote(p['name'] + '==' + version)}")]
+    wanted = [(p["name"], (base.get(p["name"]) or {}).get("version") or p["version"], p["version"]) for p in pkgs]
+    parts = [f"{n} {v}" + (" (the same version, from the package index, replacing the rebuilt files)" if v == now
+                           else f" (the baseline's, instead of {now})") for n, v, now in wanted]
+    local = [n for n, v, _ in wanted if "+" in v]
+    note = (f"; {', '.join(local)} carries a local version (+…): pip finds it on its own index, e.g. "
+            "--index-url https://download.pytorch.org/whl/cu130 for torch" if local else "")
+    cmds = [on_host(f, f"{shlex.quote(python)} -m pip install --force-reinstall --no-deps "
+                       + " ".join(shlex.quote(f"{n}=={v}") for n, v, _ in wanted))]
     srv = f.outputs.get("server_details") or {}
     r = restart_line(f, srv.get("argv") or [])
     if r:
         cmds.append(r)
     return Fix(hypothesis="compiled_dependency",
-               text=f"Reinstall {p['name']} {version} ({why}), then restart the server (stop pid {srv.get('pid', '?')} first) "
+               text=f"Reinstall {'; '.join(parts)}{note}. Then restart the server (stop pid {srv.get('pid', '?')} first) "
                     "the way it is normally started:", commands=cmds)
 
 
@@ -142,8 +144,27 @@ def fix_simple(f: RunFacts, hid: str, cause: dict[str, Any]) -> Fix:
     return Fix(hypothesis=hid, text=f"Undo what {hid} names above.")
 
 
+def merged_restart(f: RunFacts, hids: list[str]) -> Fix | None:
+    """Several causes fixed by restarting the server (a flag and a variable): one restart with every change."""
+    inputs = [(_restart_call(x) or {}) for x in (_decisive(f, h) for h in hids) if x]
+    flag = next((i for h, i in zip(hids, inputs, strict=False) if h == "serving_config" and i.get("argv")), None)
+    if len(inputs) < 2 or flag is None:
+        return None
+    unset = sorted({u for i in inputs for u in (i.get("unset") or [])})
+    set_env = {k: v for i in inputs for k, v in (i.get("set") or {}).items()}
+    srv = f.outputs.get("server_details") or {}
+    line = restart_line(f, flag["argv"], unset, set_env)
+    where = f"remove {', '.join(unset)} from wherever the server's environment is set, " if unset else ""
+    return Fix(hypothesis="+".join(hids), text=f"Make every experiment's change permanent at once ({' and '.join(hids)}): "
+               f"{where}then restart the server (stop pid {srv.get('pid', '?')} first) with the changed flags:",
+               commands=[line] if line else [])
+
+
 def fixes_for(f: RunFacts) -> list[Fix]:
-    out = []
+    causes = [c["hypothesis"] for c in (f.conclusion or {}).get("root_causes") or []]
+    restarts = [h for h in causes if h in ("env_var", "serving_config")]
+    merged = merged_restart(f, restarts) if len(restarts) > 1 else None
+    out = [merged] if merged else []
     for cause in (f.conclusion or {}).get("root_causes") or []:
         hid = cause["hypothesis"]
         if cause.get("fix"):
@@ -151,7 +172,8 @@ def fixes_for(f: RunFacts) -> list[Fix]:
         elif hid == "compiled_dependency":
             out.append(fix_compiled(f, cause))
         elif hid in ("env_var", "serving_config"):
-            out.append(fix_restart(f, hid, cause))
+            if not merged:
+                out.append(fix_restart(f, hid, cause))
         elif hid == "code_change":
             out.append(fix_code(f, cause))
         else:

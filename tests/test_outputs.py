@@ -212,3 +212,30 @@ def test_pasted_commands_work_over_ssh_on_sim_serve(tmp_path):
             assert got.stdout == recorded[command], command[:80]
             checked.add(command)
     assert len(checked) == len(recorded) == 5
+
+
+def fixes_of(name: str) -> list:
+    from agent.fixes import fixes_for
+    from agent.runfacts import gather
+    from agent.transcript import read_events
+    return fixes_for(gather(read_events(Path(__file__).resolve().parents[1] / "transcripts" / name / "events.jsonl")))
+
+
+def test_fix_for_two_restart_causes_is_one_restart():
+    """A flag and a variable, both confirmed: one restart command that changes both."""
+    (fx,) = fixes_of("two-causes")
+    (cmd,) = fx.commands
+    assert "env -u NCCL_PROTO" in cmd and "--disable-cuda-graph" not in cmd and "sglang.launch_server" in cmd
+
+
+def test_fix_for_packages_names_the_baseline_versions():
+    """Packages that differ from the baseline snapshot are reinstalled at the baseline's versions, in one pip command."""
+    (fx,) = fixes_of("torch-upgraded-snapshot")
+    assert "pip install --force-reinstall --no-deps" in fx.commands[0]
+    assert "torch==2.9.1+cu130" in fx.commands[0] and "triton==3.5.1" in fx.commands[0]
+
+
+def test_fix_for_a_variable_unsets_it():
+    """CUDA_LAUNCH_BLOCKING confirmed: the server's own command line restarted without it."""
+    (fx,) = fixes_of("launch-blocking")
+    assert fx.commands[0].startswith('ssh root@gpu-node-3 "cd /root && env -u CUDA_LAUNCH_BLOCKING /root/ml-env/bin/python3 -m')

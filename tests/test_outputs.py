@@ -239,3 +239,14 @@ def test_fix_for_a_variable_unsets_it():
     """CUDA_LAUNCH_BLOCKING confirmed: the server's own command line restarted without it."""
     (fx,) = fixes_of("launch-blocking")
     assert fx.commands[0].startswith('ssh root@gpu-node-3 "cd /root && env -u CUDA_LAUNCH_BLOCKING /root/ml-env/bin/python3 -m')
+
+
+def test_report_command_prints_the_path(quick, tmp_path):
+    """`debugagent report RUN --no-open` prints the report's path; a folder that is no run is exit 2 with a fix."""
+    import sys
+    folder, _, _ = quick
+    r = subprocess.run([sys.executable, "-m", "agent.cli", "report", str(folder), "--no-open"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == str((folder / "report.html").resolve())
+    r = subprocess.run([sys.executable, "-m", "agent.cli", "report", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "not a debugagent run folder" in r.stderr and "fix:" in r.stderr

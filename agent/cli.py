@@ -8,9 +8,10 @@ its recording · 1 internal error.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -33,11 +34,11 @@ app.add_typer(playbook_app, name="playbook")
 err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True, emoji=False)
 
-HostOpt = Annotated[str, typer.Option("--host", help="user@host[:port], an ~/.ssh/config alias, `local`, or sim:NAME[@good] / sim:PATH.yaml")]
-IdentOpt = Annotated[str | None, typer.Option("--identity-file", "-i", help="private key file for SSH")]  # noqa: UP007
-KnownOpt = Annotated[str | None, typer.Option("--known-hosts", help="known_hosts file (default ~/.ssh/known_hosts)")]  # noqa: UP007
+HostOpt = Annotated[str, typer.Option("--host", metavar="HOST", help="user@host[:port], an ~/.ssh/config alias, `local`, or sim:NAME[@good] / sim:PATH.yaml")]
+IdentOpt = Annotated[str | None, typer.Option("--identity-file", "-i", metavar="KEY", help="private key file for SSH")]  # noqa: UP007
+KnownOpt = Annotated[str | None, typer.Option("--known-hosts", metavar="FILE", help="known_hosts file (default ~/.ssh/known_hosts)")]  # noqa: UP007
 AcceptOpt = Annotated[bool, typer.Option("--accept-new-host-key", help="record an unknown host key (as OpenSSH's accept-new); a changed key is always refused")]
-TimeoutOpt = Annotated[float, typer.Option("--connect-timeout", help="seconds to wait for the SSH connection")]
+TimeoutOpt = Annotated[float, typer.Option("--connect-timeout", metavar="SECONDS", help="seconds to wait for the SSH connection")]
 
 
 def ssh_opts(identity_file: str | None, known_hosts: str | None, accept: bool, timeout: float) -> SSHOptions:
@@ -48,30 +49,32 @@ def ssh_opts(identity_file: str | None, known_hosts: str | None, accept: bool, t
 @app.command()
 def run(
     host: HostOpt,
-    symptom: Annotated[str, typer.Option("--symptom", help="what got worse: `verify 30ms`, `decode 82 tok/s`, `ttft 1.2 s`")],
-    baseline: Annotated[str | None, typer.Option("--baseline", help="what it was when good: `verify 20ms`")] = None,
-    baseline_snapshot: Annotated[str | None, typer.Option("--baseline-snapshot", help="a snapshot of the good state (debugagent snapshot)")] = None,
-    playbook: Annotated[str | None, typer.Option("--playbook", help="playbook name or YAML path (default gpu-inference-regression)")] = None,
-    bench: Annotated[str | None, typer.Option("--bench", help="benchmark command printing METRIC=VALUE UNIT")] = None,
-    repo: Annotated[str | None, typer.Option("--repo", help="the server's git checkout on the host")] = None,
-    python: Annotated[str | None, typer.Option("--python", help="the server's Python interpreter on the host")] = None,
+    symptom: Annotated[str, typer.Option("--symptom", metavar="'METRIC VALUE UNIT'", help="what got worse: `verify 30ms`, `decode 82 tok/s`, `ttft 1.2 s`")],
+    baseline: Annotated[str | None, typer.Option("--baseline", metavar="'METRIC VALUE UNIT'", help="what it was when good: `verify 20ms`")] = None,
+    baseline_snapshot: Annotated[str | None, typer.Option("--baseline-snapshot", metavar="FILE", help="a snapshot of the good state (debugagent snapshot)")] = None,
+    playbook: Annotated[str | None, typer.Option("--playbook", metavar="NAME|FILE", help="playbook name or YAML path (default gpu-inference-regression)")] = None,
+    bench: Annotated[str | None, typer.Option("--bench", metavar="CMD", help="benchmark command printing METRIC=VALUE UNIT")] = None,
+    repo: Annotated[str | None, typer.Option("--repo", metavar="DIR", help="the server's git checkout on the host")] = None,
+    python: Annotated[str | None, typer.Option("--python", metavar="PATH", help="the server's Python interpreter on the host")] = None,
     allow_mutations: Annotated[bool, typer.Option("--allow-mutations", help="run experiments (each undone afterwards) without asking")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object on stdout")] = False,
-    out_dir: Annotated[str | None, typer.Option("--out", help="run folder (default $XDG_STATE_HOME/debugagent/runs/<UTC time>-<slug>/, ~/.local/state when unset)")] = None,
-    llm: Annotated[str | None, typer.Option("--llm", help="OpenAI-compatible base URL of an LLM that advises on the plan (optional)")] = None,
-    llm_model: Annotated[str, typer.Option("--llm-model", help="model name for --llm")] = "gpt-4o-mini",
-    server_pattern: Annotated[str | None, typer.Option("--server-pattern", help="regex for the server's command line (default: SGLang, vLLM, TGI, TensorRT-LLM)")] = None,
-    bench_regex: Annotated[str | None, typer.Option("--bench-regex", help="regex whose group 1 is the metric in the benchmark's output")] = None,
-    reproduce_runs: Annotated[int, typer.Option("--reproduce-runs", min=2, help="benchmark runs to reproduce the regression")] = 5,
-    max_runs: Annotated[int, typer.Option("--max-runs", min=3, help="most benchmark runs per experiment (fewer once decided)")] = 8,
-    code_root: Annotated[str | None, typer.Option("--code-root", help="the folder inside the checkout the server imports its code from (default: found from its cwd, PYTHONPATH, .pth or editable finder)")] = None,
-    wheelhouse: Annotated[str | None, typer.Option("--wheelhouse", help="a folder of wheels (or one .whl) on the host holding the baseline builds, for the package experiment")] = None,
-    restart_cmd: Annotated[str | None, typer.Option("--restart-cmd", help="command that restarts the server on the host (systemd, container, supervisor); gets DEBUGAGENT_ARGV, DEBUGAGENT_CWD, DEBUGAGENT_SET_ENV, DEBUGAGENT_UNSET_ENV, DEBUGAGENT_PYTHONPATH_FIRST, DEBUGAGENT_PHASE")] = None,
-    ready_timeout: Annotated[float, typer.Option("--ready-timeout", min=1.0, help="seconds to wait for a restarted server to be ready")] = 600.0,
+    out_dir: Annotated[str | None, typer.Option("--out", metavar="DIR", help="run folder (default $XDG_STATE_HOME/debugagent/runs/<UTC time>-<slug>/, ~/.local/state when unset)")] = None,
+    llm: Annotated[str | None, typer.Option("--llm", metavar="URL", help="OpenAI-compatible base URL of an LLM that advises on the plan (optional)")] = None,
+    llm_model: Annotated[str, typer.Option("--llm-model", metavar="NAME", help="model name for --llm")] = "gpt-4o-mini",
+    server_pattern: Annotated[str | None, typer.Option("--server-pattern", metavar="REGEX", help="regex for the server's command line (default: SGLang, vLLM, TGI, TensorRT-LLM)")] = None,
+    bench_regex: Annotated[str | None, typer.Option("--bench-regex", metavar="REGEX", help="regex whose group 1 is the metric in the benchmark's output")] = None,
+    reproduce_runs: Annotated[int, typer.Option("--reproduce-runs", metavar="N", min=2, help="benchmark runs to reproduce the regression")] = 5,
+    max_runs: Annotated[int, typer.Option("--max-runs", metavar="N", min=3, help="most benchmark runs per experiment (fewer once decided)")] = 8,
+    code_root: Annotated[str | None, typer.Option("--code-root", metavar="DIR", help="the folder inside the checkout the server imports its code from (default: found from its cwd, PYTHONPATH, .pth or editable finder)")] = None,
+    wheelhouse: Annotated[str | None, typer.Option("--wheelhouse", metavar="DIR", help="a folder of wheels (or one .whl) on the host holding the baseline builds, for the package experiment")] = None,
+    restart_cmd: Annotated[str | None, typer.Option("--restart-cmd", metavar="CMD", help="command that restarts the server on the host (systemd, container, supervisor); gets DEBUGAGENT_ARGV, DEBUGAGENT_CWD, DEBUGAGENT_SET_ENV, DEBUGAGENT_UNSET_ENV, DEBUGAGENT_PYTHONPATH_FIRST, DEBUGAGENT_PHASE")] = None,
+    ready_timeout: Annotated[float, typer.Option("--ready-timeout", metavar="SECONDS", min=1.0, help="seconds to wait for a restarted server to be ready")] = 600.0,
     identity_file: IdentOpt = None, known_hosts: KnownOpt = None, accept_new_host_key: AcceptOpt = False,
     connect_timeout: TimeoutOpt = 10.0,
 ) -> None:
     """Investigate a regression: reproduce it, gather evidence, run experiments, conclude."""
+    if err.is_terminal and not as_json:   # at once, before the heavy imports
+        err.print(escape(f"debugagent run: {symptom}" + (f" (was {baseline})" if baseline else "") + f" on {host}"))
     from .run import RunOptions, execute
     opts = RunOptions(host=host, symptom=symptom, baseline=baseline, baseline_snapshot=baseline_snapshot,
                       playbook=playbook, bench=bench, repo=repo, python=python, allow_mutations=allow_mutations,
@@ -83,37 +86,59 @@ def run(
 
 
 @app.command()
-def resume(run_dir: Annotated[str, typer.Argument(help="the transcript folder of the interrupted run")],
-           allow_mutations: Annotated[bool, typer.Option("--allow-mutations")] = False,
-           as_json: Annotated[bool, typer.Option("--json")] = False,
-           bench: Annotated[str | None, typer.Option("--bench", help="the benchmark again, where it held a secret (never saved)")] = None,
-           llm: Annotated[str | None, typer.Option("--llm", help="the LLM URL again, where it held a secret (never saved)")] = None) -> None:
+def resume(run_dir: Annotated[str, typer.Argument(metavar="RUN", help="the transcript folder of the interrupted run")],
+           allow_mutations: Annotated[bool, typer.Option("--allow-mutations", help="run the remaining experiments (each undone afterwards) without asking")] = False,
+           as_json: Annotated[bool, typer.Option("--json", help="print one JSON object on stdout")] = False,
+           bench: Annotated[str | None, typer.Option("--bench", metavar="CMD", help="the benchmark again, where it held a secret (never saved)")] = None,
+           llm: Annotated[str | None, typer.Option("--llm", metavar="URL", help="the LLM URL again, where it held a secret (never saved)")] = None) -> None:
     """Continue an interrupted run from its last checkpoint."""
     from .run import resume_run
     raise typer.Exit(resume_run(run_dir, allow_mutations=allow_mutations, as_json=as_json, bench=bench, llm=llm))
 
 
 @app.command()
-def replay(run_dir: Annotated[str, typer.Argument(help="a transcript folder (or its events.jsonl)")],
-           playbook: Annotated[str | None, typer.Option("--playbook", help="replay against another playbook")] = None,
-           as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+def replay(run_dir: Annotated[str, typer.Argument(metavar="RUN", help="a transcript folder (or its events.jsonl)")],
+           playbook: Annotated[str | None, typer.Option("--playbook", metavar="NAME|FILE", help="replay against another playbook")] = None,
+           as_json: Annotated[bool, typer.Option("--json", help="print one JSON object on stdout")] = False) -> None:
     """Re-run a recorded run against its recorded outputs: same conclusion (exit 0) or a diff (exit 5)."""
     from .replay import replay_run
     raise typer.Exit(replay_run(run_dir, playbook=playbook, as_json=as_json))
+
+
+@app.command()
+def report(run_dir: Annotated[str, typer.Argument(metavar="RUN", help="a run folder (the one `debugagent run` printed)")],
+           no_open: Annotated[bool, typer.Option("--no-open", help="print the path only; do not open a browser")] = False) -> None:
+    """Print the path of a run's report.html and open it in a browser when a display exists."""
+    from tools.errors import UsageError
+
+    from .report import write_report
+    folder = Path(run_dir)
+    if folder.name == "events.jsonl":
+        folder = folder.parent
+    page = folder / "report.html"
+    if not page.is_file():
+        if not (folder / "events.jsonl").is_file():
+            raise UsageError(f"{run_dir}: no report.html and no events.jsonl (not a debugagent run folder)",
+                             fix="give the folder `debugagent run` wrote (it prints it at the end)")
+        page = write_report(folder)
+    print(page.resolve())
+    if not no_open and (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY") or sys.platform == "darwin"):
+        import webbrowser
+        webbrowser.open(page.resolve().as_uri())
 
 
 # ---------------------------------------------------------------- snapshot / diff
 @app.command()
 def snapshot(
     host: HostOpt,
-    output: Annotated[str, typer.Option("-o", "--output", help="where to write the JSON (- for stdout)")],
-    bench: Annotated[str | None, typer.Option("--bench", help="benchmark command printing METRIC=VALUE UNIT; run while GPUs are sampled, and --bench-runs times for the snapshot's own numbers")] = None,
-    metric: Annotated[str | None, typer.Option("--metric", help="the METRIC the benchmark prints (as in --symptom 'METRIC VALUE UNIT'); default: the host profile's")] = None,
-    bench_regex: Annotated[str | None, typer.Option("--bench-regex", help="regex whose group 1 is the number in the benchmark's output (instead of --metric)")] = None,
-    repo: Annotated[str | None, typer.Option("--repo", help="the server's git checkout on the host")] = None,
-    python: Annotated[str | None, typer.Option("--python", help="the server's Python interpreter on the host")] = None,
-    server_pattern: Annotated[str | None, typer.Option("--server-pattern", help="regex for the server's command line (default: SGLang, vLLM, TGI, TensorRT-LLM)")] = None,
-    bench_runs: Annotated[int, typer.Option("--bench-runs", min=0, help="benchmark runs recorded in the snapshot (its baseline numbers)")] = 3,
+    output: Annotated[str, typer.Option("-o", "--output", metavar="FILE", help="where to write the JSON (- for stdout)")],
+    bench: Annotated[str | None, typer.Option("--bench", metavar="CMD", help="benchmark command printing METRIC=VALUE UNIT; run while GPUs are sampled, and --bench-runs times for the snapshot's own numbers")] = None,
+    metric: Annotated[str | None, typer.Option("--metric", metavar="NAME", help="the METRIC the benchmark prints (as in --symptom 'METRIC VALUE UNIT'); default: the host profile's")] = None,
+    bench_regex: Annotated[str | None, typer.Option("--bench-regex", metavar="REGEX", help="regex whose group 1 is the number in the benchmark's output (instead of --metric)")] = None,
+    repo: Annotated[str | None, typer.Option("--repo", metavar="DIR", help="the server's git checkout on the host")] = None,
+    python: Annotated[str | None, typer.Option("--python", metavar="PATH", help="the server's Python interpreter on the host")] = None,
+    server_pattern: Annotated[str | None, typer.Option("--server-pattern", metavar="REGEX", help="regex for the server's command line (default: SGLang, vLLM, TGI, TensorRT-LLM)")] = None,
+    bench_runs: Annotated[int, typer.Option("--bench-runs", metavar="N", min=0, help="benchmark runs recorded in the snapshot (its baseline numbers)")] = 3,
     identity_file: IdentOpt = None, known_hosts: KnownOpt = None, accept_new_host_key: AcceptOpt = False,
     connect_timeout: TimeoutOpt = 10.0,
 ) -> None:
@@ -145,11 +170,12 @@ def snapshot(
             raise UsageError(f"-o {output}: cannot write it ({exc.strerror})",
                              fix="give a file in a folder that exists and that you can write to") from exc
         samples = snap.bench.get("samples") or []
-        err.print(f"wrote {output}: {len(snap.packages.packages) if snap.packages else 0} packages, "
-                  f"{len(snap.gpus)} GPUs, {snap.commands} commands"
+        from .markdown import plural
+        err.print(f"wrote {output}: {plural(len(snap.packages.packages) if snap.packages else 0, 'package')}, "
+                  f"{plural(len(snap.gpus), 'GPU')}, {plural(snap.commands, 'command')}"
                   + (f", server pid {snap.server.pid}" if snap.server else ", no server found")
-                  + (f", {len(samples)} benchmark runs" if snap.bench else "")
-                  + (f", {len(snap.errors)} errors" if snap.errors else ""))
+                  + (f", {plural(len(samples), 'benchmark run')}" if snap.bench else "")
+                  + (f", {plural(len(snap.errors), 'error')}" if snap.errors else ""))
     if snap.bench and not snap.bench.get("samples") and bench_runs > 0:
         err.print("  [yellow]note[/]: the benchmark gave no numbers: this snapshot cannot serve as a baseline number "
                   "(give --metric or --bench-regex, and check the benchmark's output)")
@@ -158,9 +184,9 @@ def snapshot(
 
 
 @app.command("diff")
-def diff_cmd(a: Annotated[str, typer.Argument(help="snapshot of the good state")],
-             b: Annotated[str, typer.Argument(help="snapshot of the bad state")],
-             as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+def diff_cmd(a: Annotated[str, typer.Argument(metavar="GOOD.json", help="snapshot of the good state")],
+             b: Annotated[str, typer.Argument(metavar="BAD.json", help="snapshot of the bad state")],
+             as_json: Annotated[bool, typer.Option("--json", help="print one JSON object on stdout")] = False) -> None:
     """What differs between two snapshots, grouped by hypothesis id."""
     from tools.snapshot import Snapshot, diff, group
     changes = diff(Snapshot.load(a), Snapshot.load(b))
@@ -197,8 +223,8 @@ def sim_schema() -> None:
 
 
 @sim_app.command("serve")
-def sim_serve(name: Annotated[str, typer.Argument(help="built-in scenario name or a scenario .yaml")],
-              port: Annotated[int, typer.Option("--port", help="port on 127.0.0.1 (0: a free one)")] = 0,
+def sim_serve(name: Annotated[str, typer.Argument(metavar="NAME|FILE", help="built-in scenario name or a scenario .yaml")],
+              port: Annotated[int, typer.Option("--port", metavar="PORT", help="port on 127.0.0.1 (0: a free one)")] = 0,
               good: Annotated[bool, typer.Option("--good", help="serve the good state")] = False) -> None:
     """Serve a simulated host behind a real OpenSSH server on 127.0.0.1 (foreground; Ctrl-C stops)."""
     from tools.sim.serve import serve
@@ -216,14 +242,14 @@ def playbook_list() -> None:
 
 
 @playbook_app.command("show")
-def playbook_show(name: Annotated[str, typer.Argument()]) -> None:
+def playbook_show(name: Annotated[str, typer.Argument(metavar="NAME|FILE", help="a built-in playbook name or a playbook .yaml")]) -> None:
     """Print a playbook's tree: hypotheses in order, their checks, rules and experiments."""
     from .playbook import load_playbook, render_tree
     out.print(render_tree(load_playbook(name)), markup=False)
 
 
 @playbook_app.command("validate")
-def playbook_validate(path: Annotated[str, typer.Argument()]) -> None:
+def playbook_validate(path: Annotated[str, typer.Argument(metavar="FILE", help="the playbook .yaml to check")]) -> None:
     """Check a playbook file against the schema; exit 2 naming file and field on error."""
     from .playbook import load_playbook
     pb = load_playbook(path)
@@ -231,7 +257,7 @@ def playbook_validate(path: Annotated[str, typer.Argument()]) -> None:
 
 
 @playbook_app.command("new")
-def playbook_new(path: Annotated[str, typer.Argument()]) -> None:
+def playbook_new(path: Annotated[str, typer.Argument(metavar="FILE", help="where to write the new playbook .yaml")]) -> None:
     """Start a playbook from the default one, with comments."""
     from .playbook import new_playbook
     new_playbook(path)
@@ -246,8 +272,8 @@ def playbook_schema() -> None:
 
 
 @playbook_app.command("test")
-def playbook_test(path: Annotated[str, typer.Argument()],
-                  transcript: Annotated[list[str], typer.Option("--transcript", help="recorded run folder (repeatable)")]) -> None:
+def playbook_test(path: Annotated[str, typer.Argument(metavar="FILE", help="the changed playbook .yaml")],
+                  transcript: Annotated[list[str], typer.Option("--transcript", metavar="RUN", help="recorded run folder (repeatable)")]) -> None:
     """Replay recorded runs against a changed playbook; exit 5 if any conclusion changes."""
     from .replay import replay_run
     worst = 0
@@ -257,9 +283,24 @@ def playbook_test(path: Annotated[str, typer.Argument()],
     raise typer.Exit(worst)
 
 
+def command():
+    """The click command tree, arguments shown by their metavar alone (RUN, not `RUN <str>`)."""
+    from typer.core import TyperArgument
+    cmd = typer.main.get_command(app)
+
+    def walk(c: Any) -> None:
+        for p in c.params:
+            if isinstance(p, TyperArgument):
+                p.display_type_rich = lambda ctx: None   # type: ignore[attr-defined]
+        for sub in getattr(c, "commands", {}).values():
+            walk(sub)
+    walk(cmd)
+    return cmd
+
+
 def main() -> None:
     try:
-        rv = app(standalone_mode=False)
+        rv = command().main(standalone_mode=False, prog_name="debugagent")
         sys.exit(rv if isinstance(rv, int) else 0)
     except DebugAgentError as exc:
         err.print("[red]error[/]: ", end="")

@@ -32,6 +32,7 @@ from .discovery import narrate, run_input, state_of
 from .experiments import ConnectionLost, ExperimentError, Lab, LabSetup, Measure, UndoStack
 from .facts import build_facts
 from .playbook import Playbook, evaluate
+from .preflight import check_benchmark
 from .stats import regression_is_real
 from .symptom import Symptom
 from .transcript import Transcript
@@ -149,7 +150,9 @@ def discover(ctx: Ctx, s: State) -> State:
     d = find_host_server(ctx.runner(None), run_input(ctx.overrides, ctx.symptom.metric))
     for line in narrate(d):
         ctx.say(line)
-    return {"discovered": state_of(d)}
+    state = state_of(d)
+    check_benchmark(ctx, state)
+    return {"discovered": state}
 
 
 def probe(ctx: Ctx, s: State) -> State:
@@ -260,8 +263,7 @@ def evaluate_node(ctx: Ctx, s: State) -> State:
             f = findings[0]
             h.update(status=f.verdict, how="evidence" if f.verdict == "ruled_out" else None, because=[f.because],
                      findings=[f.model_dump()], experiments=[])
-        ctx.transcript.emit("hypothesis_opened", hypothesis=hid, title=hp.title,
-                            text=f"Does the evidence point at {hp.title}?")
+        ctx.transcript.emit("hypothesis_opened", hypothesis=hid, title=hp.title, checks=list(hp.checks))
         ctx.transcript.emit("verdict", hypothesis=hid, status=h["status"], how=h["how"], because="; ".join(h["because"]))
         ctx.on_status("verdict", {"hypothesis": hid, "status": h["status"]})
     return {"hyps": hyps, "facts": _jsonable(facts)}
@@ -407,8 +409,10 @@ def conclude(ctx: Ctx, s: State) -> State:
 
 
 def report(ctx: Ctx, s: State) -> State:
+    from .report import write_report
     from .transcript import write_markdown
     write_markdown(ctx.transcript.folder)
+    write_report(ctx.transcript.folder)
     return {}
 
 

@@ -18,15 +18,17 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import typing
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
 from jinja2 import StrictUndefined, TemplateError, Undefined
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tools.errors import PlaybookError, describe_validation, load_yaml_mapping, resolve_yaml_ref
+from tools.errors import PlaybookError, load_yaml_mapping, resolve_yaml_ref
 
 Verdict = Literal["ruled_out", "confirmed", "suspect", "inconclusive"]
 CHECKS = ("host_info", "gpu_query", "gpu_q", "gpu_processes", "gpu_sample_under_load", "find_servers", "server_details",
@@ -160,12 +162,79 @@ def parse_playbook(text: str, file: str = "<playbook>") -> Playbook:
     try:
         pb = Playbook.model_validate(data)
     except ValidationError as exc:
-        loc, msg = describe_validation(exc)
-        raise PlaybookError(msg, file=file, field=loc, fix="`debugagent playbook schema` prints the JSON Schema") from exc
+        where, field, msg, fix = explain_validation(exc, text, file)
+        raise PlaybookError(msg, file=where, field=field, fix=fix) from exc
     _compile_all(pb, file)
     pb.source = file
     pb.digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     return pb
+
+
+# ---------------------------------------------------------------- validation messages
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """The pydantic model that holds the last key of ``loc`` (walking lists and optionals)."""
+    cls: Any = Playbook
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = cls.model_fields.get(part) if isinstance(cls, type) and issubclass(cls, BaseModel) else None
+        if field is None:
+            return None
+        ann = field.annotation
+        while typing.get_origin(ann) is not None:
+            ann = next((a for a in typing.get_args(ann) if a is not type(None)), None)
+        cls = ann
+    return cls if isinstance(cls, type) and issubclass(cls, BaseModel) else None
+
+
+def _mark(text: str, loc: tuple) -> tuple[int, int] | None:
+    """(line, column), 1-based, of the key ``loc`` names in the YAML text (its parent when it is missing)."""
+    try:
+        node: Any = yaml.compose(text)
+    except yaml.YAMLError:
+        return None
+    mark = node.start_mark if node is not None else None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            hit = next(((k, v) for k, v in node.value if str(k.value) == str(part)), None)
+            if hit is None:
+                break
+            mark, node = hit[0].start_mark, hit[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            mark = node.start_mark
+        else:
+            break
+    return (mark.line + 1, mark.column + 1) if mark is not None else None
+
+
+def _path(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def explain_validation(exc: ValidationError, text: str, file: str) -> tuple[str, str, str, str]:
+    """(file:line:column, field path, message, fix) for the most useful problem: an unknown key first
+    (with a did-you-mean), since a misspelt key also makes the right one look missing."""
+    errors = exc.errors()
+    e = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
+    loc = tuple(e["loc"])
+    msg = e["msg"].removeprefix("Value error, ")
+    fix = "`debugagent playbook schema` prints the JSON Schema"
+    if e["type"] == "extra_forbidden":
+        key = str(loc[-1])
+        model = _model_at(loc)
+        known = sorted(model.model_fields) if model else []
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        msg = f"unknown key `{key}`" + (f"; did you mean `{close[0]}`?" if close else "")
+        fix = (f"rename `{key}:` to `{close[0]}:`" if close else f"the keys allowed here: {', '.join(known)}") if known else fix
+    elif e["type"] == "missing":
+        msg = f"`{loc[-1]}` is required here"
+    at = _mark(text, loc)
+    where = f"{file}:{at[0]}:{at[1]}" if at else file
+    return where, _path(loc), msg, fix
 
 
 # ---------------------------------------------------------------- evaluation

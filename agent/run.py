@@ -18,9 +18,7 @@ from typing import Any
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
 from rich.console import Console
-from rich.live import Live
 from rich.markup import escape
-from rich.table import Table
 
 from tools.errors import DebugAgentError, TransportError, UsageError
 from tools.redact import private_dir, private_file, redact, redact_text, redacted_dump
@@ -33,7 +31,8 @@ from .graph import RECURSION_LIMIT, Ctx, build_graph
 from .hosts import SSHOptions, open_transport
 from .playbook import load_playbook
 from .symptom import check_pair, parse_symptom
-from .transcript import SCHEMA_VERSION, Transcript, write_markdown
+from .transcript import SCHEMA_VERSION, Transcript, read_events, write_markdown
+from .view import View, clip
 
 err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
 
@@ -66,48 +65,6 @@ class RunOptions:
 
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:40] or "run"
-
-
-class View:
-    """The live console view: each hypothesis with its status, and the running command."""
-
-    ICON = {"pending": "·", "suspect": "?", "confirmed": "✔", "ruled_out": "✗", "inconclusive": "~"}
-
-    def __init__(self, order: list[str], quiet: bool) -> None:
-        self.status = {h: "pending" for h in order}
-        self.line = ""
-        self.quiet = quiet
-        self.live: Live | None = None
-        if err.is_terminal and not quiet:
-            self.live = Live(self.table(), console=err, refresh_per_second=8, transient=False)
-
-    def table(self) -> Table:
-        t = Table(box=None, show_header=False)
-        for h, st in self.status.items():
-            t.add_row(self.ICON.get(st, "?"), h, st.replace("_", " "))
-        t.add_row("", "[dim]" + escape(self.line[:110]) + "[/]", "")
-        return t
-
-    def update(self, kind: str, data: dict[str, Any]) -> None:
-        if kind == "tool_call":
-            self.line = redact_text(f"$ {data.get('display', '')}")
-        elif kind == "verdict":
-            self.status[data["hypothesis"]] = data["status"]
-            if not self.live and not self.quiet:
-                err.print(escape(f"[verdict] {data['hypothesis']}: {data['status'].replace('_', ' ')}"))
-        elif kind == "reasoning" and not self.live and not self.quiet:
-            err.print(escape(redact_text(f"[agent] {data.get('text', '')}")[:210]))
-        if self.live:
-            self.live.update(self.table())
-
-    def __enter__(self) -> View:
-        if self.live:
-            self.live.__enter__()
-        return self
-
-    def __exit__(self, *a: Any) -> None:
-        if self.live:
-            self.live.__exit__(*a)
 
 
 def make_confirm():
@@ -159,6 +116,19 @@ def investigate(opts: RunOptions, *, folder: Path | None = None, resume: bool = 
     symptom, baseline, base_snap, playbook = prepare(opts)
     if folder is None:   # decided and checked now; nothing is written until the host is open
         folder = new_run_folder(opts, symptom.metric)
+    view = View(playbook.order(), quiet=opts.as_json)
+    if resume and (folder / "events.jsonl").is_file():
+        view.load(read_events(folder / "events.jsonl"))
+    view.state.set_phase(f"connecting to {opts.host}")
+    view.__enter__()   # visible at once: opening a host can take seconds
+    try:
+        return _investigate(opts, folder, resume, transport, playbook, base_snap, symptom, baseline, view)
+    finally:
+        view.__exit__(None, None, None)
+
+
+def _investigate(opts: RunOptions, folder: Path, resume: bool, transport: Any, playbook: Any,
+                 base_snap: Snapshot | None, symptom: Any, baseline: Any, view: View) -> dict[str, Any]:
     owned = transport is None
     try:
         if transport is None:
@@ -166,6 +136,7 @@ def investigate(opts: RunOptions, *, folder: Path | None = None, resume: bool = 
     except TransportError as exc:
         run_id = start_folder(folder, opts, resume)
         transcript = Transcript(folder, run_id)
+        transcript.listeners.append(view.feed)
         transcript.emit("run_started", **header(opts, playbook, run_id)) if not resume else None
         transcript.emit("error", message=str(exc), kind="transport")
         transcript.close()
@@ -178,6 +149,7 @@ def investigate(opts: RunOptions, *, folder: Path | None = None, resume: bool = 
             transport.close()
         raise
     transcript = Transcript(folder, run_id)
+    transcript.listeners.append(view.feed)
     undo = UndoStack(folder / "undo.json")
     if hasattr(transport, "on_event"):
         transport.on_event = lambda kind, text: transcript.emit("error", kind=kind, message=text)
@@ -185,11 +157,10 @@ def investigate(opts: RunOptions, *, folder: Path | None = None, resume: bool = 
     if opts.llm:
         from .llm import Advisor
         advisor = Advisor(opts.llm, opts.llm_model)
-    view = View(playbook.order(), quiet=opts.as_json)
     sim = opts.host.startswith("sim:")
     ctx = Ctx(transport=transport, transcript=transcript, playbook=playbook, run_id=run_id, undo=undo, symptom=symptom,
               baseline=baseline, baseline_snapshot=base_snap, allow_mutations=opts.allow_mutations or sim,
-              confirm=make_confirm(), advisor=advisor, on_status=view.update,
+              confirm=make_confirm(), advisor=advisor,
               overrides={"bench": opts.bench, "repo": opts.repo, "python": opts.python,
                          "server_pattern": opts.server_pattern, "bench_regex": opts.bench_regex,
                          "reproduce_runs": opts.reproduce_runs, "max_runs": opts.max_runs,
@@ -207,8 +178,7 @@ def investigate(opts: RunOptions, *, folder: Path | None = None, resume: bool = 
     old = signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        with view:
-            state = graph.invoke(None if resume else {"inputs": {"symptom": opts.symptom}}, config)
+        state = graph.invoke(None if resume else {"inputs": {"symptom": opts.symptom}}, config)
     except KeyboardInterrupt:
         restore(ctx)
         transcript.emit("interrupted", text="interrupted (SIGINT); every change was undone; `debugagent resume "
@@ -332,6 +302,7 @@ def restore(ctx: Ctx) -> None:
 
 def header(opts: RunOptions, playbook: Any, run_id: str, snap: Snapshot | None = None) -> dict[str, Any]:
     return {"schema_version": SCHEMA_VERSION, "debugagent_version": __version__, "run_id": run_id, "host": opts.host,
+            "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "symptom": opts.symptom, "baseline": opts.baseline, "baseline_snapshot": opts.baseline_snapshot,
             "playbook": playbook.name, "playbook_source": os.path.basename(playbook.source), "playbook_digest": playbook.digest,
             "inputs": {"bench": opts.bench, "repo": opts.repo, "python": opts.python, "server_pattern": opts.server_pattern,
@@ -346,9 +317,9 @@ def print_human(o: dict[str, Any]) -> None:
     out.print()
     out.print(f"[bold]{escape(o['summary'])}[/]")
     for s in o.get("suspects") or []:
-        out.print(f"  suspect {s['hypothesis']}: {escape(s['because'])}")
+        out.print(f"  suspect {s['hypothesis']}: {escape(clip(s['because'], 300))}")
     for r in o.get("ruled_out") or []:
-        out.print(f"  [dim]ruled out {r['hypothesis']}: {escape(r['because'][:160])}[/]")
+        out.print(f"  [dim]ruled out {r['hypothesis']}: {escape(clip(r['because'], 200))}[/]")
     for n in o.get("notes") or []:
         out.print(f"  [yellow]note[/]: {escape(n)}")
     out.print(f"\n{o['commands']} commands, {o.get('bench_runs') or 0} benchmark runs, {o['wall_s']} s. "

@@ -40,6 +40,7 @@ class Transcript:
         self._file = open(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "a", buffering=1)
         self._lock = threading.Lock()
         self._start = time.monotonic()
+        self.listeners: list[Any] = []   # reporters (the live view): called with (event, data) after it is written
 
         def stamp(logger: Any, name: str, ed: dict[str, Any]) -> dict[str, Any]:
             with self._lock:
@@ -57,6 +58,8 @@ class Transcript:
     def emit(self, event: str, **data: Any) -> None:
         assert event in EVENTS, event
         self.log.msg(event, **data)
+        for listen in self.listeners:
+            listen(event, data)
 
     def observer(self, hypothesis: str | None = None):
         def observe(event: str, data: dict[str, Any]) -> None:
@@ -90,83 +93,10 @@ def read_events(path: Path) -> list[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------- Markdown
-# transport events that say the connection carried on (a reconnect, exec channels instead of sessions)
-NOTICES = ("reconnected", "sessions")
-
-STATUS_WORD = {"confirmed": "CONFIRMED", "ruled_out": "ruled out", "suspect": "suspect", "inconclusive": "inconclusive",
-               "pending": "not reached"}
-
-
-def _clip(text: str, n: int = 1600) -> str:
-    text = text.rstrip("\n")
-    if len(text) <= n:
-        return text
-    head = text[: n // 2]
-    tail = text[-n // 2:]
-    return f"{head}\n… ({len(text) - n} characters not shown) …\n{tail}"
-
-
 def render_markdown(events: list[dict[str, Any]]) -> str:
-    start = events[0]
-    lines = [f"# debugagent: {start.get('symptom')} (baseline {start.get('baseline') or start.get('baseline_snapshot')})",
-             "", f"Host `{start.get('host')}` · playbook `{start.get('playbook')}` ({start.get('playbook_digest')}) · "
-             f"debugagent {start.get('debugagent_version')} · run `{start.get('run_id')}`", ""]
-    msg = 0
-    calls: dict[int, dict[str, Any]] = {}
-    for ev in events[1:]:
-        e = ev["event"]
-        if e == "reasoning":
-            msg += 1
-            lines += [f"[msg {msg}] [assistant] {ev.get('text', '')}", ""]
-        elif e == "hypothesis_opened":
-            msg += 1
-            lines += [f"## {ev.get('hypothesis')}: {ev.get('title', '')}", "",
-                      f"[msg {msg}] [assistant] {ev.get('text', '')}", ""]
-        elif e == "tool_call":
-            calls[ev["call_id"]] = ev
-        elif e == "tool_result":
-            call = calls.get(ev["call_id"], {})
-            msg += 1
-            why = call.get("why")
-            head = f"[msg {msg}] [assistant] [bash] {call.get('display') or ev.get('command')}"
-            lines.append(head + (f"  — {why}" if why else ""))
-            out = ev.get("stdout", "")
-            if ev.get("stderr", "").strip():
-                out = (out + ("\n" if out and not out.endswith("\n") else "") + ev["stderr"]).rstrip()
-            lines += ["Output:", "```", _clip(out) if out.strip() else "(no output)", "```"]
-            tail = f"exit {ev.get('exit_code')}, {ev.get('duration_ms', 0):.0f} ms"
-            if ev.get("error"):
-                tail += f"; {ev['error']}"
-            lines += [f"<sub>{tail}</sub>", ""]
-        elif e == "verdict":
-            msg += 1
-            how = f" (by {ev['how']})" if ev.get("how") else ""
-            lines += [f"[msg {msg}] [assistant] **{ev.get('hypothesis')}: {STATUS_WORD.get(ev.get('status'), ev.get('status'))}"
-                      f"{how}** — {ev.get('because', '')}", ""]
-        elif e == "experiment":
-            msg += 1
-            lines += [f"[msg {msg}] [assistant] Experiment ({ev.get('phase')}): {ev.get('text', '')}", ""]
-        elif e == "llm_call":
-            msg += 1
-            lines += [f"[msg {msg}] [llm] asked `{ev.get('model')}` to order the experiments; it answered "
-                      f"{ev.get('answer')!r} ({'used' if ev.get('used') else 'not used'}: {ev.get('note', '')})", ""]
-        elif e in ("error", "interrupted", "resumed"):
-            msg += 1
-            tag = "transport" if ev.get("kind") in NOTICES else e   # the connection recovered: not an error
-            lines += [f"[msg {msg}] [{tag}] {ev.get('text', ev.get('message', ''))}", ""]
-        elif e == "conclusion":
-            lines += render_conclusion(ev)
-    return "\n".join(lines).rstrip() + "\n"
-
-
-def render_conclusion(ev: dict[str, Any]) -> list[str]:
-    lines = ["## Conclusion", "", ev.get("summary", ""), ""]
-    lines += ["| hypothesis | verdict | how | evidence |", "| --- | --- | --- | --- |"]
-    for h in ev.get("table", []):
-        evidence = "; ".join(h.get("because", []))[:600].replace("|", "\\|").replace("\n", " ")
-        lines.append(f"| {h['id']} | {STATUS_WORD.get(h['status'], h['status'])} | {h.get('how') or ''} | {evidence} |")
-    lines += ["", f"{ev.get('commands', 0)} commands, {ev.get('bench_runs', 0)} benchmark runs; exit {ev.get('exit_code')}.", ""]
-    return lines
+    """transcript.md from the events (agent/markdown.py holds the rendering)."""
+    from .markdown import render
+    return render(events)
 
 
 def write_markdown(folder: Path) -> Path:

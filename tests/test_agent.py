@@ -123,7 +123,7 @@ def test_seed_transcript_reads_like_the_seeds(tmp_path):
                                  as_json=True, out=str(tmp_path / "run")))
     md = (Path(out["transcript"]) / "transcript.md").read_text()
     assert "[msg 1] [assistant]" in md
-    assert '[assistant] [bash] ssh root@gpu-node-3 "nvidia-smi --query-gpu=' in md
+    assert "[assistant] [bash] `ssh root@gpu-node-3 \"nvidia-smi --query-gpu=" in md
     assert "Output:" in md
     assert "git -C /root/sglang worktree add --detach" in md and "worktree remove" in md
     for h in ["code_change", "gpu_clocks", "pcie_link", "serving_config", "compiled_dependency", "driver_cuda",
@@ -167,8 +167,9 @@ def test_sigint_mid_experiment_restores_host_and_resume_finishes(tmp_path):
     sc = load_scenario(name)
     with SimTransport(f"sim:{name}") as sim:
         before = collect(Runner(sim))
-        # the 7th benchmark is the second one after the server was restarted without the variable
-        t = InterruptAt(sim, "gpu-bench", 7)
+        # the 8th benchmark is the second one after the server was restarted without the variable (the first
+        # checks the metric, the second samples the GPUs, five reproduce)
+        t = InterruptAt(sim, "gpu-bench", 8)
         opts = RunOptions(host=f"sim:{name}", symptom=sc.symptom, baseline=sc.baseline, as_json=True, out=str(tmp_path / "run"))
         out = investigate(opts, transport=t)
         assert out.get("interrupted")

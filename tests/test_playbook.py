@@ -38,9 +38,21 @@ def test_default_playbook_follows_the_seeds_order():
 
 
 def test_unknown_key_is_refused_with_field():
-    """An unknown key names file and field path."""
-    with pytest.raises(PlaybookError, match=r"my.yaml`, hypotheses.0.rules.0.verdcit: unknown key"):
+    """An unknown key names file:line:column and field path."""
+    with pytest.raises(PlaybookError, match=r"my.yaml:\d+:\d+`, hypotheses\[0\].rules\[0\].verdcit: unknown key"):
         parse_playbook(MINI.replace("verdict: suspect", "verdcit: suspect, verdict: suspect"), "my.yaml")
+
+
+def test_misspelt_key_suggests_the_right_one_at_its_line():
+    """`verdit:` instead of `verdict:` is named as an unknown key with a did-you-mean, at its line and column."""
+    text = MINI.replace("verdict: suspect", "verdit: suspect")
+    line = next(n for n, ln in enumerate(text.splitlines(), 1) if "verdit" in ln)
+    col = text.splitlines()[line - 1].index("verdit") + 1
+    with pytest.raises(PlaybookError) as e:
+        parse_playbook(text, "my.yaml")
+    assert f"my.yaml:{line}:{col}" in str(e.value)
+    assert "unknown key `verdit`; did you mean `verdict`?" in str(e.value)
+    assert e.value.fix == "rename `verdit:` to `verdict:`" and e.value.exit_code == 2
 
 
 def test_unknown_tool_suggests_the_right_one():

@@ -80,7 +80,7 @@ EXCEPTION_MAP: dict[type[BaseException], type[TransportError]] = {
     px.SSHException: ConnectError,
 }
 FIXES = {
-    AuthError: "check the user, and give the key with --identity-file (or load it into ssh-agent)",
+    AuthError: "give the private key with -i/--identity-file KEY, or load it into ssh-agent (ssh-add KEY); check the user",
     ConnectError: "check the address and port, that sshd runs there, and the network path (--connect-timeout)",
 }
 
@@ -103,6 +103,10 @@ def translate(exc: BaseException, host: str) -> TransportError:
         return HostKeyError(f"{host}: the host key CHANGED (got {exc.key.get_name()} {exc.key.fingerprint}, known "
                             f"{exc.expected_key.fingerprint}); refused: this may be an attack, or the host was reinstalled",
                             host=host, fix="if the change is expected, remove the old line: ssh-keygen -R HOST")
+    if type(exc) is px.SSHException and "authentication" in str(exc).lower():
+        # paramiko's plain SSHException for "No authentication methods available": no key was offered at all
+        return AuthError(f"{host}: no key was offered that the host accepts ({exc}): none given with -i/--identity-file, "
+                         "none in ssh-agent and none in ~/.ssh", host=host, fix=FIXES[AuthError])
     for cls in type(exc).__mro__:
         if cls in EXCEPTION_MAP:
             ours = EXCEPTION_MAP[cls]

@@ -1,0 +1,632 @@
+"""``transcript.md``: the run told in the seeds' voice, rendered from ``events.jsonl``.
+
+The events stay the source of truth; this module only reads them. The shape:
+
+    title, one-line answer
+    1. the regression: discovery, the evidence pass, the reproduction (one table), the arithmetic
+    2. the timeline of changes on the host
+    3. one section per hypothesis: why it is looked at, what decides it, its checks,
+       its experiment (runs as one table) and its verdict
+    4. the closing table, and what to do now (the exact fix command)
+
+Messages are numbered in the order they are printed (``[msg N]``); every command is shown
+exactly as it was sent, in a code span, or as a heredoc when it is long.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import statistics
+from collections import Counter
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from tools.transport import ssh_line
+
+from .fixes import Fix, fixes_for
+from .runfacts import RunFacts, gather
+
+STATUS_WORD = {"confirmed": "CONFIRMED", "ruled_out": "ruled out", "suspect": "suspect", "inconclusive": "inconclusive",
+               "pending": "not reached"}
+NOTICES = ("reconnected", "sessions")  # transport events that say the connection carried on
+GIT_FIELDS = {"%H": "sha", "%h": "short", "%cI": "date", "%ci": "date", "%aI": "date", "%s": "subject", "%gd": "ref",
+              "%gs": "action", "%an": "author"}
+NVSMI_Q_KEYS = ("Driver Version", "CUDA Version", "Product Name", "Reset Required", "Current", "Max",
+                "SW Power Capping", "HW Slowdown", "SW Thermal Slowdown", "HW Thermal Slowdown")
+
+
+# ---------------------------------------------------------------- small pure helpers
+def plural(n: int | float, word: str, many: str | None = None) -> str:
+    """``1 GPU``, ``2 GPUs``: never ``GPU(s)``."""
+    return f"{n:g} {word if n == 1 else (many or word + 's')}"
+
+
+def clip_words(text: str, n: int = 220) -> str:
+    """Cut at a word boundary, never mid-word, and say so with an ellipsis."""
+    text = " ".join(text.split())
+    if len(text) <= n:
+        return text
+    cut = text[:n].rsplit(" ", 1)[0].rstrip(",;:")
+    return cut + " …"
+
+
+def code(text: str) -> str:
+    """An inline code span that survives backticks inside ``text``."""
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") or longest else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def table(header: list[str], rows: Iterable[list[Any]], inline_one: bool = False) -> list[str]:
+    """A Markdown table; with ``inline_one``, a single row is written as one line of ``name value`` pairs."""
+    rows = list(rows)
+    if inline_one and len(rows) == 1:
+        return ["Output: " + "; ".join(f"{h} {c}" if h else str(c) for h, c in zip(header, rows[0], strict=False) if str(c).strip())]
+    out = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    out += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
+    return out
+
+
+def fenced(text: str, lang: str = "") -> list[str]:
+    longest = max((len(m) for m in re.findall(r"^`{3,}", text, re.M)), default=2)
+    f = "`" * (longest + 1)
+    return [f + lang, *text.rstrip("\n").split("\n"), f]
+
+
+def fmt(v: float) -> str:
+    return f"{v:.4g}" if abs(v) < 1000 else f"{v:.0f}"
+
+
+def mean_sd(vals: list[float]) -> str:
+    if not vals:
+        return "n/a"
+    if len(vals) == 1:
+        return fmt(vals[0])
+    return f"{statistics.fmean(vals):.2f} ± {statistics.stdev(vals):.2f}"
+
+
+def when(ts: float | int | str | None) -> str:
+    if ts is None:
+        return "?"
+    if isinstance(ts, int | float):
+        return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M")
+    try:
+        return datetime.fromisoformat(str(ts).replace("Z", "+00:00")).astimezone(UTC).strftime("%Y-%m-%d %H:%M")
+    except ValueError:
+        return str(ts)
+
+
+def sort_key(ts: float | int | str | None) -> float:
+    if isinstance(ts, int | float):
+        return float(ts)
+    try:
+        return datetime.fromisoformat(str(ts).replace("Z", "+00:00")).timestamp()
+    except (TypeError, ValueError):
+        return float("inf")
+
+
+# ---------------------------------------------------------------- commands, pasteable
+class Shown(BaseModel):
+    """How one command is printed: inline (a code span) or as a block (a heredoc)."""
+
+    inline: str | None = None
+    block: str | None = None
+
+
+def ssh_target(display: str) -> str | None:
+    """``root@gpu-node-3`` or ``-p 2222 root@h`` from a display line; None when it is not ssh."""
+    m = re.match(r"ssh ((?:-p \d+ )?\S+) ", display or "")
+    return m.group(1) if m else None
+
+
+def shown_command(call: dict[str, Any], target: str | None) -> Shown:
+    """The command as it was run, pasteable: the recorded display line when it is the full command,
+    else (a placeholder, or too long to read inline) the real command sent as a heredoc."""
+    command = call.get("command") or ""
+    display = call.get("display") or command
+    exact = display in (command, ssh_line(target, command) if target else command)
+    if exact and "\n" not in display:
+        return Shown(inline=display)
+    mark = "EOF"
+    while re.search(rf"^{mark}$", command, re.M):
+        mark += "_"
+    if not target:
+        return Shown(block=command)
+    # the command is ssh's argument, as debugagent sends it; the quoted heredoc keeps it byte for byte
+    return Shown(block=f"ssh {target} \"$(cat <<'{mark}'\n{command}\n{mark}\n)\"")
+
+
+# ---------------------------------------------------------------- outputs, readable
+def csv_rows(text: str) -> list[list[str]]:
+    return [[c.strip() for c in line.split(",")] for line in text.strip().splitlines() if line.strip()]
+
+
+def gpu_rows(gpus: list[dict[str, Any]]) -> list[list[Any]]:
+    """Readings of nvidia-smi, the columns that decide clocks/power/PCIe, identical rows merged."""
+    rows: Counter[tuple] = Counter()
+    order: list[tuple] = []
+    for g in gpus:
+        r = (g.get("index"), f"{g.get('sm_clock')} / {g.get('sm_clock_max')}",
+             f"{g.get('power_draw', 0):.0f} / {g.get('power_limit', 0):.0f} (max {g.get('power_limit_max', 0):.0f})",
+             g.get("temperature"), f"{g.get('utilization')} %",
+             f"gen {g.get('pcie_gen')}/{g.get('pcie_gen_max')} x{g.get('pcie_width')}/{g.get('pcie_width_max')}",
+             ", ".join(g.get("event_reasons") or []) or "none")
+        if r not in rows:
+            order.append(r)
+        rows[r] += 1
+    return [[*r, rows[r]] for r in order]
+
+
+GPU_HEADER = ["GPU", "SM MHz (of max)", "power W", "temp C", "util", "PCIe", "reasons", "readings"]
+
+
+def git_columns(command: str, section_format: str) -> list[str]:
+    return [GIT_FIELDS.get(p, p) for p in section_format.split("%x1f")]
+
+
+def render_unit_sep(text: str, command: str) -> list[str]:
+    """Output whose fields are joined by \\x1f (git log/reflog formats): each `== section` a table.
+
+    The full hash is dropped where the short one is shown; reflog rows that only record a
+    commit are counted, not listed (the log above lists the commits)."""
+    formats = re.findall(r"--format='([^']*%x1f[^']*)'", command)
+    lines: list[str] = []
+    rows: list[list[str]] = []
+    plain: list[str] = []
+    fi = 0
+
+    def flush() -> None:
+        nonlocal rows, fi
+        if not rows:
+            return
+        n = max(len(r) for r in rows)
+        head = git_columns(command, formats[fi]) if fi < len(formats) else [f"field {i + 1}" for i in range(n)]
+        fi += 1
+        head = head[:n] + [""] * (n - len(head))
+        rows = [r + [""] * (n - len(r)) for r in rows]
+        keep = [i for i, h in enumerate(head) if not (h == "sha" and "short" in head)]
+        hidden = 0
+        if "action" in head:
+            a = head.index("action")
+            hidden = sum(1 for r in rows if r[a].startswith("commit"))
+            rows = [r for r in rows if not r[a].startswith("commit")]
+            if "sha" in head:
+                s_ = head.index("sha")
+                rows = [[c[:12] if i == s_ else c for i, c in enumerate(r)] for r in rows]
+        if hidden and lines and lines[-1].endswith("**"):
+            lines[-1] += f" ({plural(hidden, 'entry', 'entries')} that only record a commit not shown)"
+        if rows:
+            lines.extend(table([head[i] for i in keep], [[r[i] for i in keep] for r in rows]))
+        rows = []
+
+    for line in text.rstrip("\n").split("\n"):
+        if "\x1f" in line:
+            if plain:
+                lines.append(" · ".join(plain))
+                plain = []
+            rows.append(line.split("\x1f"))
+        else:
+            flush()
+            t = line.strip()
+            if t and t != "== end":
+                if t.startswith("== ") and plain and plain[-1].startswith("**"):
+                    plain[-1] += " (none)"
+                plain.append(f"**{t[3:]}**" if t.startswith("== ") else code(t))
+                if t.startswith("== ") and "\x1f" in (text.split(line, 1)[1].split("\n", 2)[1] if "\n" in text.split(line, 1)[1] else ""):
+                    lines.append(" · ".join(plain))
+                    plain = []
+    flush()
+    if plain:
+        lines.append(" · ".join(plain))
+    return lines
+
+
+def render_output(tool: str, ev: dict[str, Any]) -> list[str]:
+    """The output of one tool call, made readable; the raw text is in events.jsonl."""
+    out = ev.get("stdout") or ""
+    err = (ev.get("stderr") or "").strip()
+    parsed = ev.get("output") or {}
+    lines: list[str] = []
+    if tool in ("gpu_query", "gpu_sample_under_load") and (parsed.get("gpus") or parsed.get("samples")):
+        lines = table(GPU_HEADER, gpu_rows(parsed.get("gpus") or parsed.get("samples")), inline_one=True)
+    elif tool == "find_servers" and parsed.get("processes") is not None:
+        procs = parsed["processes"]
+        lines = table(["pid", "command line"], [[p["pid"], code(shlex.join(p["argv"]))] for p in procs], inline_one=True) if procs else [
+            "Output: (no server process)"]
+    elif tool == "server_details" and parsed.get("argv"):
+        env = " ".join(f"{k}={v}" for k, v in (parsed.get("env") or {}).items())
+        lines = [f"Output: command line {code(shlex.join(parsed['argv']))}; cwd {code(parsed.get('cwd') or '?')}; "
+                 f"environment {code(env or '(empty)')}"]
+    elif tool == "python_packages" and parsed.get("packages"):
+        rows = [[p["name"], p["version"], when(p.get("installed_at")), p.get("build_hash") or "",
+                 p.get("editable") or ""] for p in parsed["packages"]]
+        lines = [f"Output (JSON, {plural(len(rows), 'package')}, Python {parsed.get('python_version', '?')}):",
+                 *table(["package", "version", "installed (UTC)", "build hash", "editable"], rows)]
+    elif tool == "gpu_q":
+        keep = [ln.strip() for ln in out.splitlines() if ":" in ln and ln.strip().split(":")[0].strip() in NVSMI_Q_KEYS
+                and "N/A" not in ln]
+        lines = [f"Output ({plural(len(out.splitlines()), 'line')}; the lines that matter): "
+                 + "; ".join(code(" ".join(k.split())) for k in keep[:10])]
+    elif "\x1f" in out:
+        lines = render_unit_sep(out, ev.get("command") or "")
+    elif tool == "gpu_processes" and out.strip():
+        m = re.search(r"--query-compute-apps=(\S+)", ev.get("command") or "")
+        head = m.group(1).split(",") if m else None
+        rows = csv_rows(out)
+        lines = table(head or [f"field {i + 1}" for i in range(len(rows[0]))], rows, inline_one=True)
+    elif sections(out):
+        lines = ["Output: " + " · ".join((f"{k}: " if k else "") + (code(v) if v else "(none)") for k, v in sections(out))]
+    else:
+        text = out.rstrip("\n")
+        if not text.strip():
+            lines = ["Output: (none)"] if ev.get("exit_code") not in (0, None) else ["(no output)"]
+        elif len(text.splitlines()) <= 2 and len(text) <= 160:
+            lines = ["Output: " + " · ".join(code(x) for x in text.splitlines() if x.strip())]
+        else:
+            body = text.splitlines()
+            if len(body) > 24:
+                body = body[:20] + [f"… ({len(body) - 20} more lines in events.jsonl)"]
+            lines = ["Output:", *fenced("\n".join(body))]
+    if err:
+        lines.append("stderr: " + code(clip_words(err, 300)))
+    tail = []
+    if ev.get("exit_code") not in (0, None):
+        tail.append(f"exit {ev.get('exit_code')}")
+    if ev.get("error"):
+        tail.append(str(ev["error"]))
+    if tail:
+        lines.append("*" + "; ".join(tail) + "*")
+    return lines
+
+
+def sections(text: str) -> list[tuple[str, str]] | None:
+    """``== name`` headed output with short sections, as (name, value) pairs; None when it is not that."""
+    if "\n== " not in "\n" + text:
+        return None
+    out: list[tuple[str, list[str]]] = []
+    head: list[str] = []
+    for line in text.rstrip("\n").split("\n"):
+        if line.startswith("== "):
+            if line.strip() == "== end":
+                break
+            out.append((line[3:].strip(), []))
+        elif out:
+            if line.strip():
+                out[-1][1].append(line.strip())
+        elif line.strip():
+            head.append(line.strip())
+    if any(len(v) > 3 for _, v in out):
+        return None
+    pairs = [(k, " ".join(" ".join(x.split()) for x in v)) for k, v in out]
+    return ([("", " ".join(head))] if head else []) + pairs
+
+
+# ---------------------------------------------------------------- the document
+class Doc(BaseModel):
+    """The lines being written and the message counter."""
+
+    lines: list[str] = Field(default_factory=list)
+    n: int = 0
+    by_call: dict[int, int] = Field(default_factory=dict)   # call id -> msg number
+
+    def msg(self, text: str, tag: str = "assistant") -> int:
+        self.n += 1
+        self.lines += [f"[msg {self.n}] [{tag}] {text}", ""]
+        return self.n
+
+    def add(self, *lines: str) -> None:
+        self.lines.extend(lines)
+
+
+def render_call(doc: Doc, call: dict[str, Any], res: dict[str, Any], target: str | None) -> None:
+    s = shown_command(call, target)
+    why = f" — {call['why']}" if call.get("why") else ""
+    doc.n += 1
+    doc.by_call[call.get("call_id", -doc.n)] = doc.n
+    if s.inline:
+        doc.add(f"[msg {doc.n}] [assistant] [bash] {code(s.inline)}{why}")
+    else:
+        first = (call.get("command") or "").strip().splitlines()[0][:60]
+        doc.add(f"[msg {doc.n}] [assistant] [bash] {code(first + ' …')}{why} (sent as this heredoc:)",
+                "<details><summary>the command in full</summary>", "", *fenced(s.block or "", "bash"), "", "</details>")
+    shown = render_output(call.get("tool") or res.get("tool") or "", res)
+    if shown == ["(no output)"]:
+        doc.lines[-1] += " (no output)"
+        shown = []
+    doc.add(*shown, "")
+
+
+def render_bench_group(doc: Doc, items: list[tuple[dict[str, Any], dict[str, Any]]], target: str | None,
+                       metric: str, unit: str, why: str) -> list[float]:
+    """Repeated benchmark runs: one message, one table (run, value), mean ± sd."""
+    call, _ = items[0]
+    s = shown_command(call, target)
+    first, last = doc.n + 1, doc.n + len(items)
+    for i, (c, _) in enumerate(items):
+        doc.by_call[c.get("call_id", -i)] = first + i
+    doc.n = last
+    vals: list[float] = []
+    rows = []
+    for i, (_, r) in enumerate(items, 1):
+        out = r.get("output") or {}
+        if r.get("exit_code") == 0 and out.get("value") is not None:
+            vals.append(out["value"])
+            rows.append([i, fmt(out["value"])])
+        else:
+            rows.append([i, "failed: " + clip_words((r.get("error") or r.get("stderr") or r.get("stdout") or "").strip(), 120)])
+    cmd = code(s.inline) if s.inline else code(call.get("command") or "")
+    span = f"msg {first}" if first == last else f"msg {first}–{last}"
+    doc.add(f"[{span}] [assistant] [bash] {cmd} ×{len(items)} — {why}",
+            *table(["run", *[str(r[0]) for r in rows], "mean ± sd"], [[f"{metric} ({unit})", *[r[1] for r in rows], mean_sd(vals)]]),
+            "")
+    return vals
+
+
+def bench_why(call: dict[str, Any]) -> str:
+    return re.sub(r",? run \d+ of \d+$", "", call.get("why") or "the benchmark")
+
+
+def render_calls(doc: Doc, pairs: list[tuple[dict[str, Any], dict[str, Any]]], target: str | None,
+                 metric: str, unit: str) -> None:
+    i = 0
+    while i < len(pairs):
+        call, res = pairs[i]
+        if call.get("tool") == "bench":
+            j = i
+            while j < len(pairs) and pairs[j][0].get("tool") == "bench" and bench_why(pairs[j][0]) == bench_why(call):
+                j += 1
+            if j - i > 1:
+                render_bench_group(doc, pairs[i:j], target, metric, unit, bench_why(call))
+                i = j
+                continue
+        render_call(doc, call, res, target)
+        i += 1
+
+
+def arithmetic(f: RunFacts) -> list[str]:
+    """The regression in the user's units and its rate/latency counterpart, as the seeds work it out."""
+    reg = f.regression
+    if not reg or reg.get("mean") is None or reg.get("baseline") is None:
+        return []
+    bad, good, unit = reg["mean"], reg["baseline"], f.unit
+    if not good or not bad:
+        return []
+    delta = bad - good
+    pct = delta / good * 100
+    line = f"The arithmetic: {fmt(bad)} {unit} against {fmt(good)} {unit} is {delta:+.4g} {unit} ({pct:+.1f}%)"
+    if f.direction == "lower":
+        scale = 1000.0 if unit == "ms" else 1e6 if unit == "us" else 1.0
+        r_good, r_bad = scale / good, scale / bad
+        line += (f"; as a rate, 1/{fmt(good)} {unit} = {r_good:.1f} per second, 1/{fmt(bad)} {unit} = {r_bad:.1f} per "
+                 f"second ({(r_bad / r_good - 1) * 100:+.1f}%)")
+        if f.tokens_per_step:
+            k = f.tokens_per_step
+            line += (f"; with {k:g} tokens accepted per {f.metric} step, {k:g}/{fmt(good)} {unit} = {k * r_good:.0f} tok/s "
+                     f"before and {k:g}/{fmt(bad)} {unit} = {k * r_bad:.0f} tok/s now")
+        else:
+            line += f" (with k tokens per {f.metric} step: {r_good:.1f}·k tok/s before, {r_bad:.1f}·k tok/s now)"
+    else:
+        line += (f"; per item that is 1000/{fmt(good)} = {1000 / good:.2f} ms before and 1000/{fmt(bad)} = "
+                 f"{1000 / bad:.2f} ms now ({(good / bad - 1) * 100:+.1f}%)")
+    return [line + ".", ""]
+
+
+def render_timeline(f: RunFacts, doc: Doc) -> list[str]:
+    if not f.timeline:
+        return []
+    rows = sorted(f.timeline, key=lambda r: sort_key(r[0]))
+    return ["## Timeline of changes", "",
+            *table(["when (UTC)", "what changed", "seen in"],
+                   [[when(t), what, f"msg {doc.by_call[c]}" if c in doc.by_call else "this run"] for t, what, c in rows]), ""]
+
+
+def verdict_text(ev: dict[str, Any]) -> str:
+    how = f" by {ev['how']}" if ev.get("how") else ""
+    because = (ev.get("because") or "").strip().rstrip(";").rstrip()
+    return f"**{STATUS_WORD.get(ev.get('status'), ev.get('status'))}**{how}: {because}"
+
+
+def render_hypothesis(doc: Doc, hid: str, f: RunFacts) -> None:
+    h = f.hyps[hid]
+    final = h.verdicts[-1] if h.verdicts else {"status": "pending", "because": "not reached"}
+    doc.add(f"### {hid}: {h.title} — {STATUS_WORD.get(final.get('status'), final.get('status'))}", "")
+    checks = [f"{code(t)} msg {doc.by_call[c]}" for t in h.checks for c in f.calls_by_tool.get(t, []) if c in doc.by_call]
+    seen = h.verdicts[0] if h.verdicts else None
+    if seen is not None:
+        src = f" ({', '.join(dict.fromkeys(checks))})" if checks else ""
+        text = f"The evidence{src}: {verdict_text(seen)}."
+        if h.experiments:
+            text += (" What decides it: an experiment that undoes it; if that recovers a significant share of the "
+                     "regression it is a cause, if the benchmark stays where it is, it is not.")
+        doc.msg(text)
+    shown = {seen.get("because")} if seen else set()
+    for ex in h.experiments:
+        reason = (ex.reason + " ") if ex.reason else ""
+        undo = (" Its undo is recorded before it acts: " + "; ".join(ex.undo_recorded) + ".") if ex.undo_recorded else ""
+        doc.msg(f"{reason}Experiment: {ex.title}.{undo}")
+        render_calls(doc, ex.calls, f.target, f.metric, f.unit)
+        after = next((v for v in h.verdicts[1:] if v.get("because") == ex.result), None)
+        if ex.result:
+            doc.msg(f"Result: {ex.result}." + (f" Verdict: **{STATUS_WORD.get(after['status'], after['status'])}**"
+                                                 f"{' by ' + after['how'] if after.get('how') else ''}." if after else ""))
+            shown.add(ex.result)
+    for v in h.verdicts[1:]:
+        if v.get("because") not in shown:
+            doc.msg(verdict_text(v))
+    for note in h.notes:
+        doc.msg(note)
+
+
+def cause_share(rc: dict[str, Any]) -> str:
+    share, ci = rc.get("explains"), rc.get("explains_ci")
+    part = f"explains {share:.0%}" if share is not None else "share not measured"
+    if isinstance(ci, list | tuple) and len(ci) == 2 and None not in ci:
+        part += f", interval {ci[0]:.0%}–{ci[1]:.0%}"
+    return part
+
+
+def render_conclusion(doc: Doc, f: RunFacts) -> None:
+    c = f.conclusion
+    if not c:
+        doc.add("## No conclusion", "", "The run ended before it concluded; see the last messages above.", "")
+        return
+    doc.add("## Conclusion", "")
+    causes = c.get("root_causes") or ([c["root_cause"]] if c.get("root_cause") else [])
+    if not causes:
+        reg = f.regression or {}
+        if reg.get("measured") and not reg.get("real"):
+            doc.add(f"**No reproducible regression**: {reg.get('why')}.", "")
+        else:
+            doc.add("**No root cause was confirmed.**", "")
+    for s in c.get("suspects") or []:
+        extra = "; ".join(f"{k.replace('_', ' ')}: {v}" for k, v in s.items() if k not in ("hypothesis", "because") and v)
+        doc.add(f"- suspect **{s['hypothesis']}**: {clip_words(s.get('because', ''), 300)}" + (f" ({extra})" if extra else ""))
+    if c.get("suspects"):
+        doc.add("")
+    rows = []
+    for h in c.get("table") or []:
+        evidence = clip_words("; ".join(h.get("because") or []), 240)
+        rows.append([h["id"], STATUS_WORD.get(h["status"], h["status"]), h.get("how") or "",
+                     f"{h['share']:.0%}" if h.get("share") is not None else "", evidence])
+    doc.add(*table(["hypothesis", "verdict", "how", "share", "evidence"], rows), "")
+    for n in c.get("notes") or []:
+        doc.add(f"Note: {n}", "")
+
+
+
+def render_fixes(doc: Doc, fixes: list[Fix]) -> None:
+    doc.add("## What to do now", "")
+    if not fixes:
+        doc.add("Nothing to undo on the host: no cause was confirmed. " "Each suspect above names the experiment that "
+                "would decide it; run it with `--allow-mutations`, or give a baseline snapshot (`--baseline-snapshot`).", "")
+        return
+    for i, fx in enumerate(fixes, 1):
+        doc.add(f"{i}. {fx.text}")
+        if fx.commands:
+            doc.add("", *["   " + ln for ln in fenced("\n".join(fx.commands), "bash")])
+        doc.add("")
+    if fixes:
+        doc.add("Then run the benchmark again: it should be back at the baseline.")
+    doc.add("")
+
+
+def render_items(doc: Doc, items: list[tuple], f: RunFacts) -> None:
+    """Messages outside the hypotheses: reasoning, commands, transport notices and errors."""
+    for item in items:
+        if item[0] == "say":
+            doc.msg(item[1])
+        elif item[0] == "calls":
+            render_calls(doc, item[1], f.target, f.metric, f.unit)
+        elif item[0] == "event":
+            doc.msg(item[1], item[2])
+
+
+def render(events: list[dict[str, Any]]) -> str:
+    """The whole transcript.md."""
+    f = gather(events)
+    doc = Doc()
+    title = f"# {f.symptom}" + (f", was {f.baseline}" if f.baseline else "") + f" on {f.hostname or f.host}"
+    doc.add(title, "")
+    meta = [f"Host {code(f.host)}"] + ([f"reached as {code('ssh ' + f.target)}"] if f.target else [])
+    meta += [f"playbook {code(f.playbook)} ({f.playbook_digest})", f"debugagent {f.version}", f"run {code(f.run_id)}"]
+    if f.conclusion:
+        c = f.conclusion
+        meta.append(f"{plural(c.get('commands') or 0, 'command')}, {plural(c.get('bench_runs') or 0, 'benchmark run')}"
+                    + (f" in {f.wall_s:.1f} s" if f.wall_s else "") + f", exit {c.get('exit_code')}")
+    doc.add(" · ".join(meta), "")
+    if f.conclusion:
+        causes = f.conclusion.get("root_causes") or []
+        if causes:
+            doc.add("**Answer**: " + "; ".join(f"**{c['hypothesis']}** ({cause_share(c)}, by {c.get('how') or '?'}) — "
+                                               f"{c.get('summary', '')}" for c in causes)
+                    + ". The fix is under [What to do now](#what-to-do-now).", "")
+        elif f.conclusion.get("suspects"):
+            doc.add("**Answer**: no cause confirmed; suspects: " + ", ".join(s["hypothesis"] for s in f.conclusion["suspects"])
+                    + ".", "")
+    doc.add("## The regression", "")
+    render_items(doc, f.prelude, f)
+    if doc.lines and not doc.lines[-1]:
+        doc.lines.pop()
+    doc.add(*arithmetic(f))
+    doc.add(*render_timeline(f, doc))
+    doc.add("## Hypotheses, in the playbook's order", "")
+    for hid in f.order:
+        render_hypothesis(doc, hid, f)
+    render_items(doc, f.epilogue, f)
+    render_conclusion(doc, f)
+    render_fixes(doc, fixes_for(f))
+    return "\n".join(tighten(doc.lines)).rstrip() + "\n"
+
+
+def _kind(line: str) -> str:
+    if not line.strip():
+        return "blank"
+    if line.startswith("#"):
+        return "heading"
+    if line.startswith("|"):
+        return "table"
+    if re.match(r"(\d+\. |- |   )", line):
+        return "list"
+    return "text"
+
+
+def tighten(lines: list[str]) -> list[str]:
+    """Fewer lines, same rendering: consecutive messages share a paragraph with hard line breaks
+    (a trailing backslash) instead of a blank line each; a heading needs no blank line after it.
+    Fenced blocks and <details> blocks are left exactly as they are."""
+    out: list[str] = []
+    raw = False
+    depth = 0
+    for i, line in enumerate(lines):
+        if depth:
+            out.append(line)
+            depth += line.count("<details>") - line.count("</details>")
+            continue
+        if raw:
+            out.append(line)
+            raw = line.strip() != "```" and not re.fullmatch(r"`{3,}", line.strip())
+            continue
+        if line.lstrip().startswith("```"):
+            raw = True
+            out.append(line)
+            continue
+        if "<details>" in line:
+            depth += line.count("<details>") - line.count("</details>")
+            out.append(line)
+            continue
+        k = _kind(line)
+        if k not in ("blank", "table") and out and _kind(out[-1]) == "table":
+            out.append("")   # a table ends only at a blank line
+        if k == "blank" and out:
+            prev = _kind(out[-1])
+            nxt = next((x for x in lines[i + 1:] if x.strip()), "")
+            if prev == "heading" or (prev == "text" and nxt.startswith("### ")) or (
+                    prev == "text" and _kind(nxt) == "text" and not nxt.startswith(("<", "```"))):
+                if prev == "text" and _kind(nxt) == "text":
+                    out[-1] += "\\"
+                continue
+        elif k == "text" and out and _kind(out[-1]) == "text" and not out[-1].endswith("\\"):
+            out[-1] += "\\"
+        out.append(line)
+    return out
+
+
+def excerpt(md: str, hypotheses: list[str]) -> str:
+    """The part of a transcript the README shows: the answer, some hypotheses' sections and what to do now."""
+    lines = md.splitlines()
+    out = [next((ln for ln in lines if ln.startswith("**Answer**")), ""), "", "…", ""]
+    for hid in hypotheses:
+        start = next(i for i, ln in enumerate(lines) if ln.startswith(f"### {hid}:"))
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("#")), len(lines))
+        out += [*lines[start:end], "…", ""]
+    fix = next(i for i, ln in enumerate(lines) if ln == "## What to do now")
+    return "\n".join(out + lines[fix:]).rstrip() + "\n"

@@ -1,0 +1,252 @@
+"""What a person reads of a run: transcript.md in the seeds' voice and the offline report.html."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import zlib
+from pathlib import Path
+
+import pytest
+
+from agent.markdown import clip_words, code, plural, render_unit_sep, tighten
+from agent.run import RunOptions, investigate
+
+HYPS = ["code_change", "gpu_clocks", "pcie_link", "serving_config", "compiled_dependency", "driver_cuda", "env_var",
+        "gpu_contention", "host_cpu"]
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    """The README's quick start, run once for this module: (folder, transcript.md text, events)."""
+    folder = tmp_path_factory.mktemp("quick") / "run"
+    investigate(RunOptions(host="sim:eagle3-flashinfer-rebuilt", symptom="verify 30ms", baseline="verify 20ms",
+                           as_json=True, out=str(folder)))
+    events = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
+    return folder, (folder / "transcript.md").read_text(), events
+
+
+def outside_details(md: str) -> str:
+    return re.sub(r"<details>.*?</details>", "", md, flags=re.S)
+
+
+# ---------------------------------------------------------------- transcript.md
+def test_quick_start_reads_short(quick):
+    """The quick start's transcript has under 150 lines outside its collapsed blocks."""
+    _, md, _ = quick
+    assert len(outside_details(md).splitlines()) < 150
+
+
+def test_each_hypothesis_is_a_section_holding_its_experiment(quick):
+    """Every hypothesis has its own section; an experiment's commands sit under its own hypothesis."""
+    _, md, _ = quick
+    heads = [md.index(f"### {h}:") for h in HYPS]
+    assert heads == sorted(heads)
+    worktree = md.index("git -C /root/sglang worktree add --detach")
+    assert heads[0] < worktree < heads[1]
+    restart = md.index("--speculative-attention-mode decode")
+    assert heads[3] < restart < heads[4]
+
+
+def test_wording(quick):
+    """None of the wording the issue names: placeholders, (s)-plurals, templates, phase names."""
+    _, md, _ = quick
+    for bad in ("<list distributions", "commit(s)", "(baseline None)", "Does the evidence point", "undo_recorded",
+                "1 GPUs", "Nothing is blamed", "\x1f"):
+        assert bad not in md, bad
+
+
+def test_benchmark_runs_are_one_table_with_mean_and_sd(quick):
+    """The reproduction's runs are one table whose mean ± sd is the events' own numbers."""
+    _, md, events = quick
+    reproduce = {e["call_id"] for e in events if e["event"] == "tool_call" and e["why"].startswith("reproduce")}
+    vals = [e["output"]["value"] for e in events if e["event"] == "tool_result" and e["call_id"] in reproduce]
+    assert len(vals) == 5
+    assert "| run | 1 | 2 | 3 | 4 | 5 | mean ± sd |" in md
+    assert f"{statistics.fmean(vals):.2f} ± {statistics.stdev(vals):.2f}" in md
+    assert md.count("gpu-bench\"` ×") == 3   # reproduction and two experiments, each one message
+
+
+def test_arithmetic_timeline_and_fix(quick):
+    """The regression's arithmetic, a timeline that puts the reinstall after the checkout move, the fix at the end."""
+    _, md, events = quick
+    assert "1/20 ms = 50.0 per second" in md
+    timeline = md[md.index("## Timeline of changes"):md.index("## Hypotheses")]
+    assert timeline.index("HEAD → eb9a60c") < timeline.index("flashinfer-python 0.5.3 installed")
+    fix = md[md.index("## What to do now"):]
+    assert "/root/ml-env/bin/python3 -m pip install --force-reinstall --no-deps flashinfer-python==0.5.3" in fix
+    assert len(md[md.index("## Conclusion"):].splitlines()) < 40   # the table and the fix fit on the last screen
+
+
+def pasted(md: str) -> list[str]:
+    """Every command a reader can paste: ssh code spans and heredoc blocks, with the ssh part taken off."""
+    out = []
+    for span in re.findall(r"\[bash\] (`+) ?(ssh root@gpu-node-3 .+?) ?\1", md):
+        words = shlex.split(span[1])
+        assert words[:2] == ["ssh", "root@gpu-node-3"] and len(words) == 3, span[1]
+        out.append(words[2])
+    for body in re.findall(r"```bash\nssh root@gpu-node-3 \"\$\(cat <<'(EOF_*)'\n(.*?)\n\1\n\)\"\n```", md, flags=re.S):
+        out.append(body[1])
+    return out
+
+
+def test_every_command_is_pasteable_as_run(quick):
+    """Unquoting what the transcript shows gives back exactly each command that was sent."""
+    _, md, events = quick
+    sent = {e["command"] for e in events if e["event"] == "tool_call"}
+    shown = set(pasted(md))
+    assert shown <= sent
+    assert sent <= shown
+
+
+def test_pasted_heredoc_gives_the_same_output(quick, sim):
+    """The long package probe, pasted as its heredoc, reaches the host as the same command and prints what the run recorded."""
+    _, md, events = quick
+    rec = next(e for e in events if e["event"] == "tool_result" and e["tool"] == "python_packages")
+    block = re.search(r"```bash\nssh root@gpu-node-3 (\"\$\(cat <<'EOF'\n.*?\nEOF\n\)\")\n```", md, flags=re.S).group(1)
+    # what the local shell makes of the pasted argument is the command the host runs
+    command = subprocess.run(["bash", "-c", f"printf %s {block}"], capture_output=True, text=True, check=True).stdout
+    host = sim("sim:eagle3-flashinfer-rebuilt")
+    got = host.run(command)
+    assert got.exit_code == 0
+    assert json.loads(got.stdout)["packages"] == json.loads(rec["stdout"])["packages"]
+
+
+def test_code_span_survives_backticks():
+    """A command holding backticks still makes one code span."""
+    assert code("echo `date`") == "`` echo `date` ``"
+    assert code("ls libcuda.so.*.*") == "`ls libcuda.so.*.*`"
+
+
+def test_unit_separated_git_output_is_a_table():
+    """git log fields joined by \\x1f become a table with named columns."""
+    cmd = "git log -n 2 --format='%H%x1f%h%x1f%cI%x1f%s'"
+    out = "== log\n" + "a" * 40 + "\x1faaaaaaa\x1f2026-11-28T18:45:00+00:00\x1fImprove CI\n== end\n"
+    lines = render_unit_sep(out, cmd)
+    assert "| short | date | subject |" in lines
+    assert "| aaaaaaa | 2026-11-28T18:45:00+00:00 | Improve CI |" in lines
+
+
+def test_tighten_leaves_fenced_blocks_alone():
+    """Blank lines inside a fenced block or <details> are kept; between messages they become hard breaks."""
+    lines = ["[msg 1] a", "", "[msg 2] b", "", "```", "x", "", "y", "```", "", "| t |", "| --- |", "after"]
+    out = tighten(lines)
+    assert out[:2] == ["[msg 1] a\\", "[msg 2] b"]
+    assert out[out.index("```") + 1:out.index("```") + 4] == ["x", "", "y"]
+    assert out[-2:] == ["", "after"]
+
+
+def test_clip_words_and_plural():
+    """Evidence is cut at a word boundary; counts read 1 GPU, 2 GPUs."""
+    assert clip_words("PYTORCH_NO_CUDA_MEMORY_CACHING and more", 33) == "PYTORCH_NO_CUDA_MEMORY_CACHING …"
+    assert clip_words("alpha beta gamma", 12) == "alpha beta …"
+    assert plural(1, "GPU") == "1 GPU" and plural(2, "GPU") == "2 GPUs"
+
+
+# ---------------------------------------------------------------- report.html
+def test_report_is_offline_and_small(quick):
+    """report.html is written at the end of the run, fetches nothing and stays under 1 MB."""
+    folder, _, _ = quick
+    page = (folder / "report.html").read_text()
+    assert (folder / "report.html").stat().st_size < 1_000_000
+    assert not re.search(r"(src|href)=['\"]?(https?:)?//", page)
+    assert page.count("<svg") == 2 and "compiled_dependency" in page
+
+
+def png_is_blank(path: Path) -> bool:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    idat, i = b"", 8
+    while i < len(data):
+        n = int.from_bytes(data[i:i + 4], "big")
+        if data[i + 4:i + 8] == b"IDAT":
+            idat += data[i + 8:i + 8 + n]
+        i += 12 + n
+    return len(set(zlib.decompress(idat))) < 16
+
+
+@pytest.mark.skipif(not shutil.which("chromium"), reason="needs Debian's chromium (run-tests installs it)")
+def test_report_renders_in_headless_chromium(quick, tmp_path):
+    """Headless Chromium draws the report (a screenshot that is not blank) and its DOM holds the root cause and the plot."""
+    folder, _, _ = quick
+    url = (folder / "report.html").resolve().as_uri()
+    flags = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}"]
+    shot = tmp_path / "shot.png"
+    subprocess.run([*flags, f"--screenshot={shot}", "--window-size=1100,1600", url], capture_output=True, timeout=180)
+    assert shot.is_file() and not png_is_blank(shot)
+    dom = subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True, timeout=180).stdout
+    assert "Root cause: compiled_dependency" in dom and "flashinfer-python 0.5.3" in dom
+    assert "<svg" in dom and "<circle" in dom
+
+
+@pytest.mark.ssh
+@pytest.mark.skipif(not Path("/usr/sbin/sshd").is_file() or not shutil.which("ssh"), reason="needs Debian's openssh-server")
+def test_pasted_commands_work_over_ssh_on_sim_serve(tmp_path):
+    """Run over SSH against `sim serve`, then each probe pasted from transcript.md into OpenSSH's client gives the recorded output."""
+    from agent.hosts import SSHOptions
+    from tools.sim.serve import start
+    with start("eagle3-flashinfer-rebuilt") as s:
+        investigate(RunOptions(host=s.target, symptom="verify 30ms", baseline="verify 20ms", as_json=True,
+                               out=str(tmp_path / "run"), ssh=SSHOptions(identity_file=str(s.identity),
+                                                                        known_hosts=str(s.known_hosts))))
+        md = (tmp_path / "run" / "transcript.md").read_text()
+        events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+        steady = ("host_info", "gpu_query", "driver_files", "git_state", "python_packages")
+        recorded = {e["command"]: e["stdout"] for e in events if e["event"] == "tool_result" and e["tool"] in steady}
+        spans = [m[1] for m in re.findall(r"\[bash\] (`+) ?(ssh -p \d+ \S+ .+?) ?\1", md)]
+        blocks = re.findall(r"```bash\n(ssh -p \d+ \S+ \"\$\(cat <<'EOF'\n.*?\nEOF\n\)\")\n```", md, flags=re.S)
+        assert spans and blocks
+        client = f"ssh -i {shlex.quote(str(s.identity))} -o UserKnownHostsFile={shlex.quote(str(s.known_hosts))} -o BatchMode=yes"
+        checked = set()
+        for text in spans + blocks:
+            command = shlex.split(text)[-1] if "\n" not in text else text.split("\n", 1)[1].rsplit("\nEOF", 1)[0]
+            if command not in recorded:
+                continue
+            got = subprocess.run(["bash", "-c", client + text[3:]], capture_output=True, text=True, timeout=120)
+            assert got.returncode == 0, got.stderr
+            assert got.stdout == recorded[command], command[:80]
+            checked.add(command)
+    assert len(checked) == len(recorded) == 5
+
+
+def fixes_of(name: str) -> list:
+    from agent.fixes import fixes_for
+    from agent.runfacts import gather
+    from agent.transcript import read_events
+    return fixes_for(gather(read_events(Path(__file__).resolve().parents[1] / "transcripts" / name / "events.jsonl")))
+
+
+def test_fix_for_two_restart_causes_is_one_restart():
+    """A flag and a variable, both confirmed: one restart command that changes both."""
+    (fx,) = fixes_of("two-causes")
+    (cmd,) = fx.commands
+    assert "env -u NCCL_PROTO" in cmd and "--disable-cuda-graph" not in cmd and "sglang.launch_server" in cmd
+
+
+def test_fix_for_packages_names_the_baseline_versions():
+    """Packages that differ from the baseline snapshot are reinstalled at the baseline's versions, in one pip command."""
+    (fx,) = fixes_of("torch-upgraded-snapshot")
+    assert "pip install --force-reinstall --no-deps" in fx.commands[0]
+    assert "torch==2.9.1+cu130" in fx.commands[0] and "triton==3.5.1" in fx.commands[0]
+
+
+def test_fix_for_a_variable_unsets_it():
+    """CUDA_LAUNCH_BLOCKING confirmed: the server's own command line restarted without it."""
+    (fx,) = fixes_of("launch-blocking")
+    assert fx.commands[0].startswith('ssh root@gpu-node-3 "cd /root && env -u CUDA_LAUNCH_BLOCKING /root/ml-env/bin/python3 -m')
+
+
+def test_report_command_prints_the_path(quick, tmp_path):
+    """`debugagent report RUN --no-open` prints the report's path; a folder that is no run is exit 2 with a fix."""
+    import sys
+    folder, _, _ = quick
+    r = subprocess.run([sys.executable, "-m", "agent.cli", "report", str(folder), "--no-open"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == str((folder / "report.html").resolve())
+    r = subprocess.run([sys.executable, "-m", "agent.cli", "report", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "not a debugagent run folder" in r.stderr and "fix:" in r.stderr

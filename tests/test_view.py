@@ -1,0 +1,110 @@
+"""The live view: what a person watching a terminal sees while a run goes on."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from agent.view import View
+from debugagent_testing import TranscriptBuilder
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def frame(view: View) -> str:
+    con = Console(file=io.StringIO(), width=140, force_terminal=False, color_system=None)
+    con.print(view.render())
+    return con.file.getvalue()
+
+
+def recorded(tmp_path: Path) -> list[dict]:
+    b = TranscriptBuilder("verify 30ms", "verify 20ms")
+    b.events[0]["inputs"] = {"reproduce_runs": 3, "max_runs": 4}
+    for i, v in enumerate([30.1, 29.9, 30.4], 1):
+        b.events.append({"event": "tool_call", "call_id": 100 + i, "tool": "bench", "why": f"reproduce, run {i} of 3",
+                         "display": "ssh h \"gpu-bench\"", "hypothesis": None})
+        b.events.append({"event": "tool_result", "call_id": 100 + i, "tool": "bench", "exit_code": 0, "duration_ms": 250.0,
+                         "output": {"value": v, "unit": "ms"}, "hypothesis": None})
+    b.events.append({"event": "verdict", "hypothesis": "code_change", "status": "ruled_out", "how": "evidence", "because": "x"})
+    b.events.append({"event": "verdict", "hypothesis": "env_var", "status": "suspect", "how": None, "because": "y"})
+    return b.events
+
+
+def test_resumed_view_shows_finished_hypotheses(tmp_path):
+    """Fed the recorded events of an interrupted run, the view shows their verdicts and measurements, not "pending"."""
+    view = View(["code_change", "env_var", "host_cpu"], quiet=True)
+    view.load(recorded(tmp_path))
+    text = frame(view)
+    assert re.search(r"code_change\s+ruled out", text) and re.search(r"env_var\s+suspect", text)
+    assert re.search(r"host_cpu\s+pending", text)
+    assert "reproduce: 30.13 ± 0.25 ms over 3 runs" in text
+
+
+def test_experiment_share_recovered_so_far():
+    """During an experiment each run updates the share of the regression recovered so far."""
+    view = View(["env_var"], quiet=True)
+    view.load(recorded(Path(".")))
+    view.feed("experiment", {"hypothesis": "env_var", "phase": "start", "text": "restart without X"})
+    view.feed("tool_call", {"tool": "bench", "why": "the benchmark without X", "display": "ssh h gpu-bench", "hypothesis": "env_var"})
+    view.feed("tool_result", {"tool": "bench", "exit_code": 0, "duration_ms": 250.0, "output": {"value": 20.0}})
+    text = frame(view)
+    assert "env_var: 20.00 ms over 1 run; recovered 100% so far" in text
+    assert "about " in text and "s left" in text     # 0.25 s a run × the runs still planned
+
+
+def test_plain_lines_when_not_a_terminal():
+    """Not on a terminal, the view prints one plain line per phase, measurement and verdict."""
+    out = io.StringIO()
+    view = View(["code_change"], quiet=False, console=Console(file=out, force_terminal=False, width=200))
+    assert view.live is None
+    for ev in recorded(Path(".")):
+        view.feed(ev["event"], ev)
+    text = out.getvalue()
+    assert "[phase] reproduce: run 1 of 3" in text and "[measure] reproduce: 30.10 ms over 1 run" in text
+    assert "[verdict] code_change: ruled out (by evidence)" in text
+
+
+@pytest.mark.skipif(not shutil.which("tmux"), reason="needs Debian's tmux (run-tests installs it)")
+def test_live_view_in_tmux(tmp_path):
+    """Captured every second in a real terminal: phase, elapsed time and a measured number early; the root cause at the end, no stale lines."""
+    sock = f"debugagent-test-{os.getpid()}-{tmp_path.name}"
+    tmux = ["tmux", "-L", sock, "-f", "/dev/null"]
+    exe = Path(sys.executable).with_name("debugagent")
+    cmd = (f"cd {shlex.quote(str(ROOT))} && {shlex.quote(str(exe))} run --host sim:eagle3-flashinfer-rebuilt "
+           f"--symptom 'verify 30ms' --baseline 'verify 20ms' --out {shlex.quote(str(tmp_path / 'run'))}; "
+           "echo __EXIT__$?; sleep 120")
+    env = {**os.environ, "TERM": "xterm-256color"}
+    subprocess.run([*tmux, "new-session", "-d", "-s", "v", "-x", "150", "-y", "60", cmd], check=True, env=env)
+    caps: list[tuple[float, str]] = []
+    t0 = time.monotonic()
+    try:
+        while time.monotonic() - t0 < 240:
+            time.sleep(1)
+            pane = subprocess.run([*tmux, "capture-pane", "-p", "-t", "v"], capture_output=True, text=True).stdout
+            caps.append((time.monotonic() - t0, pane))
+            if "__EXIT__" in pane:
+                break
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
+    assert caps and "__EXIT__0" in caps[-1][1], caps[-1][1] if caps else "no capture"
+    first = next((t, p) for t, p in caps if p.strip())
+    assert first[0] < 10, "nothing on screen for the first seconds"
+    seen_phase = next(t for t, p in caps if re.search(r"debugagent (connecting|discover|probe|reproduce)", p))
+    seen_elapsed = next(t for t, p in caps if re.search(r"· \d+ s elapsed", p))
+    seen_number = next(t for t, p in caps if re.search(r"reproduce: \d+\.\d+( ± \d+\.\d+)? ms over \d+ run", p))
+    assert max(seen_phase, seen_elapsed) <= seen_number < caps[-1][0]   # a measurement shows while the run goes on
+    last = caps[-1][1]
+    final = last[last.index("debugagent done"):last.index("__EXIT__")]
+    assert "Root cause: compiled_dependency" in final
+    table = final[:final.index("Root cause")]
+    assert not re.search(r"\b(pending|suspect)\b", table) and "$ ssh" not in final

@@ -2,7 +2,8 @@
 
 Exit codes: 0 root cause found (or the command did what it says) · 3 tree exhausted, no
 root cause · 2 bad input · 4 cannot reach or log into the host · 5 replay differs from
-its recording · 1 internal error.
+its recording · 6 the host could not be fully restored (``debugagent undo RUN`` retries)
+· 130 interrupted (SIGINT, SIGTERM, SIGHUP), every change undone · 1 internal error.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ IdentOpt = Annotated[str | None, typer.Option("--identity-file", "-i", help="pri
 KnownOpt = Annotated[str | None, typer.Option("--known-hosts", help="known_hosts file (default ~/.ssh/known_hosts)")]  # noqa: UP007
 AcceptOpt = Annotated[bool, typer.Option("--accept-new-host-key", help="record an unknown host key (as OpenSSH's accept-new); a changed key is always refused")]
 TimeoutOpt = Annotated[float, typer.Option("--connect-timeout", help="seconds to wait for the SSH connection")]
+ForceUnlockOpt = Annotated[bool, typer.Option("--force-unlock", help="take over the host's lock left by a run that is gone (a stale lock)")]
 
 
 def ssh_opts(identity_file: str | None, known_hosts: str | None, accept: bool, timeout: float) -> SSHOptions:
@@ -63,6 +65,7 @@ def run(
     bench_regex: Annotated[str | None, typer.Option("--bench-regex", help="regex whose group 1 is the metric in the benchmark's output")] = None,
     reproduce_runs: Annotated[int, typer.Option("--reproduce-runs", min=2, help="benchmark runs to reproduce the regression")] = 5,
     max_runs: Annotated[int, typer.Option("--max-runs", min=3, help="most benchmark runs per experiment (fewer once decided)")] = 8,
+    force_unlock: ForceUnlockOpt = False,
     identity_file: IdentOpt = None, known_hosts: KnownOpt = None, accept_new_host_key: AcceptOpt = False,
     connect_timeout: TimeoutOpt = 10.0,
 ) -> None:
@@ -72,17 +75,26 @@ def run(
                       playbook=playbook, bench=bench, repo=repo, python=python, allow_mutations=allow_mutations,
                       as_json=as_json, out=out_dir, llm=llm, llm_model=llm_model, server_pattern=server_pattern,
                       bench_regex=bench_regex, reproduce_runs=reproduce_runs, max_runs=max_runs,
-                      ssh=ssh_opts(identity_file, known_hosts, accept_new_host_key, connect_timeout))
+                      force_unlock=force_unlock, ssh=ssh_opts(identity_file, known_hosts, accept_new_host_key, connect_timeout))
     raise typer.Exit(execute(opts))
 
 
 @app.command()
 def resume(run_dir: Annotated[str, typer.Argument(help="the transcript folder of the interrupted run")],
            allow_mutations: Annotated[bool, typer.Option("--allow-mutations")] = False,
-           as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """Continue an interrupted run from its last checkpoint."""
+           as_json: Annotated[bool, typer.Option("--json")] = False,
+           force_unlock: ForceUnlockOpt = False) -> None:
+    """Continue an interrupted run from its last checkpoint (after restoring what its journal left unfinished)."""
     from .run import resume_run
-    raise typer.Exit(resume_run(run_dir, allow_mutations=allow_mutations, as_json=as_json))
+    raise typer.Exit(resume_run(run_dir, allow_mutations=allow_mutations, as_json=as_json, force_unlock=force_unlock))
+
+
+@app.command()
+def undo(run_dir: Annotated[str, typer.Argument(help="the folder of the run that left changes (a crash, a kill, a lost connection)")],
+         force_unlock: ForceUnlockOpt = False) -> None:
+    """Restore what a run left changed on its host, from its undo journal; exit 6 saying what is left if it cannot."""
+    from .run import undo_run
+    raise typer.Exit(undo_run(run_dir, force_unlock=force_unlock))
 
 
 @app.command()
@@ -228,6 +240,8 @@ def main() -> None:
     except DebugAgentError as exc:
         err.print("[red]error[/]: ", end="")
         err.print(exc.message, markup=False)
+        for item in getattr(exc, "left", None) or []:
+            err.print(f"  left to undo: {item}", markup=False)
         if exc.fix:
             err.print(f"  fix: {exc.fix}", markup=False)
         sys.exit(exc.exit_code)

@@ -25,8 +25,9 @@ from tools.registry import Runner
 from tools.snapshot import Snapshot, collect
 from tools.transport import BaseTransport
 
-from .experiments import ConnectionLost, ExperimentError, Lab, Measure, UndoStack
+from .experiments import ConnectionLost, ExperimentError, Lab, Measure
 from .facts import build_facts
+from .journal import Journal
 from .playbook import Playbook, evaluate
 from .stats import regression_is_real
 from .symptom import Symptom
@@ -57,7 +58,7 @@ class Ctx:
     transcript: Transcript
     playbook: Playbook
     run_id: str
-    undo: UndoStack
+    undo: Journal
     symptom: Symptom
     baseline: Symptom | None = None
     baseline_snapshot: Snapshot | None = None

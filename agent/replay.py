@@ -19,8 +19,8 @@ from tools.errors import ReplayMiss, UsageError
 from tools.replay import ReplayTransport
 from tools.snapshot import Snapshot
 
-from .experiments import UndoStack
 from .graph import RECURSION_LIMIT, Ctx, build_graph
+from .journal import Journal
 from .playbook import load_playbook
 from .symptom import parse_symptom
 from .transcript import Transcript, read_events, write_markdown
@@ -69,7 +69,7 @@ def replay_events(events: list[dict[str, Any]], *, playbook: str | None, out: Pa
         from .llm import RecordedAdvisor
         advisor = RecordedAdvisor(llm_answers)
     ctx = Ctx(transport=transport, transcript=transcript, playbook=pb, run_id=head["run_id"],
-              undo=UndoStack(out / "undo.json"), symptom=symptom, baseline=baseline, baseline_snapshot=snap,
+              undo=Journal(out / "journal.json", head["run_id"], transport.host), symptom=symptom, baseline=baseline, baseline_snapshot=snap,
               allow_mutations=True, advisor=advisor,
               overrides={"bench": inputs.get("bench"), "repo": inputs.get("repo"), "python": inputs.get("python"),
                          "server_pattern": inputs.get("server_pattern"), "bench_regex": inputs.get("bench_regex"),

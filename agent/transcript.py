@@ -35,7 +35,11 @@ class Transcript:
         self.path = folder / "events.jsonl"
         self.seq = 0
         if self.path.exists():
-            self.seq = sum(1 for _ in self.path.open())
+            data = self.path.read_bytes()
+            if data and not data.endswith(b"\n"):   # a run killed mid-write: its last event is torn; drop it
+                with self.path.open("r+b") as f:
+                    f.truncate(data.rfind(b"\n") + 1)
+            self.seq = data.count(b"\n")
         self._file = self.path.open("a", buffering=1)
         self._lock = threading.Lock()
         self._start = time.monotonic()

@@ -63,7 +63,9 @@ class RestartServer(BaseModel):
         drop = " ".join(q(n) for n in self.unset)
         add = " ".join(q(f"{k}={v}") for k, v in sorted(self.set.items()))
         save = (f"(umask 077; cat /proc/{pid}/environ > {q(self.env_file)}) || exit 1; " if self.save_env else
-                f"[ -s {q(self.env_file)} ] || {{ echo 'the saved environment is missing'; exit 1; }}; ")
+                f"[ -s {q(self.env_file)} ] || {{ if kill -0 {pid} 2>/dev/null; then "
+                f"echo \"started pid={pid} (never stopped: nothing to restore)\"; exit 0; fi; "
+                f"echo 'the saved environment is missing'; exit 1; }}; ")
         script = save + (
             f"mapfile -d '' E < {q(self.env_file)}; N=(); for kv in \"${{E[@]}}\"; do keep=1; "
             f"for u in {drop}; do [ \"${{kv%%=*}}\" = \"$u\" ] && keep=0; done; [ $keep = 1 ] && N+=(\"$kv\"); done; "

@@ -66,14 +66,19 @@ class RestartServer(BaseModel):
                 f"[ -s {q(self.env_file)} ] || {{ if kill -0 {pid} 2>/dev/null; then "
                 f"echo \"started pid={pid} (never stopped: nothing to restore)\"; exit 0; fi; "
                 f"echo 'the saved environment is missing'; exit 1; }}; ")
+        # the experiment's restart notes the pid it started beside the saved environment, at once, so an
+        # undo after a crash (before debugagent learnt that pid) still stops it; the undo removes the note
+        pid_note = q(self.env_file + ".pid")
+        note_pid = f"echo $new > {pid_note};" if self.save_env else f"rm -f {pid_note};"
+        stop_also = "" if self.save_env else f"[ -s {pid_note} ] && P=\"$P $(tr -cd '0-9' < {pid_note})\";"
         script = save + (
             f"mapfile -d '' E < {q(self.env_file)}; N=(); for kv in \"${{E[@]}}\"; do keep=1; "
             f"for u in {drop}; do [ \"${{kv%%=*}}\" = \"$u\" ] && keep=0; done; [ $keep = 1 ] && N+=(\"$kv\"); done; "
             f"N+=({add}); "
-            f"kill {pid} 2>/dev/null; for i in $(seq 1 {int(self.wait_s * 10)}); do kill -0 {pid} 2>/dev/null || break; sleep 0.1; done; "
-            f"kill -0 {pid} 2>/dev/null && kill -9 {pid}; "
+            f"P={pid}; {stop_also} for p in $P; do kill $p 2>/dev/null; for i in $(seq 1 {int(self.wait_s * 10)}); do kill -0 $p 2>/dev/null || break; sleep 0.1; done; "
+            f"kill -0 $p 2>/dev/null && kill -9 $p; done; "
             f"cd {q(self.cwd)} && {{ setsid nohup env -i \"${{N[@]}}\" {argv} > {q(self.log)} 2>&1 < /dev/null & }}; "
-            f"new=$!; sleep 0.3; if kill -0 $new 2>/dev/null; then echo \"started pid=$new\"; "
+            f"new=$!; {note_pid} sleep 0.3; if kill -0 $new 2>/dev/null; then echo \"started pid=$new\"; "
             f"else echo 'server exited at start:'; tail -5 {q(self.log)}; exit 1; fi"
         )
         return f"bash -c {q(script)}"  # mapfile and arrays: bash, whatever the login shell is

@@ -75,7 +75,8 @@ def read_events(path: Path) -> list[dict[str, Any]]:
     events = []
     if not path.is_file():
         raise RecordingError("no such recording", file=str(path), line=0, fix="give a transcript folder that holds events.jsonl")
-    for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+    # JSON lines: split on "\n" only; U+2028, U+2029 and U+0085 may sit inside a value (str.splitlines splits there)
+    for n, line in enumerate(path.read_bytes().decode("utf-8", errors="replace").split("\n"), 1):
         if not line.strip():
             continue
         try:

@@ -93,6 +93,15 @@ class BaseTransport:
         self.close()
 
 
+def split_lines(text: str) -> list[str]:
+    """Lines of host output, split on ``\\n`` only (``str.splitlines`` also splits on U+2028, U+2029,
+    U+0085 and the \\x1c-\\x1e separators, which may sit inside a value); a final ``\\r`` is dropped."""
+    parts = text.split("\n")
+    if parts and parts[-1] == "":
+        parts.pop()
+    return [p[:-1] if p.endswith("\r") else p for p in parts]
+
+
 def decode(data: bytes) -> str:
     """Bytes to text; bytes that are not UTF-8 become U+FFFD, never an exception."""
     return data.decode("utf-8", errors="replace")

@@ -155,7 +155,7 @@ def test_sigkill_during_a_restart_then_undo_restores(phase, tmp_path):
     kill_then_restore("launch-blocking", signal.SIGKILL, phase, tmp_path)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGHUP, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGHUP, marks=pytest.mark.slow)], ids=["SIGTERM", "SIGHUP"])
 def test_sigterm_and_sighup_undo_and_exit_130(sig, tmp_path):
     """SIGTERM and SIGHUP while measuring after a restart: the run restores the host itself and exits 130."""
     kill_then_restore("launch-blocking", sig, "measuring", tmp_path)
@@ -163,7 +163,7 @@ def test_sigterm_and_sighup_undo_and_exit_130(sig, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["power-capped", "code-regression-bisect"])
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
 @pytest.mark.parametrize("phase", ["journalled", "changed", "measuring"])
 def test_every_signal_at_every_phase_of_power_and_worktree(name, sig, phase, tmp_path):
     """A power limit and a worktree (with bisection): every signal at every phase leaves, after `undo`, the host as found."""
@@ -171,7 +171,7 @@ def test_every_signal_at_every_phase_of_power_and_worktree(name, sig, phase, tmp
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
 @pytest.mark.parametrize("phase", ["journalled", "changed"])
 def test_sigterm_sighup_at_the_other_phases_of_a_restart(sig, phase, tmp_path):
     """SIGTERM and SIGHUP right after the restart's undo step is journalled, and right after the restart."""

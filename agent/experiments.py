@@ -129,7 +129,11 @@ class Lab:
         if body is None:
             raise ExperimentError(f"unknown experiment kind {kind}")
         try:
-            result = body(r, hyp, spec, facts, bad, regression)
+            try:
+                result = body(r, hyp, spec, facts, bad, regression)
+            except (ValueError, TypeError, KeyError, StopIteration) as exc:   # a rendered field that does not fit
+                raise ExperimentError(f"the experiment's fields do not fit this host ({type(exc).__name__}: {exc}); "
+                                      f"check them with `debugagent playbook validate`") from exc
         except BaseException as exc:
             try:
                 self.do_undo(r)

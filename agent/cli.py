@@ -124,8 +124,13 @@ def snapshot(
     sampled while it runs and its results are recorded: a snapshot of the good state then
     serves as --baseline-snapshot.
     """
+    from tools.errors import UsageError
     from tools.registry import Runner
     from tools.snapshot import collect, dump
+    if output != "-" and (Path(output).is_dir() or not Path(output).parent.is_dir()):
+        raise UsageError(f"-o {output}: " + ("is a folder" if Path(output).is_dir() else
+                                             f"the folder {Path(output).parent} does not exist"),
+                         fix="give a file path in an existing folder (mkdir -p it first), or -o - for stdout")
     with open_transport(host, ssh_opts(identity_file, known_hosts, accept_new_host_key, connect_timeout)) as tr:
         with err.status(f"snapshot of {host} …"):
             snap = collect(Runner(tr), bench=bench, python=python, repo=repo, bench_runs=bench_runs)
@@ -133,7 +138,10 @@ def snapshot(
     if output == "-":
         sys.stdout.write(text + "\n")
     else:
-        Path(output).write_text(text + "\n")
+        try:
+            Path(output).write_text(text + "\n")
+        except OSError as exc:
+            raise UsageError(f"-o {output}: cannot write ({exc.strerror})", fix="give a writable file path, or -o - for stdout") from exc
         err.print(f"wrote {output}: {len(snap.packages.packages) if snap.packages else 0} packages, "
                   f"{len(snap.gpus)} GPUs, {snap.commands} commands" + (f", {len(snap.errors)} errors" if snap.errors else ""))
     for e in snap.errors:

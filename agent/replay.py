@@ -15,7 +15,7 @@ from typing import Any
 
 from rich.console import Console
 
-from tools.errors import ReplayMiss, UsageError
+from tools.errors import RecordingError, ReplayMiss, UsageError
 from tools.replay import ReplayTransport
 from tools.snapshot import Snapshot
 
@@ -56,7 +56,11 @@ def replay_events(events: list[dict[str, Any]], *, playbook: str | None, out: Pa
     pb = load_playbook(playbook or head.get("playbook"))
     symptom = parse_symptom(head["symptom"], "--symptom")
     baseline = parse_symptom(head["baseline"], "--baseline") if head.get("baseline") else None
-    snap = Snapshot.model_validate(head["baseline_snapshot_data"]) if head.get("baseline_snapshot_data") else None
+    try:
+        snap = Snapshot.model_validate(head["baseline_snapshot_data"]) if head.get("baseline_snapshot_data") else None
+    except ValueError as exc:
+        raise RecordingError(f"run_started: baseline_snapshot_data is not a snapshot ({str(exc).splitlines()[0]})",
+                             file=file, line=1, fix="the recording is edited or damaged; record the run again") from exc
     transport = ReplayTransport(events, file)
     out.mkdir(parents=True, exist_ok=True)
     transcript = Transcript(out, head["run_id"])

@@ -166,9 +166,25 @@ def prepare(opts: RunOptions) -> tuple[Any, Any, Any, Any]:
         check_pair(symptom, baseline)
     if opts.baseline and opts.baseline_snapshot:
         raise UsageError("--baseline and --baseline-snapshot both given", fix="give one: a number or a snapshot of the good state")
+    for flag, pattern in (("--bench-regex", opts.bench_regex), ("--server-pattern", opts.server_pattern)):
+        check_regex(flag, pattern)
     snap = Snapshot.load(opts.baseline_snapshot) if opts.baseline_snapshot else None
     playbook = load_playbook(opts.playbook)
     return symptom, baseline, snap, playbook
+
+
+def check_regex(flag: str, pattern: str | None) -> None:
+    """A regex flag compiles here (``--bench-regex`` with a group for the value), or exit 2 naming it."""
+    if pattern is None:
+        return
+    try:
+        rx = re.compile(pattern)
+    except re.error as exc:
+        raise UsageError(f"{flag} {pattern!r} is not a regular expression: {exc}",
+                         fix="check the brackets and escapes, e.g. " + ("--bench-regex 'verify=([0-9.]+)'" if flag == "--bench-regex" else "--server-pattern 'sglang|vllm'")) from exc
+    if flag == "--bench-regex" and rx.groups < 1:
+        raise UsageError(f"{flag} {pattern!r} has no group for the value",
+                         fix="put the number in a group: --bench-regex 'verify=([0-9.]+)'")
 
 
 def execute(opts: RunOptions, *, folder: Path | None = None, resume: bool = False) -> int:
@@ -255,6 +271,8 @@ def investigate(opts: RunOptions, *, folder: Path | None = None, resume: bool = 
     state: dict[str, Any] = {}
     signals = Signals()
     try:
+        if resume:
+            check_checkpoints(folder, conn, config)
         with signals, view:
             try:
                 settle(ctx, transport)
@@ -307,6 +325,16 @@ def investigate(opts: RunOptions, *, folder: Path | None = None, resume: bool = 
                   bench_runs=conclusion.get("bench_runs"), regression=conclusion.get("regression"),
                   notes=conclusion.get("notes"), wall_s=round(wall, 2))
     return output
+
+
+def check_checkpoints(folder: Path, conn: sqlite3.Connection, config: dict[str, Any]) -> None:
+    """A resumed run's checkpoints can be read, or exit 2 naming the file (the journal still undoes)."""
+    try:
+        SqliteSaver(conn).get_tuple(config)
+    except Exception as exc:  # noqa: BLE001 - sqlite, msgpack and langgraph each raise their own on a damaged file
+        raise UsageError(f"{folder / 'checkpoints.sqlite'}: the checkpoints cannot be read ({type(exc).__name__}: "
+                         f"{str(exc)[:160]})",
+                         fix=f"start a new run; `debugagent undo {folder}` still restores the host from its journal") from exc
 
 
 def settle(ctx: Ctx, transport: Any) -> None:

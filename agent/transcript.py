@@ -90,6 +90,8 @@ def read_events(path: Path) -> list[dict[str, Any]]:
         events.append(ev)
     if not events or events[0]["event"] != "run_started":
         raise RecordingError("the first event is not run_started", file=str(path), line=1, fix="record the run again")
+    from tools.replay import check_events
+    check_events(events, str(path))
     return events
 
 

@@ -55,8 +55,16 @@ def state(s) -> dict:
             "worktrees": wt, "journals": journals, "servers": len(servers or [])}
 
 
+# GPU readings that follow the load, not the host's settings: a benchmark the killed run started may still be
+# running on the host when the snapshot is taken (a kill does not reach it), so these may read "under load"
+LOAD_READINGS = ("sm_clock", "mem_clock", "power_draw", "temperature", "pcie_gen", "pcie_width", "event_reasons",
+                 "utilization")
+
+
 def assert_as_found(before: dict, after: dict) -> None:
-    assert diff(before["snap"], after["snap"]) == []
+    changes = [c for c in diff(before["snap"], after["snap"])
+               if not (c.path.startswith("gpus.") and c.path.rsplit(".", 1)[-1] in LOAD_READINGS)]
+    assert changes == []
     for k in ("argv", "env", "worktrees", "journals", "servers"):
         assert before[k] == after[k], k
 
@@ -149,7 +157,7 @@ def kill_then_restore(name: str, sig: signal.Signals, phase: str, tmp_path: Path
     assert_as_found(before, after)
 
 
-@pytest.mark.parametrize("phase", ["journalled", "changed", "measuring"])
+@pytest.mark.parametrize("phase", [pytest.param("journalled", marks=pytest.mark.slow), "changed", "measuring"])
 def test_sigkill_during_a_restart_then_undo_restores(phase, tmp_path):
     """kill -9 after the undo step is journalled, after the restart, while measuring: `undo` restores the host."""
     kill_then_restore("launch-blocking", signal.SIGKILL, phase, tmp_path)
@@ -212,11 +220,17 @@ def test_second_concurrent_run_is_refused(tmp_path):
         a = tmp_path / "a"
         p = subprocess.Popen(run_args(s, name, a), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         wait_for(lambda: any(e["event"] == "tool_result" for e in events(a)), p, "the first command")
-        r = subprocess.run(run_args(s, name, tmp_path / "b"), capture_output=True, text=True, timeout=120)
+        p.send_signal(signal.SIGSTOP)   # the first run holds the host however slow the second one starts
+        try:
+            r = subprocess.run(run_args(s, name, tmp_path / "b"), capture_output=True, text=True, timeout=120)
+        finally:
+            p.send_signal(signal.SIGCONT)
         assert r.returncode == 2, r.stderr
         run_id = events(a)[0]["run_id"]
         assert f"in use by run {run_id}" in r.stderr and f"pid {p.pid}" in r.stderr
-        assert not (tmp_path / "b" / "journal.json").exists() or not journal_steps(tmp_path / "b")
+        assert "no longer running" not in r.stderr
+        assert not journal_steps(tmp_path / "b")
+        assert not any(e["event"] == "tool_call" for e in events(tmp_path / "b"))   # nothing was sent
         outp, err = p.communicate(timeout=300)
         assert p.returncode == 0, err
         assert json.loads(outp)["root_cause"]["hypothesis"] == "gpu_clocks"
@@ -254,7 +268,10 @@ def test_connection_dropped_for_good_leaves_a_journal_undo_finishes(tmp_path):
         s.proc.kill()      # the listener first: no reconnect can land in between
         s.proc.wait()
         for pid in tree:
-            os.kill(pid, signal.SIGKILL)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:   # ended with its listener
+                pass
         _, err = p.communicate(timeout=240)
         assert p.returncode == 6, err
         assert "could not be fully restored" in err and "left to undo: restart the server as it was found" in err

@@ -9,6 +9,7 @@ import secrets
 import signal
 import sqlite3
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -83,8 +84,9 @@ class Signals:
             raise Interrupted(signum)
 
     def __enter__(self) -> Signals:
-        for sig in self.NAMES:
-            self.old[sig] = signal.signal(sig, self.handler)
+        if threading.current_thread() is threading.main_thread():   # handlers can only be set there
+            for sig in self.NAMES:
+                self.old[sig] = signal.signal(sig, self.handler)
         return self
 
     def __exit__(self, *a: Any) -> None:

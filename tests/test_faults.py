@@ -313,3 +313,28 @@ def test_hung_peer_is_reported_within_30s_and_undo_restores(tmp_path):
         assert r.returncode == 0, r.stderr
         after = state(s)
     assert_as_found(before, after)
+
+
+@pytest.mark.slow
+def test_resume_after_a_kill_mid_bisect_restores_first_and_finishes(tmp_path):
+    """kill -9 while bisecting in the worktree: `resume` removes the worktree first (no "worktree already
+    exists"), runs the experiment again on the host as found, names the culprit, and leaves the host as found."""
+    name = "code-regression-bisect"
+    with start(name) as s:
+        before = state(s)
+        out = tmp_path / "run"
+        p = subprocess.Popen(run_args(s, name, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: any(e["event"] == "tool_result" and e.get("tool") == "git_worktree_checkout"
+                             for e in events(out)), p, "a bisection step")
+        p.kill()
+        p.communicate()
+        assert any(not st["done"] for st in journal_steps(out))
+        r = subprocess.run(cli("resume", str(out), "--json"), capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        o = json.loads(r.stdout)
+        assert o["root_cause"]["hypothesis"] == "code_change"
+        assert "already exists" not in (out / "events.jsonl").read_text()
+        assert "unfinished" in (out / "events.jsonl").read_text()
+        assert all(st["done"] for st in journal_steps(out))
+        after = state(s)
+    assert_as_found(before, after)

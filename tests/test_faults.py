@@ -77,7 +77,7 @@ def run_args(s, name: str, out: Path, *extra: str) -> list[str]:
     sc = load_scenario(name)
     return cli("run", "--host", s.target, "--identity-file", str(s.identity), "--known-hosts", str(s.known_hosts),
                "--allow-mutations", "--symptom", sc.symptom, "--baseline", sc.baseline, "--reproduce-runs", "5",
-               "--max-runs", "3", "--json", "--out", str(out), *extra)
+               "--max-runs", "3" if name == "launch-blocking" else "8", "--json", "--out", str(out), *extra)
 
 
 def events(out: Path) -> list[dict]:

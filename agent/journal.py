@@ -174,8 +174,9 @@ class HostFiles:
         self.transport = transport
 
     def _run(self, command: str) -> Any:
-        kw = {"retry": False} if getattr(self.transport, "supports_retry", False) else {}
-        return self.transport.run(command, timeout=HOST_TIMEOUT_S, **kw)
+        # every command here is idempotent (an atomic overwrite, a removal, a lock this run may hold already),
+        # so the transport may send it again after a reconnect
+        return self.transport.run(command, timeout=HOST_TIMEOUT_S)
 
     def write(self, name: str, text: str) -> None:
         r = self._run(write_host_file_command(name, text))

@@ -2,7 +2,8 @@
 
 Exit codes: 0 root cause found (or the command did what it says) · 3 tree exhausted, no
 root cause · 2 bad input · 4 cannot reach or log into the host · 5 replay differs from
-its recording · 1 internal error.
+its recording · 6 the host could not be fully restored (``debugagent undo RUN`` retries)
+· 130 interrupted (SIGINT, SIGTERM, SIGHUP), every change undone · 1 internal error.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ IdentOpt = Annotated[str | None, typer.Option("--identity-file", "-i", metavar="
 KnownOpt = Annotated[str | None, typer.Option("--known-hosts", metavar="FILE", help="known_hosts file (default ~/.ssh/known_hosts)")]  # noqa: UP007
 AcceptOpt = Annotated[bool, typer.Option("--accept-new-host-key", help="record an unknown host key (as OpenSSH's accept-new); a changed key is always refused")]
 TimeoutOpt = Annotated[float, typer.Option("--connect-timeout", metavar="SECONDS", help="seconds to wait for the SSH connection")]
+ForceUnlockOpt = Annotated[bool, typer.Option("--force-unlock", help="take over the host's lock left by a run that is gone (a stale lock)")]
 
 
 def ssh_opts(identity_file: str | None, known_hosts: str | None, accept: bool, timeout: float) -> SSHOptions:
@@ -69,6 +71,7 @@ def run(
     wheelhouse: Annotated[str | None, typer.Option("--wheelhouse", metavar="DIR", help="a folder of wheels (or one .whl) on the host holding the baseline builds, for the package experiment")] = None,
     restart_cmd: Annotated[str | None, typer.Option("--restart-cmd", metavar="CMD", help="command that restarts the server on the host (systemd, container, supervisor); gets DEBUGAGENT_ARGV, DEBUGAGENT_CWD, DEBUGAGENT_SET_ENV, DEBUGAGENT_UNSET_ENV, DEBUGAGENT_PYTHONPATH_FIRST, DEBUGAGENT_PHASE")] = None,
     ready_timeout: Annotated[float, typer.Option("--ready-timeout", metavar="SECONDS", min=1.0, help="seconds to wait for a restarted server to be ready")] = 600.0,
+    force_unlock: ForceUnlockOpt = False,
     identity_file: IdentOpt = None, known_hosts: KnownOpt = None, accept_new_host_key: AcceptOpt = False,
     connect_timeout: TimeoutOpt = 10.0,
 ) -> None:
@@ -80,7 +83,7 @@ def run(
                       playbook=playbook, bench=bench, repo=repo, python=python, allow_mutations=allow_mutations,
                       as_json=as_json, out=out_dir, llm=llm, llm_model=llm_model, server_pattern=server_pattern,
                       bench_regex=bench_regex, reproduce_runs=reproduce_runs, max_runs=max_runs,
-                      code_root=code_root, wheelhouse=wheelhouse, restart_cmd=restart_cmd, ready_timeout=ready_timeout,
+                      code_root=code_root, wheelhouse=wheelhouse, restart_cmd=restart_cmd, ready_timeout=ready_timeout, force_unlock=force_unlock,
                       ssh=ssh_opts(identity_file, known_hosts, accept_new_host_key, connect_timeout))
     raise typer.Exit(execute(opts))
 
@@ -90,10 +93,20 @@ def resume(run_dir: Annotated[str, typer.Argument(metavar="RUN", help="the trans
            allow_mutations: Annotated[bool, typer.Option("--allow-mutations", help="run the remaining experiments (each undone afterwards) without asking")] = False,
            as_json: Annotated[bool, typer.Option("--json", help="print one JSON object on stdout")] = False,
            bench: Annotated[str | None, typer.Option("--bench", metavar="CMD", help="the benchmark again, where it held a secret (never saved)")] = None,
-           llm: Annotated[str | None, typer.Option("--llm", metavar="URL", help="the LLM URL again, where it held a secret (never saved)")] = None) -> None:
-    """Continue an interrupted run from its last checkpoint."""
+           llm: Annotated[str | None, typer.Option("--llm", metavar="URL", help="the LLM URL again, where it held a secret (never saved)")] = None,
+           force_unlock: ForceUnlockOpt = False) -> None:
+    """Continue an interrupted run from its last checkpoint (after restoring what its journal left unfinished)."""
     from .run import resume_run
-    raise typer.Exit(resume_run(run_dir, allow_mutations=allow_mutations, as_json=as_json, bench=bench, llm=llm))
+    raise typer.Exit(resume_run(run_dir, allow_mutations=allow_mutations, as_json=as_json, bench=bench, llm=llm,
+                                force_unlock=force_unlock))
+
+
+@app.command()
+def undo(run_dir: Annotated[str, typer.Argument(metavar="RUN", help="the folder of the run that left changes (a crash, a kill, a lost connection)")],
+         force_unlock: ForceUnlockOpt = False) -> None:
+    """Restore what a run left changed on its host, from its undo journal; exit 6 saying what is left if it cannot."""
+    from .run import undo_run
+    raise typer.Exit(undo_run(run_dir, force_unlock=force_unlock))
 
 
 @app.command()
@@ -109,8 +122,6 @@ def replay(run_dir: Annotated[str, typer.Argument(metavar="RUN", help="a transcr
 def report(run_dir: Annotated[str, typer.Argument(metavar="RUN", help="a run folder (the one `debugagent run` printed)")],
            no_open: Annotated[bool, typer.Option("--no-open", help="print the path only; do not open a browser")] = False) -> None:
     """Print the path of a run's report.html and open it in a browser when a display exists."""
-    from tools.errors import UsageError
-
     from .report import write_report
     folder = Path(run_dir)
     if folder.name == "events.jsonl":
@@ -152,6 +163,10 @@ def snapshot(
     """
     from tools.registry import Runner
     from tools.snapshot import collect, dump
+    if output != "-" and (Path(output).is_dir() or not Path(output).parent.is_dir()):
+        raise UsageError(f"-o {output}: " + ("is a folder" if Path(output).is_dir() else
+                                             f"the folder {Path(output).parent} does not exist"),
+                         fix="give a file path in an existing folder (mkdir -p it first), or -o - for stdout")
 
     from .discovery import DiscoveryInput, check_input
     check_input(DiscoveryInput(server_pattern=server_pattern, python=python, repo=repo, bench=bench,
@@ -305,6 +320,8 @@ def main() -> None:
     except DebugAgentError as exc:
         err.print("[red]error[/]: ", end="")
         err.print(redact_text(exc.message), markup=False)
+        for item in getattr(exc, "left", None) or []:
+            err.print(f"  left to undo: {redact_text(item)}", markup=False)
         if exc.fix:
             err.print(redact_text(f"  fix: {exc.fix}"), markup=False)
         sys.exit(exc.exit_code)

@@ -1,8 +1,9 @@
 """Experiments: change one thing on the host, measure, and put it back.
 
-Every experiment records its undo step in the transcript *before* it acts, keeps it on
-an undo stack, and undoes it in a ``finally`` (so an error or Ctrl-C restores the
-host too). The user's working tree is never touched: code experiments use a
+Every experiment journals its undo step (``agent/journal.py``: in the run folder and on
+the host, durably) and records it in the transcript *before* it acts, and undoes it in a
+``finally`` (so an error, Ctrl-C, SIGTERM or SIGHUP restores the host too); a step is
+marked done only once it succeeded. The user's working tree is never touched: code experiments use a
 ``git worktree`` of debugagent's own.
 """
 
@@ -13,46 +14,19 @@ import shlex
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from tools import mutate
 from tools.discovery import DiscoveryInput
-from tools.redact import redacted_dump
+from tools.errors import DebugAgentError, RestoreError
 from tools.registry import Runner
 
 from .discovery import find_server
+from .journal import Journal
 from .stats import decide
-
-
-@dataclass
-class UndoStep:
-    tool: str
-    input: dict[str, Any]
-    text: str
-
-
-@dataclass
-class UndoStack:
-    """Steps that put the host back, newest last; mirrored to ``undo.json`` in the run folder."""
-
-    path: Path
-    steps: list[UndoStep] = field(default_factory=list)
-
-    def push(self, step: UndoStep) -> None:
-        self.steps.append(step)
-        self._save()
-
-    def pop(self) -> UndoStep | None:
-        step = self.steps.pop() if self.steps else None
-        self._save()
-        return step
-
-    def _save(self) -> None:
-        redacted_dump(self.path, [s.__dict__ for s in self.steps])
 
 
 class ExperimentError(Exception):
@@ -241,7 +215,7 @@ def build_matches(t: PackageTarget, version: str | None, build: str | None) -> b
 class Lab:
     """Runs experiments for the graph's experiment node."""
 
-    def __init__(self, runner_for: Callable[[str | None], Runner], emit: Callable[..., None], undo: UndoStack,
+    def __init__(self, runner_for: Callable[[str | None], Runner], emit: Callable[..., None], undo: Journal,
                  measure: Measure, run_id: str, lower_is_better: bool, setup: LabSetup | None = None) -> None:
         self.runner_for = runner_for
         self.emit = emit
@@ -317,21 +291,29 @@ class Lab:
 
     # ------------------------------------------------------------ undo
     def do_undo(self, r: Runner) -> list[str]:
-        problems = []
-        while True:
-            step = self.undo.pop()
-            if step is None:
-                return problems
-            self.emit("experiment", phase="undo", text=step.text, tool=step.tool)
+        """Run the journal's pending steps, newest first, each marked done once it succeeded.
+
+        A failed step stays pending (with its error) and stops the undo there: the older
+        steps may be what it needs (the saved environment of a restart). A lost connection
+        raises with the step still pending. Returns what could not be undone.
+        """
+        for step in self.undo.pending():
+            self.emit("experiment", phase="undo", text=step.text, tool=step.tool, step=step.id)
             o = r.call(step.tool, step.input, why="undo: " + step.text)
             if not o.ok:
-                problems.append(f"{step.text}: {o.error}")
-                self.emit("error", message=f"undo failed: {step.text}: {o.error}")
+                self.undo.mark_failed(step, o.error or "failed")
+                self.emit("error", kind="undo", message=f"undo failed: {step.text}: {o.error}")
+                return [f"{s.text}" + (f": {s.error}" if s.error else "") for s in self.undo.pending()]
+            self.undo.mark_done(step)
+        return []
 
     def push_undo(self, tool: str, inp: dict[str, Any], text: str) -> None:
-        step = UndoStep(tool, inp, text)
+        """Journal an undo step before the change it undoes; nothing is changed if that fails."""
         self.emit("experiment", phase="undo_recorded", text=text, tool=tool, input=inp)
-        self.undo.push(step)
+        try:
+            self.undo.record(tool, inp, text)
+        except OSError as exc:
+            raise ExperimentError(f"the undo step could not be journalled ({exc}); nothing was changed") from exc
 
     # ------------------------------------------------------------ kinds
     def run(self, hyp: str, spec: dict[str, Any], facts: dict[str, Any], bad: list[float], regression: float) -> dict[str, Any]:
@@ -345,14 +327,25 @@ class Lab:
         if body is None:
             raise ExperimentError(f"unknown experiment kind {kind}")
         try:
-            result = body(r, hyp, spec, facts, bad, regression)
-        except BaseException:
+            try:
+                result = body(r, hyp, spec, facts, bad, regression)
+            except (ValueError, TypeError, KeyError, StopIteration) as exc:   # a rendered field that does not fit
+                raise ExperimentError(f"the experiment's fields do not fit this host ({type(exc).__name__}: {exc}); "
+                                      f"check them with `debugagent playbook validate`") from exc
+        except BaseException as exc:
             try:
                 self.do_undo(r)
-            except Exception:  # noqa: BLE001 - the run's restore() retries and reports what is left
-                pass
+            except DebugAgentError as uexc:  # the step stays pending; the run's restore() retries and reports it
+                self.emit("error", kind="undo", message=f"undo interrupted: {uexc}")
+            if self.undo.steps and isinstance(exc, ExperimentError):
+                left = [s.text for s in self.undo.pending()]
+                raise RestoreError(f"the experiment failed ({exc}) and the host could not be fully restored; "
+                                   f"left: {'; '.join(left)}", left=left) from exc
             raise
-        self.do_undo(r)
+        left = self.do_undo(r)
+        if left:
+            raise RestoreError(f"the host could not be fully restored after the experiment; left: {'; '.join(left)}",
+                               left=left)
         return result
 
     def _result(self, spec: dict[str, Any], vals: list[float], d: Any, text: str, **extra: Any) -> dict[str, Any]:

@@ -29,8 +29,9 @@ from tools.transport import BaseTransport
 
 from .discovery import discover as find_host_server
 from .discovery import narrate, run_input, state_of
-from .experiments import ConnectionLost, ExperimentError, Lab, LabSetup, Measure, UndoStack
+from .experiments import ConnectionLost, ExperimentError, Lab, LabSetup, Measure
 from .facts import build_facts
+from .journal import Journal
 from .playbook import Playbook, evaluate
 from .preflight import check_benchmark
 from .stats import regression_is_real
@@ -62,7 +63,7 @@ class Ctx:
     transcript: Transcript
     playbook: Playbook
     run_id: str
-    undo: UndoStack
+    undo: Journal
     symptom: Symptom
     baseline: Symptom | None = None
     baseline_snapshot: Snapshot | None = None

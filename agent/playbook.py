@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import threading
+import time
 import typing
 from importlib import resources
 from pathlib import Path
@@ -25,8 +27,9 @@ from typing import Any, Literal
 
 import yaml
 from jinja2 import StrictUndefined, TemplateError, Undefined
+from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tools.errors import PlaybookError, load_yaml_mapping, resolve_yaml_ref
 
@@ -55,6 +58,28 @@ class Experiment(Strict):
     watts: str | None = None              # power_limit: watts (template)
     governor: str | None = None           # governor: value
     package: str | None = None            # package_restore: one distribution (template); default: every changed one
+
+    @field_validator("gpu", "watts", "to", "governor", mode="before")
+    @classmethod
+    def _scalar_as_text(cls, v: Any) -> Any:
+        return str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
+
+    @model_validator(mode="after")
+    def _typed_fields(self) -> Experiment:
+        """Each field a kind needs is there and, unless a template (``{{ … }}``, rendered on the host's
+        facts), has the type it needs: ``watts`` a number, ``gpu`` an index."""
+        need = {"power_limit": ("gpu", "watts"), "governor": ("governor",), "code_revert": ("to",)}.get(self.kind, ())
+        for name in need:
+            if getattr(self, name) in (None, ""):
+                raise ValueError(f"experiment kind {self.kind} needs `{name}`")
+        for name, conv, what in (("watts", float, "a number of watts, e.g. 700"), ("gpu", int, "a GPU index, e.g. 0")):
+            v = getattr(self, name)
+            if v is not None and "{{" not in v:
+                try:
+                    conv(v)
+                except ValueError:
+                    raise ValueError(f"`{name}: {v!r}` is not {what} (or a `{{{{ … }}}}` template)") from None
+        return self
 
 
 class Rule(Strict):
@@ -125,8 +150,52 @@ class Playbook(Strict):
         return next(h for h in self.hypotheses if h.id == hid)
 
 
-_ENV = ImmutableSandboxedEnvironment(undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-_LENIENT = ImmutableSandboxedEnvironment(undefined=Undefined, trim_blocks=True, lstrip_blocks=True)
+RULE_SECONDS = 2.0        # one rule, on one host's facts
+MAX_SIZE = 100_000        # items or characters an expression may build by `*`; jinja's range() caps at 100000 too
+MAX_TEXT = 4_000          # characters a `because` keeps
+
+
+class LimitedSandbox(ImmutableSandboxedEnvironment):
+    """Jinja's immutable sandbox, plus limits: sizes built by ``*`` and ``**``, and a time limit per
+    rule checked at every attribute, item and call (``range(10**9)``, ``'x' * 10**9`` end in an error)."""
+
+    intercepted_binops = frozenset({"*", "**"})
+    _deadline = threading.local()
+
+    def start(self) -> None:
+        self._deadline.t = time.monotonic() + RULE_SECONDS
+
+    def _tick(self) -> None:
+        t = getattr(self._deadline, "t", None)
+        if t is not None and time.monotonic() > t:
+            raise SecurityError(f"the expression ran past its limit of {RULE_SECONDS:g} s")
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        self._tick()
+        if operator == "**":
+            if isinstance(right, int | float) and abs(right) > 64:
+                raise SecurityError(f"exponent {right} is past the limit of 64")
+            return left ** right
+        for seq, n in ((left, right), (right, left)):
+            if isinstance(seq, str | list | tuple) and isinstance(n, int) and len(seq) * n > MAX_SIZE:
+                raise SecurityError(f"`*` would build {len(seq) * n} items, past the limit of {MAX_SIZE}")
+        return left * right
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        self._tick()
+        return super().getattr(obj, attribute)
+
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        self._tick()
+        return super().getitem(obj, argument)
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 - jinja's signature
+        __self._tick()
+        return super().call(__context, __obj, *args, **kwargs)
+
+
+_ENV = LimitedSandbox(undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+_LENIENT = LimitedSandbox(undefined=Undefined, trim_blocks=True, lstrip_blocks=True)
 
 
 def _compile_all(pb: Playbook, file: str) -> None:
@@ -262,6 +331,8 @@ def evaluate(h: Hypothesis, facts: dict[str, Any], file: str = "") -> list[Findi
     for m, r in enumerate(h.rules):
         where = f"{h.id}.rules[{m}]"
         try:
+            _ENV.start()
+            _LENIENT.start()
             items = [None]
             if r.foreach:
                 items = list(_ENV.compile_expression(r.foreach)(**facts) or [])
@@ -269,7 +340,7 @@ def evaluate(h: Hypothesis, facts: dict[str, Any], file: str = "") -> list[Findi
                 ctx = dict(facts, item=item) if r.foreach else facts
                 if not _ENV.compile_expression(r.when)(**ctx):
                     continue
-                because = _LENIENT.from_string(r.because).render(**ctx).strip()
+                because = _LENIENT.from_string(r.because).render(**ctx).strip()[:MAX_TEXT]
                 exp = _render(r.experiment.model_dump(), ctx) if r.experiment else None
                 f = Finding(verdict=r.verdict, because=because, rule=m, experiment=exp)
                 if r.verdict in ("suspect", "confirmed"):
@@ -278,9 +349,11 @@ def evaluate(h: Hypothesis, facts: dict[str, Any], file: str = "") -> list[Findi
                     weak = f
             if weak is not None:
                 break
-        except TemplateError as exc:
-            raise PlaybookError(f"rule failed on this host's facts: {exc}", file=file, field=where,
-                                fix="guard the rule, e.g. `server is not none and …`") from exc
+        except (TemplateError, ArithmeticError, TypeError, ValueError, LookupError, AttributeError, RecursionError,
+                MemoryError) as exc:
+            raise PlaybookError(f"rule failed on this host's facts: {type(exc).__name__}: {exc}", file=file, field=where,
+                                fix="guard the rule, e.g. `server is not none and …`; rules may not build more than "
+                                    f"{MAX_SIZE} items or run past {RULE_SECONDS:g} s") from exc
     if strong:
         return strong
     return [weak] if weak else [Finding(verdict="inconclusive", because="no rule matched", rule=-1)]

@@ -15,12 +15,12 @@ from typing import Any
 
 from rich.console import Console
 
-from tools.errors import ReplayMiss, UsageError
+from tools.errors import RecordingError, ReplayMiss, UsageError
 from tools.replay import ReplayTransport
 from tools.snapshot import Snapshot
 
-from .experiments import UndoStack
 from .graph import RECURSION_LIMIT, Ctx, build_graph
+from .journal import Journal
 from .playbook import load_playbook
 from .symptom import parse_symptom
 from .transcript import Transcript, read_events, write_markdown
@@ -56,7 +56,11 @@ def replay_events(events: list[dict[str, Any]], *, playbook: str | None, out: Pa
     pb = load_playbook(playbook or head.get("playbook"))
     symptom = parse_symptom(head["symptom"], "--symptom")
     baseline = parse_symptom(head["baseline"], "--baseline") if head.get("baseline") else None
-    snap = Snapshot.model_validate(head["baseline_snapshot_data"]) if head.get("baseline_snapshot_data") else None
+    try:
+        snap = Snapshot.model_validate(head["baseline_snapshot_data"]) if head.get("baseline_snapshot_data") else None
+    except ValueError as exc:
+        raise RecordingError(f"run_started: baseline_snapshot_data is not a snapshot ({str(exc).splitlines()[0]})",
+                             file=file, line=1, fix="the recording is edited or damaged; record the run again") from exc
     transport = ReplayTransport(events, file)
     out.mkdir(parents=True, exist_ok=True)
     transcript = Transcript(out, head["run_id"])
@@ -69,7 +73,7 @@ def replay_events(events: list[dict[str, Any]], *, playbook: str | None, out: Pa
         from .llm import RecordedAdvisor
         advisor = RecordedAdvisor(llm_answers)
     ctx = Ctx(transport=transport, transcript=transcript, playbook=pb, run_id=head["run_id"],
-              undo=UndoStack(out / "undo.json"), symptom=symptom, baseline=baseline, baseline_snapshot=snap,
+              undo=Journal(out / "journal.json", head["run_id"], transport.host), symptom=symptom, baseline=baseline, baseline_snapshot=snap,
               allow_mutations=True, advisor=advisor,
               overrides={"bench": inputs.get("bench"), "repo": inputs.get("repo"), "python": inputs.get("python"),
                          "server_pattern": inputs.get("server_pattern"), "bench_regex": inputs.get("bench_regex"),

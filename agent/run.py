@@ -9,6 +9,7 @@ import secrets
 import signal
 import sqlite3
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -20,15 +21,16 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from rich.console import Console
 from rich.markup import escape
 
-from tools.errors import DebugAgentError, TransportError, UsageError
+from tools.errors import DebugAgentError, RestoreError, TransportError, UsageError
 from tools.redact import private_dir, private_file, redact, redact_text, redacted_dump
 from tools.snapshot import Snapshot
 
 from . import __version__
 from .discovery import DiscoveryInput, check_input
-from .experiments import Lab, Measure, UndoStack
+from .experiments import Lab, Measure
 from .graph import RECURSION_LIMIT, Ctx, build_graph
 from .hosts import SSHOptions, open_transport
+from .journal import HostLock, HostLocked, Journal, host_instance, host_side, others_on_host
 from .playbook import load_playbook
 from .symptom import check_pair, parse_symptom
 from .transcript import SCHEMA_VERSION, Transcript, read_events, write_markdown
@@ -61,6 +63,49 @@ class RunOptions:
     wheelhouse: str | None = None
     restart_cmd: str | None = None
     ready_timeout: float = 600.0
+    force_unlock: bool = False
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP: the run stops, restores the host, and exits 130."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
+class Signals:
+    """SIGINT, SIGTERM and SIGHUP raise :class:`Interrupted` once; later ones are ignored, so a
+    second Ctrl-C (or systemd's follow-up) cannot cut the undo short."""
+
+    NAMES = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.old: dict[int, Any] = {}
+        self.received: list[int] = []
+
+    def handler(self, signum: int, frame: Any) -> None:
+        self.received.append(signum)
+        if len(self.received) == 1:
+            raise Interrupted(signum)
+
+    def __enter__(self) -> Signals:
+        if threading.current_thread() is threading.main_thread():   # handlers can only be set there
+            for sig in self.NAMES:
+                self.old[sig] = signal.signal(sig, self.handler)
+        return self
+
+    def __exit__(self, *a: Any) -> None:
+        for sig, h in self.old.items():
+            signal.signal(sig, h)
+
+
+def say_err(text: str) -> None:
+    """A console line that must not fail (a closed terminal after SIGHUP)."""
+    try:
+        err.print(text)
+    except OSError:
+        pass
 
 
 def slug(text: str) -> str:
@@ -87,11 +132,27 @@ def prepare(opts: RunOptions) -> tuple[Any, Any, Any, Any]:
         check_pair(symptom, baseline)
     if opts.baseline and opts.baseline_snapshot:
         raise UsageError("--baseline and --baseline-snapshot both given", fix="give one: a number or a snapshot of the good state")
+    for flag, pattern in (("--bench-regex", opts.bench_regex), ("--server-pattern", opts.server_pattern)):
+        check_regex(flag, pattern)
     snap = Snapshot.load(opts.baseline_snapshot) if opts.baseline_snapshot else None
     check_input(DiscoveryInput(server_pattern=opts.server_pattern, python=opts.python, repo=opts.repo,
                                bench=opts.bench, bench_regex=opts.bench_regex, metric=symptom.metric))
     playbook = load_playbook(opts.playbook)
     return symptom, baseline, snap, playbook
+
+
+def check_regex(flag: str, pattern: str | None) -> None:
+    """A regex flag compiles here (``--bench-regex`` with a group for the value), or exit 2 naming it."""
+    if pattern is None:
+        return
+    try:
+        rx = re.compile(pattern)
+    except re.error as exc:
+        raise UsageError(f"{flag} {pattern!r} is not a regular expression: {exc}",
+                         fix="check the brackets and escapes, e.g. " + ("--bench-regex 'verify=([0-9.]+)'" if flag == "--bench-regex" else "--server-pattern 'sglang|vllm'")) from exc
+    if flag == "--bench-regex" and rx.groups < 1:
+        raise UsageError(f"{flag} {pattern!r} has no group for the value",
+                         fix="put the number in a group: --bench-regex 'verify=([0-9.]+)'")
 
 
 def execute(opts: RunOptions, *, folder: Path | None = None, resume: bool = False) -> int:
@@ -150,7 +211,24 @@ def _investigate(opts: RunOptions, folder: Path, resume: bool, transport: Any, p
         raise
     transcript = Transcript(folder, run_id)
     transcript.listeners.append(view.feed)
-    undo = UndoStack(folder / "undo.json")
+    remote = host_side(transport)
+    undo = Journal.open(folder / "journal.json", run_id, opts.host, remote, host_instance(transport))
+    lock = HostLock(remote, run_id)
+    if resume:
+        transcript.emit("resumed", text=f"resumed on {transport.host}; the last finished step is kept, the rest runs again")
+    else:
+        transcript.emit("run_started", **header(opts, playbook, run_id, base_snap))
+    try:
+        lock.acquire(force=opts.force_unlock)
+    except (HostLocked, OSError, TransportError) as exc:
+        transcript.emit("error", message=str(exc), kind="lock")
+        transcript.close()
+        write_markdown(folder)
+        if owned:
+            transport.close()
+        if isinstance(exc, OSError):
+            raise TransportError(str(exc), host=transport.host) from exc
+        raise
     if hasattr(transport, "on_event"):
         transport.on_event = lambda kind, text: transcript.emit("error", kind=kind, message=text)
     advisor = None
@@ -166,44 +244,59 @@ def _investigate(opts: RunOptions, folder: Path, resume: bool, transport: Any, p
                          "reproduce_runs": opts.reproduce_runs, "max_runs": opts.max_runs,
                          "code_root": opts.code_root, "wheelhouse": opts.wheelhouse, "restart_cmd": opts.restart_cmd,
                          "ready_timeout_s": opts.ready_timeout})
-    if resume:
-        transcript.emit("resumed", text=f"resumed on {transport.host}; the last finished step is kept, the rest runs again")
-    else:
-        transcript.emit("run_started", **header(opts, playbook, run_id, base_snap))
     conn = sqlite3.connect(str(private_file(folder / "checkpoints.sqlite")), check_same_thread=False)
     graph = build_graph(ctx, checkpointer=SqliteSaver(conn, serde=RedactingSerde(JsonPlusSerializer())))
     config = {"configurable": {"thread_id": run_id}, "recursion_limit": RECURSION_LIMIT}
     started = time.monotonic()
     state: dict[str, Any] = {}
-    old = signal.getsignal(signal.SIGINT)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signals = Signals()
     try:
-        state = graph.invoke(None if resume else {"inputs": {"symptom": opts.symptom}}, config)
-    except KeyboardInterrupt:
-        restore(ctx)
-        transcript.emit("interrupted", text="interrupted (SIGINT); every change was undone; `debugagent resume "
-                        f"{folder}` continues from the last finished step")
-        transcript.close()
-        write_markdown(folder)
-        err.print(f"interrupted; the host is as it was found. Continue with: debugagent resume {folder}")
-        return {"interrupted": True, "transcript": str(folder)}
-    except TransportError as exc:
-        restore(ctx)
-        transcript.emit("error", message=str(exc), kind="transport")
-        transcript.close()
-        write_markdown(folder)
-        raise
-    except DebugAgentError as exc:
-        restore(ctx)
-        transcript.emit("error", message=str(exc), kind=type(exc).__name__)
-        transcript.close()
-        write_markdown(folder)
+        if resume:
+            check_checkpoints(folder, conn, config)
+        with signals:
+            try:
+                settle(ctx, transport)
+                state = graph.invoke(None if resume else {"inputs": {"symptom": opts.symptom}}, config)
+            except KeyboardInterrupt as exc:
+                name = exc.args[0] if isinstance(exc, Interrupted) else "SIGINT"
+                left = restore(ctx)
+                if left:
+                    raise RestoreError(f"interrupted ({name}) and the host could not be fully restored", left=left,
+                                       fix=f"debugagent undo {folder}") from None
+                transcript.emit("interrupted", text=f"interrupted ({name}); every change was undone; `debugagent "
+                                f"resume {folder}` continues from the last finished step")
+                transcript.close()
+                write_markdown(folder)
+                say_err(f"interrupted ({name}); the host is as it was found. Continue with: debugagent resume {folder}")
+                return {"interrupted": True, "transcript": str(folder)}
+            except DebugAgentError as exc:
+                left = restore(ctx)
+                transcript.emit("error", message=str(exc), kind="transport" if isinstance(exc, TransportError)
+                                else type(exc).__name__)
+                if left and not isinstance(exc, RestoreError):
+                    raise RestoreError(f"{exc.message}; the host could not be fully restored", left=left,
+                                       fix=f"debugagent undo {folder} (once {transport.host} answers)") from exc
+                raise
+            left = restore(ctx)
+            if left:
+                raise RestoreError("the run finished but the host could not be fully restored", left=left,
+                                   fix=f"debugagent undo {folder}")
+    except RestoreError as exc:
+        if not exc.fix:
+            exc.fix = f"debugagent undo {folder}"
+        transcript.emit("error", kind="undo", message=f"{exc.message}; left to do: {'; '.join(exc.left)}")
         raise
     finally:
-        signal.signal(signal.SIGINT, old)
+        lock.release()
         conn.close()
         if owned:
             transport.close()
+        if not transcript._file.closed:
+            transcript.close()
+            try:
+                write_markdown(folder)
+            except DebugAgentError:
+                pass
     transcript.close()
     conclusion = state.get("conclusion") or {}
     wall = time.monotonic() - started
@@ -285,19 +378,61 @@ class RedactingSerde:
         return self.inner.loads_typed(data)
 
 
-def restore(ctx: Ctx) -> None:
-    """Undo whatever an interrupted experiment left on the host; say so loudly if it cannot."""
-    if not ctx.undo.steps:
+def check_checkpoints(folder: Path, conn: sqlite3.Connection, config: dict[str, Any]) -> None:
+    """A resumed run's checkpoints can be read, or exit 2 naming the file (the journal still undoes)."""
+    try:
+        SqliteSaver(conn).get_tuple(config)
+    except Exception as exc:  # noqa: BLE001 - sqlite, msgpack and langgraph each raise their own on a damaged file
+        raise UsageError(f"{folder / 'checkpoints.sqlite'}: the checkpoints cannot be read ({type(exc).__name__}: "
+                         f"{str(exc)[:160]})",
+                         fix=f"start a new run; `debugagent undo {folder}` still restores the host from its journal") from exc
+
+
+def settle(ctx: Ctx, transport: Any) -> None:
+    """Before anything else: finish what this run (when resumed) or a crashed run left on the host."""
+    undo = ctx.undo
+    if undo.gone:
+        ctx.say(f"The interrupted run's simulated host ended with it; its {len(undo.gone)} pending undo step(s) "
+                "went with that sandbox and are not run here.")
+        undo.save()
+    if undo.remote is None:
         return
-    lab = Lab(ctx.runner, lambda ev, **kw: ctx.transcript.emit(ev, **kw), ctx.undo, Measure("", "", None), ctx.run_id, True)
+    undo.merge_host_copy()
+    if undo.steps:
+        ctx.say(f"The interrupted run left {len(undo.steps)} undo step(s) unfinished ({undo.describe_left()}); "
+                "restoring them first, so the host is recorded as it was found, not as an experiment left it.")
+        left = restore(ctx)
+        if left:
+            raise RestoreError("the changes the interrupted run left could not be undone", left=left)
+    for data in others_on_host(undo.remote, ctx.run_id):
+        other = Journal(ctx.transcript.folder / f"recovered-{data.run_id}.json", data.run_id, data.host, undo.remote, data)
+        ctx.say(f"Run {data.run_id} left {len(other.steps)} undo step(s) unfinished on this host "
+                f"({other.describe_left()}); restoring them before anything is measured.")
+        left = restore(ctx, other)
+        if left:
+            raise RestoreError(f"run {data.run_id} left changes on {transport.host} that could not be undone", left=left,
+                               fix="restore them by hand (listed above), then run again")
+
+
+def restore(ctx: Ctx, journal: Journal | None = None) -> list[str]:
+    """Undo whatever is still pending in the journal; print on the console what could not be undone."""
+    journal = journal or ctx.undo
+    if not journal.steps:
+        return []
+    lab = Lab(ctx.runner, lambda ev, **kw: ctx.transcript.emit(ev, **kw), journal, Measure("", "", None), ctx.run_id, True)
+    why = ""
     try:
         lab.do_undo(ctx.runner("undo"))
     except DebugAgentError as exc:
-        left = ", ".join(s.text for s in ctx.undo.steps) or "the step in flight"
-        msg = (f"could not undo on {ctx.transport.host}: {exc}; left to do by hand: {left} "
-               f"(also in {ctx.undo.path})")
-        ctx.transcript.emit("error", kind="undo", message=msg)
-        err.print(f"[red]warning[/]: {escape(redact_text(msg))}")
+        why = f": {exc.message}"
+    if not journal.steps:
+        return []
+    left = [s.text + (f" (last error: {s.error})" if s.error else "") for s in journal.pending()]
+    msg = (f"could not undo on {ctx.transport.host}{why}; left to do: {'; '.join(left)} "
+           f"(journal: {journal.path}; the host's copy: ~/.cache/debugagent/{journal.host_name})")
+    ctx.transcript.emit("error", kind="undo", message=msg)
+    say_err(f"[red]warning[/]: {escape(redact_text(msg))}")
+    return left
 
 
 def header(opts: RunOptions, playbook: Any, run_id: str, snap: Snapshot | None = None) -> dict[str, Any]:
@@ -326,18 +461,28 @@ def print_human(o: dict[str, Any]) -> None:
               f"Transcript: {o['transcript']}/transcript.md")
 
 
-def resume_run(run_dir: str, *, allow_mutations: bool = False, as_json: bool = False, bench: str | None = None,
-               llm: str | None = None) -> int:
+def load_run(run_dir: str) -> tuple[RunOptions, str]:
+    """A run folder's options and run id, or a ``UsageError`` naming what is wrong."""
     folder = Path(run_dir)
     p = folder / "run.json"
     if not p.is_file():
         raise UsageError(f"{run_dir}: no run.json (not a debugagent run folder)", fix="give the folder `debugagent run` wrote")
-    d = json.loads(p.read_text())
-    d.pop("run_id", None)
-    d["ssh"] = SSHOptions(**d.get("ssh", {}))
-    opts = RunOptions(**d)
+    try:
+        d = json.loads(p.read_text())
+        run_id = d.pop("run_id", None) or folder.name
+        d["ssh"] = SSHOptions(**d.get("ssh", {}))
+        return RunOptions(**d), run_id
+    except (ValueError, TypeError) as exc:
+        raise UsageError(f"{p}: not a debugagent run.json ({str(exc).splitlines()[0]})",
+                         fix="the file is damaged; start a new run (its journal, if any, is still read by `debugagent undo`)") from exc
+
+
+def resume_run(run_dir: str, *, allow_mutations: bool = False, as_json: bool = False, bench: str | None = None,
+               llm: str | None = None, force_unlock: bool = False) -> int:
+    opts, _ = load_run(run_dir)
     opts.allow_mutations = opts.allow_mutations or allow_mutations
     opts.as_json = as_json
+    opts.force_unlock = force_unlock
     # secrets were never saved: a value that held one must be given again
     for flag, given in (("bench", bench), ("llm", llm)):
         if given:
@@ -345,4 +490,45 @@ def resume_run(run_dir: str, *, allow_mutations: bool = False, as_json: bool = F
         elif "REDACTED" in (getattr(opts, flag) or ""):
             raise UsageError(f"{run_dir}/run.json: --{flag} held a secret, so it was not saved",
                              fix=f"give it again: debugagent resume {run_dir} --{flag} '…'")
-    return execute(opts, folder=folder, resume=True)
+    return execute(opts, folder=Path(run_dir), resume=True)
+
+
+def undo_run(run_dir: str, *, force_unlock: bool = False, transport: Any = None) -> int:
+    """``debugagent undo RUN``: finish the run's journal on its host; 0 when nothing is left, 6 otherwise."""
+    opts, run_id = load_run(run_dir)
+    folder = Path(run_dir)
+    owned = transport is None
+    transport = transport or open_transport(opts.host, opts.ssh)
+    try:
+        remote = host_side(transport)
+        journal = Journal.open(folder / "journal.json", run_id, opts.host, remote, host_instance(transport))
+        if journal.gone:
+            say_err(f"{opts.host} was a simulated host: it ended with the run, and its changes with it "
+                    f"({'; '.join(journal.gone)})")
+            journal.save()
+        found = journal.merge_host_copy()
+        if not journal.steps:
+            say_err(f"nothing to undo: every step of {run_id} is done" + ("" if found or journal.data.steps else
+                    " (no journal in the run folder nor on the host)"))
+            return 0
+        lock = HostLock(remote, run_id)
+        lock.acquire(force=force_unlock)
+        transcript = Transcript(folder, run_id)
+        try:
+            from .graph import Ctx
+            ctx = Ctx(transport=transport, transcript=transcript, playbook=None, run_id=run_id, undo=journal,  # type: ignore[arg-type]
+                      symptom=None)  # type: ignore[arg-type]
+            say_err(f"undoing {len(journal.steps)} step(s) on {transport.host}: {journal.describe_left()}")
+            ctx.say(f"`debugagent undo`: {len(journal.steps)} undo step(s) were left unfinished; running them now.")
+            left = restore(ctx)
+        finally:
+            lock.release()
+            transcript.close()
+        if left:
+            raise RestoreError(f"{transport.host} could not be fully restored", left=left,
+                               fix=f"debugagent undo {folder} again once the cause is fixed, or undo those by hand")
+        say_err(f"done: {transport.host} is restored ({len(journal.data.steps)} step(s) in the journal, none left)")
+        return 0
+    finally:
+        if owned:
+            transport.close()

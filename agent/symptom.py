@@ -37,6 +37,9 @@ def parse_symptom(text: str, flag: str = "--symptom") -> Symptom:
     if not m:
         raise UsageError(f"{flag} {text!r} is not `METRIC VALUE UNIT`", fix=f"write it as {EXAMPLE}")
     metric, value, unit = m.group(1), float(m.group(2)), m.group(3)
+    if not 0 < value < float("inf"):
+        raise UsageError(f"{flag} {text!r}: the value must be a positive number (shares of the regression are "
+                         "relative to it)", fix=f"write it as {EXAMPLE}")
     u = unit.lower()
     if u in ("tps", "tok_s"):
         u = "tok/s"

@@ -36,7 +36,11 @@ class Transcript:
         self.path = folder / "events.jsonl"
         self.seq = 0
         if self.path.exists():
-            self.seq = sum(1 for _ in self.path.open())
+            data = self.path.read_bytes()
+            if data and not data.endswith(b"\n"):   # a run killed mid-write: its last event is torn; drop it
+                with self.path.open("r+b") as f:
+                    f.truncate(data.rfind(b"\n") + 1)
+            self.seq = data.count(b"\n")
         self._file = open(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "a", buffering=1)
         self._lock = threading.Lock()
         self._start = time.monotonic()
@@ -75,7 +79,8 @@ def read_events(path: Path) -> list[dict[str, Any]]:
     events = []
     if not path.is_file():
         raise RecordingError("no such recording", file=str(path), line=0, fix="give a transcript folder that holds events.jsonl")
-    for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+    # JSON lines: split on "\n" only; U+2028, U+2029 and U+0085 may sit inside a value (str.splitlines splits there)
+    for n, line in enumerate(path.read_bytes().decode("utf-8", errors="replace").split("\n"), 1):
         if not line.strip():
             continue
         try:
@@ -89,6 +94,8 @@ def read_events(path: Path) -> list[dict[str, Any]]:
         events.append(ev)
     if not events or events[0]["event"] != "run_started":
         raise RecordingError("the first event is not run_started", file=str(path), line=1, fix="record the run again")
+    from tools.replay import check_events
+    check_events(events, str(path))
     return events
 
 

@@ -58,8 +58,8 @@ def test_flags_and_server_details_redact_secrets():
     """A server's command line parses into flags; secret-named variables are redacted."""
     assert parse_flags(["--tp", "8", "--disable-cuda-graph", "--x=y", "--mem_fraction", "0.8"]) == {
         "tp": "8", "disable-cuda-graph": True, "x": "y", "mem-fraction": "0.8"}
-    text = ("== cmdline\n/root/ml-env/bin/python3\n-m\nsglang.launch_server\n--tp\n8\n\n== environ\n"
-            "HF_TOKEN=hf_abcdefghijkl\nCUDA_LAUNCH_BLOCKING=1\n\n== cwd\n/root/sglang\n== end\n")
+    text = ("== cmdline\n+/root/ml-env/bin/python3\n+-m\n+sglang.launch_server\n+--tp\n+8\n\n== environ\n"
+            "+HF_TOKEN=hf_abcdefghijkl\n+CUDA_LAUNCH_BLOCKING=1\n\n== cwd\n/root/sglang\n== end\n")
     info = parse_server_details(42, text)
     assert info.python == "/root/ml-env/bin/python3" and info.entry == "sglang.launch_server"
     assert info.kind == "sglang" and info.cwd == "/root/sglang"

@@ -29,9 +29,11 @@ def test_non_utf8_output_is_replaced():
 
 
 def test_output_cap_marks_truncated():
-    """Output past the cap is dropped and the result says so."""
-    r = LocalTransport().run("head -c 100000 /dev/zero", max_output=1000)
-    assert len(r.stdout) == 1000 and r.truncated
+    """Output past the cap is left out from the middle (the start and the metric line at the end stay),
+    and the result says so."""
+    r = LocalTransport().run("echo START; head -c 100000 /dev/zero; echo; echo verify=3.1 ms", max_output=1000)
+    assert r.truncated and r.stdout.startswith("START\n") and r.stdout.endswith("\nverify=3.1 ms\n")
+    assert "bytes of output left out here" in r.stdout and len(r.stdout) < 1100
 
 
 def test_both_streams_are_read_together():

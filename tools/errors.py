@@ -12,6 +12,7 @@
     │   ├── AuthError                no key was accepted
     │   └── HostKeyError             unknown or changed host key
     ├── ReplayMiss                   a replay was asked a command it never recorded -> exit 5
+    ├── RestoreError                 the host could not be fully restored  -> exit 6
     ├── CommandTimeout               one command ran past its timeout (a finding, raised
     │                                only when a caller asks for it)
     └── ParseError                   a command's output did not have the expected shape
@@ -102,6 +103,16 @@ class ReplayMiss(DebugAgentError):
         self.step = step
         self.asked = asked
         self.recorded_next = recorded_next
+        super().__init__(message, fix=fix)
+
+
+class RestoreError(DebugAgentError):
+    """Raised when undo steps are left pending: the host is not as it was found (``debugagent undo`` retries)."""
+
+    exit_code = 6
+
+    def __init__(self, message: str, *, left: list[str] | None = None, fix: str | None = None) -> None:
+        self.left = left or []
         super().__init__(message, fix=fix)
 
 

@@ -13,7 +13,7 @@ import re
 from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import ParseError, parser
-from .transport import q
+from .transport import q, split_lines
 
 # Bit values of NVML's nvmlClocksEventReasons (and the older nvmlClocksThrottleReasons).
 EVENT_REASON_BITS: dict[int, str] = {
@@ -186,7 +186,7 @@ def _split(line: str) -> list[str]:
 @parser("query_csv")
 def parse_query_csv(text: str) -> list[GpuState]:
     """Parse ``nvidia-smi --query-gpu=… --format=csv`` (header with units, values with units)."""
-    lines = [ln for ln in text.splitlines() if ln.strip()]
+    lines = [ln for ln in split_lines(text) if ln.strip()]
     if not lines:
         raise ParseError("no output", tool="gpu_query")
     header = _split(lines[0])
@@ -210,7 +210,7 @@ def parse_query_noheader(text: str, fields: list[str] | None = None) -> list[Gpu
     """Parse ``--format=csv,noheader`` rows whose columns are ``QUERY_FIELDS`` in order."""
     names = fields or [f for _, f in QUERY_FIELDS]
     out = []
-    for ln in text.splitlines():
+    for ln in split_lines(text):
         if not ln.strip():
             continue
         vals = _split(ln)
@@ -236,7 +236,7 @@ def parse_q_tree(text: str) -> dict:
     root: dict = {}
     stack: list[tuple[int, dict]] = [(-1, root)]
     gpu_count = 0
-    for raw in text.splitlines():
+    for raw in split_lines(text):
         if not raw.strip() or raw.startswith("=") or raw.startswith("$ ") or raw.startswith("[exit"):
             continue
         indent = len(raw) - len(raw.lstrip(" "))
@@ -376,7 +376,7 @@ class GpuProcesses(BaseModel):
 @parser("compute_apps")
 def parse_compute_apps(text: str) -> list[GpuProcess]:
     out = []
-    for ln in text.splitlines():
+    for ln in split_lines(text):
         if not ln.strip() or "No running" in ln:
             continue
         parts = _split(ln)

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import ParseError, parser
 from .redact import redact_env, redact_flags
-from .transport import q
+from .transport import q, split_lines
 
 SERVER_PATTERN = r"sglang\.launch_server|sglang\.srt\.|vllm\.entrypoints|vllm serve|text-generation-launcher|trtllm-serve"
 SEP = "\x1f"
@@ -35,7 +35,7 @@ class FindServers(BaseModel):
         # the loop's shell and its subshells carry the marker token, so they skip themselves.
         return (
             f": debugagent-find-servers; pat={q(self.pattern)}; for p in /proc/[0-9]*; do "
-            "c=$( { tr '\\0' '\\037' < \"$p/cmdline\"; } 2>/dev/null ) || continue; "
+            "c=$( { tr '\\0\\n' '\\037\\036' < \"$p/cmdline\"; } 2>/dev/null ) || continue; "
             "case \"$c\" in ''|*debugagent-find-servers*) continue;; esac; "
             "m=${c//$'\\037'/ }; [[ $m =~ $pat ]] && printf '%s\\t%s\\n' \"${p#/proc/}\" \"$c\"; done; true"
         )
@@ -49,14 +49,16 @@ class ProcessLine(BaseModel):
 @parser("find_servers")
 def parse_find_servers(text: str) -> list[ProcessLine]:
     out = []
-    for ln in text.splitlines():
+    for ln in split_lines(text):
         if not ln.strip():
             continue
         pid, _, rest = ln.partition("\t")
         if not pid.isdigit():
             raise ParseError("expected `PID<TAB>argv`", tool="find_servers", excerpt=ln)
-        argv = [a for a in rest.split(SEP) if a != ""]
-        out.append(ProcessLine(pid=int(pid), argv=argv))
+        argv = rest.split(SEP)
+        if argv and argv[-1] == "":   # the NUL that ends the last argument
+            argv.pop()
+        out.append(ProcessLine(pid=int(pid), argv=[a.replace("\x1e", "\n") for a in argv]))  # a newline inside an argument
     return sorted(out, key=lambda p: p.pid)
 
 
@@ -263,9 +265,11 @@ class ServerDetails(BaseModel):
 
     def command(self) -> str:
         p = f"/proc/{int(self.pid)}"
+        # one line per NUL-separated entry, `+` first (an empty argument stays), `\\` and newlines escaped
+        one = "sed -z 's/\\\\/\\\\\\\\/g; s/\\n/\\\\n/g; s/^/+/' < $p/{} | tr '\\0' '\\n'; echo"
         return (
-            f"p={p}; echo '== cmdline'; tr '\\0' '\\n' < $p/cmdline; echo; echo '== environ'; "
-            "tr '\\0' '\\n' < $p/environ; echo; echo '== cwd'; readlink $p/cwd; echo '== end'"
+            f"p={p}; echo '== cmdline'; {one.format('cmdline')}; echo '== environ'; "
+            f"{one.format('environ')}; echo '== cwd'; readlink $p/cwd; echo '== end'"
         )
 
 
@@ -323,6 +327,11 @@ def split_argv(argv: list[str]) -> tuple[str | None, str, list[str]]:
     return None, first.rsplit("/", 1)[-1], argv[1:]
 
 
+def unescape_entry(text: str) -> str:
+    """One entry of ``server_details``' sections: ``\\n`` is a newline inside it, ``\\\\`` a backslash."""
+    return re.sub(r"\\(.)", lambda m: "\n" if m.group(1) == "n" else m.group(1), text)
+
+
 @parser("server_details")
 def parse_server_details(pid: int, text: str) -> ServerInfo:
     sections: dict[str, list[str]] = {}
@@ -335,13 +344,13 @@ def parse_server_details(pid: int, text: str) -> ServerInfo:
             sections[cur].append(ln)
     if "cmdline" not in sections or "end" not in sections:
         raise ParseError("output lacks the `== cmdline` … `== end` sections", tool="server_details", excerpt=text[:80])
-    argv = [a for a in sections["cmdline"] if a != ""]
+    argv = [unescape_entry(a[1:]) for a in sections["cmdline"] if a.startswith("+")]
     if not argv:
         raise ParseError(f"process {pid} has an empty command line (gone, or a kernel thread)", tool="server_details")
     env: dict[str, str] = {}
     for ln in sections.get("environ", []):
-        if "=" in ln:
-            k, _, v = ln.partition("=")
+        if ln.startswith("+") and "=" in ln:
+            k, _, v = unescape_entry(ln[1:]).partition("=")
             env[k] = v
     python, entry, rest = split_argv(argv)
     kind = "sglang" if "sglang" in entry else "vllm" if "vllm" in " ".join(argv[:3]) else "unknown"
@@ -461,7 +470,7 @@ class PackageSet(BaseModel):
 
 @parser("python_packages")
 def parse_python_packages(text: str) -> PackageSet:
-    line = next((ln for ln in reversed(text.splitlines()) if ln.startswith("{")), None)
+    line = next((ln for ln in reversed(split_lines(text)) if ln.startswith("{")), None)
     if line is None:
         raise ParseError("no JSON line in the output (is that a Python interpreter?)", tool="python_packages", excerpt=text[-120:])
     try:
@@ -475,7 +484,7 @@ def parse_pip_list(text: str) -> dict[str, str]:
     """Parse ``pip list`` (the two-column table) into {name: version}."""
     out: dict[str, str] = {}
     started = False
-    for ln in text.splitlines():
+    for ln in split_lines(text):
         if re.match(r"^-{3,}\s+-{3,}", ln):
             started = True
             continue
@@ -545,7 +554,7 @@ class GitInfo(BaseModel):
 def _sections(text: str, tool: str, required: list[str], lines: list[str] | None = None) -> dict[str, list[str]]:
     sections: dict[str, list[str]] = {}
     cur = None
-    for ln in text.splitlines() if lines is None else lines:
+    for ln in split_lines(text) if lines is None else lines:
         if ln.startswith("== "):
             cur = ln[3:].strip()
             sections[cur] = []
@@ -743,7 +752,7 @@ class CommitList(BaseModel):
 @parser("git_range")
 def parse_git_range(text: str) -> CommitList:
     out = []
-    for ln in text.splitlines():
+    for ln in split_lines(text):
         if not ln.strip():
             continue
         parts = ln.split(SEP)

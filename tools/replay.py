@@ -12,11 +12,56 @@ import threading
 from collections import deque
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from .errors import RecordingError, ReplayMiss
 from .redact import redact_text
 from .transport import DEFAULT_MAX_OUTPUT, DEFAULT_TIMEOUT_S, BaseTransport, CommandResult
 
 RESULT_FIELDS = ("command", "stdout", "stderr", "exit_code")
+
+
+class _Loose(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class RecordedHeader(_Loose):
+    """What a replay needs from ``run_started``."""
+
+    run_id: str
+    host: str = "?"
+    symptom: str
+    baseline: str | None = None
+    playbook: str | None = None
+    inputs: dict[str, Any] = Field(default_factory=dict)
+    baseline_snapshot_data: dict[str, Any] | None = None
+
+
+class RecordedResult(_Loose):
+    """What a replay needs from each ``tool_result``."""
+
+    command: str
+    stdout: str
+    stderr: str
+    exit_code: int
+    duration_ms: float = 0.0
+    truncated: bool = False
+    timed_out: bool = False
+
+
+def check_events(events: list[dict[str, Any]], file: str) -> None:
+    """Every field a replay reads has its type, or ``RecordingError`` naming the line and the field."""
+    for n, ev in enumerate(events, 1):
+        model = RecordedHeader if n == 1 else RecordedResult if ev.get("event") == "tool_result" else None
+        if model is None:
+            continue
+        try:
+            model.model_validate(ev)
+        except ValidationError as exc:
+            e = exc.errors()[0]
+            field = ".".join(str(x) for x in e["loc"])
+            raise RecordingError(f"{ev.get('event')}: field `{field}`: {e['msg']}", file=file, line=n,
+                                 fix="the recording is edited or damaged; record the run again") from None
 
 
 class ReplayTransport(BaseTransport):

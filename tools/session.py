@@ -67,13 +67,19 @@ def parse_frame(line: str) -> tuple[str, str] | None:
 
 
 class Capped:
-    """One stream of a command's output, keeping at most ``cap`` bytes (and ``extra`` more)."""
+    """One stream of a command's output, keeping its start *and* its end: at most ``cap`` bytes
+    come out (the first half and the last half, with a line saying how much was left out between
+    them), since a benchmark's metric line is usually its last. ``extra`` more bytes are kept at
+    the end for what :meth:`output` leaves off (an end mark)."""
+
+    CUT = b"\n[debugagent: %d bytes of output left out here]\n"
 
     def __init__(self, cap: int, extra: int = 0) -> None:
         self.cap = cap
         self.limit = cap + extra
-        self.chunks: list[bytes] = []
+        self.chunks: list[bytes] = []   # the start of the stream, up to ``limit`` bytes
         self.kept = 0
+        self.end = bytearray()          # its last ``limit`` bytes (more, between trims)
         self.total = 0
 
     def feed(self, data: bytes) -> None:
@@ -83,21 +89,27 @@ class Capped:
             part = data if len(data) <= room else data[:room]
             self.chunks.append(part)
             self.kept += len(part)
+        if self.total > self.limit:
+            self.end += data[-self.limit:]
+            if len(self.end) > 2 * self.limit:
+                del self.end[: len(self.end) - self.limit]
 
     def output(self, size: int | None = None) -> tuple[bytes, bool]:
-        """The first ``size`` bytes of the stream (all by default) up to ``cap``, and whether it was cut."""
+        """The stream's first ``size`` bytes (all by default): whole up to ``cap``; else their first
+        and last halves around a line that says how much is missing. And whether it was cut."""
         size = self.total if size is None else size
-        drop = self.kept - min(size, self.cap)
-        chunks = self.chunks
-        while drop > 0 and chunks:   # what lies past the cap (or past ``size``) comes off the end
-            last = chunks[-1]
-            if len(last) <= drop:
-                chunks.pop()
-                drop -= len(last)
-            else:
-                chunks[-1] = last[: len(last) - drop]
-                drop = 0
-        return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), size > self.cap
+        head = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
+        self.chunks = [head] if head else []
+        if size <= self.cap:
+            return head[:size], False
+        first = self.cap // 2
+        last = self.cap - first
+        if self.total <= self.limit:   # everything is in ``head``
+            tail = head[size - last:size]
+        else:
+            stream_end = self.total - len(self.end)   # the stream offset of ``end``'s first byte
+            tail = bytes(self.end[size - last - stream_end: size - stream_end])
+        return head[:first] + self.CUT % (size - first - last) + tail, True
 
 
 class EndMark(Capped):

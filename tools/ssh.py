@@ -369,6 +369,8 @@ class SSHTransport(BaseTransport):
     max_packet_size = 32 << 10
     renew_after = 256 << 20
     idle_check_s = 30.0
+    silence_probe_s = 15.0   # a command silent this long: is the peer still there?
+    probe_timeout_s = 10.0
 
     def __init__(self, host: str, port: int, user: str, *, identities: list[str], known_hosts: Path, accept_new: bool,
                  connect_timeout: float = 10.0, proxyjump: str | None = None, label: str | None = None,
@@ -661,6 +663,7 @@ class SSHTransport(BaseTransport):
               until_marks: bool) -> bool:
         """Feeds stdout and stderr together into ``sinks`` until both end marks (``until_marks``)
         or EOF, or the deadline; True when the deadline came first."""
+        heard = time.monotonic()
         while True:
             ready_ev.clear()
             ended = chan.eof_received or chan.closed   # read before draining: data comes before EOF
@@ -670,6 +673,10 @@ class SSHTransport(BaseTransport):
                     data = recv(1 << 30)
                     self._received += len(data)
                     sink.feed(data)
+                    heard = time.monotonic()
+            if time.monotonic() - heard > self.silence_probe_s:
+                self._probe_peer(chan)
+                heard = time.monotonic()
             if until_marks and all(getattr(s, "done", False) for s in sinks):
                 return False
             if ended:
@@ -679,6 +686,30 @@ class SSHTransport(BaseTransport):
             if time.monotonic() > deadline:
                 return True
             ready_ev.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+
+    def _probe_peer(self, chan: paramiko.Channel) -> None:
+        """A command silent for a while: ask the peer for a keepalive reply (OpenSSH answers even while
+        the command runs); no answer within ``probe_timeout_s`` means a hung peer (a stopped sshd, a
+        frozen host): the connection is closed and the command fails now, not at its own timeout."""
+        t = chan.get_transport()
+        answered = threading.Event()
+
+        def ask() -> None:
+            try:
+                t.global_request("keepalive@openssh.com", wait=True)
+            except Exception:  # noqa: BLE001 - a closed transport answers nothing; the wait below decides
+                pass
+            finally:
+                answered.set()
+        threading.Thread(target=ask, daemon=True, name="debugagent-keepalive").start()
+        if answered.wait(self.probe_timeout_s) and t.is_active():
+            return
+        silent = self.silence_probe_s + self.probe_timeout_s
+        self.on_event("hung", f"{self.host} sent nothing for {self.silence_probe_s:g} s and did not answer a keepalive "
+                              f"within {self.probe_timeout_s:g} s: the peer is hung; the connection is closed "
+                              f"(noticed after {silent:g} s)")
+        t.close()
+        raise EOFError(f"{self.host}: the peer is hung (no keepalive answer)")
 
     # ------------------------------------------------------------ one-off exec channels
     def _exec_channel(self, t: paramiko.Transport, command: str, timeout: float,

@@ -20,6 +20,8 @@ from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
+from .session import Capped  # standard library only, shared with the SSH transport
+
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_MAX_OUTPUT = 4 * 1024 * 1024
 TIMEOUT_EXIT = 124
@@ -93,6 +95,15 @@ class BaseTransport:
         self.close()
 
 
+def split_lines(text: str) -> list[str]:
+    """Lines of host output, split on ``\\n`` only (``str.splitlines`` also splits on U+2028, U+2029,
+    U+0085 and the \\x1c-\\x1e separators, which may sit inside a value); a final ``\\r`` is dropped."""
+    parts = text.split("\n")
+    if parts and parts[-1] == "":
+        parts.pop()
+    return [p[:-1] if p.endswith("\r") else p for p in parts]
+
+
 def decode(data: bytes) -> str:
     """Bytes to text; bytes that are not UTF-8 become U+FFFD, never an exception."""
     return data.decode("utf-8", errors="replace")
@@ -119,28 +130,18 @@ def run_subprocess(
         cwd=cwd,
         start_new_session=True,
     )
-    out: list[bytes] = []
-    err: list[bytes] = []
-    sizes = [0, 0]
-    truncated = [False]
+    sinks = (Capped(max_output), Capped(max_output))
 
-    def pump(stream, sink: list[bytes], idx: int) -> None:
+    def pump(stream, sink: Capped, idx: int) -> None:
         while True:
             chunk = stream.read(65536)
             if not chunk:
                 break
-            if sizes[idx] < max_output:
-                keep = chunk[: max_output - sizes[idx]]
-                sink.append(keep)
-                sizes[idx] += len(keep)
-                if len(keep) < len(chunk):
-                    truncated[0] = True
-            else:
-                truncated[0] = True
+            sink.feed(chunk)
 
     threads = [
-        threading.Thread(target=pump, args=(proc.stdout, out, 0), daemon=True),
-        threading.Thread(target=pump, args=(proc.stderr, err, 1), daemon=True),
+        threading.Thread(target=pump, args=(proc.stdout, sinks[0], 0), daemon=True),
+        threading.Thread(target=pump, args=(proc.stderr, sinks[1], 1), daemon=True),
     ]
     for t in threads:
         t.start()
@@ -157,17 +158,18 @@ def run_subprocess(
     for t in threads:
         t.join(timeout=5)
     code = TIMEOUT_EXIT if timed_out else proc.returncode
-    stderr = decode(b"".join(err))
+    (out, cut_out), (err, cut_err) = sinks[0].output(), sinks[1].output()
+    stderr = decode(err)
     if timed_out:
         stderr += f"\n[debugagent: command cut at its timeout of {timeout:g} s]"
     return CommandResult(
         command=command,
         host=host,
-        stdout=decode(b"".join(out)),
+        stdout=decode(out),
         stderr=stderr,
         exit_code=code,
         duration_ms=round((time.monotonic() - start) * 1000, 3),
-        truncated=truncated[0],
+        truncated=cut_out or cut_err,
         timed_out=timed_out,
     )
 

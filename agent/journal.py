@@ -1,0 +1,383 @@
+"""The undo journal and the per-host lock: nothing an experiment changes is ever forgotten.
+
+Each undo step is written (and fsynced) *before* the change it undoes, on the machine
+running debugagent (``journal.json`` in the run folder) and as a small file on the host
+(``~/.cache/debugagent/journal-<run_id>.json``, written through the transport with every
+argument quoted). A step is marked done only after its tool call succeeded; a step that
+failed, or whose connection dropped, stays pending with its error. ``debugagent undo
+RUN``, ``resume`` and the next ``run`` on that host read the journal and finish it.
+
+The two copies are merged by step id: a step is done when either copy says so (the local
+copy is written first), and its input comes from the host copy when there is one (the host
+already holds what the restart needs; the local copy may be redacted).
+
+The lock (``~/.cache/debugagent/host.lock`` on the host, created with ``noclobber`` so two
+runs cannot both create it) holds the run id, the pid and machine of the debugagent
+process, and the time; a second run refuses while it is held.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError
+
+from tools.errors import DebugAgentError, UsageError
+from tools.redact import redact
+from tools.transport import q
+
+HOST_DIR = '"${XDG_CACHE_HOME:-$HOME/.cache}"/debugagent'
+LOCK = "host.lock"
+JOURNAL_VERSION = 1
+HOST_TIMEOUT_S = 30.0
+RECORD_SEP = "\x1edebugagent-journal "
+
+
+class HostLocked(DebugAgentError):
+    """Raised when another run holds the host's lock."""
+
+    exit_code = 2
+
+
+class Step(BaseModel):
+    """One undo step: the tool that puts the host back, and what it says it does."""
+
+    id: int
+    tool: str
+    input: dict[str, Any]
+    text: str
+    done: bool = False
+    error: str | None = None
+    recorded_at: str = ""
+
+
+class JournalData(BaseModel):
+    version: int = JOURNAL_VERSION
+    run_id: str
+    host: str
+    pid: int = 0
+    machine: str = ""
+    instance: str = ""    # a simulated host's sandbox: its changes die with it
+    steps: list[Step] = Field(default_factory=list)
+
+
+class LockInfo(BaseModel):
+    run_id: str
+    pid: int
+    machine: str
+    since: str
+
+    def describe(self) -> str:
+        return f"run {self.run_id} (pid {self.pid} on {self.machine}, since {self.since})"
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def durable_write(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically: a temporary file, fsync, rename, fsync of the folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def parse_journal(text: str, source: str) -> JournalData:
+    """A journal file's text -> its model, or a ``UsageError`` naming the file."""
+    try:
+        return JournalData.model_validate(json.loads(text))
+    except (ValueError, ValidationError) as exc:
+        raise UsageError(f"{source}: not a debugagent undo journal ({str(exc).splitlines()[0]})",
+                         fix="the file is damaged; what is left to undo must be checked by hand "
+                             "(the run's transcript lists every undo step it recorded)") from exc
+
+
+# ---------------------------------------------------------------- host commands (pure)
+def host_journal_path(run_id: str) -> str:
+    return f"{HOST_DIR}/{q('journal-' + run_id + '.json')}"
+
+
+def write_host_file_command(name: str, text: str) -> str:
+    """Atomic, synced write of a small file in the host's debugagent folder (mode 600)."""
+    f = f"{HOST_DIR}/{q(name)}"
+    return (f"umask 077; mkdir -p {HOST_DIR} && printf %s {q(text)} > {f}.tmp && sync {f}.tmp 2>/dev/null; "
+            f"mv -f {f}.tmp {f} && echo written")
+
+
+def remove_host_file_command(name: str) -> str:
+    return f"rm -f {HOST_DIR}/{q(name)} && echo removed"
+
+
+def list_host_journals_command() -> str:
+    return (f"for f in {HOST_DIR}/journal-*.json; do [ -f \"$f\" ] || continue; "
+            f"printf '\\036debugagent-journal %s\\n' \"${{f##*/}}\"; cat \"$f\"; echo; done; true")
+
+
+def parse_host_journals(text: str) -> dict[str, str]:
+    """The listing of :func:`list_host_journals_command` -> {file name: its text}."""
+    out: dict[str, str] = {}
+    for part in text.split(RECORD_SEP)[1:]:
+        name, _, body = part.partition("\n")
+        out[name.strip()] = body.strip()
+    return out
+
+
+def lock_command(info: LockInfo, force: bool) -> str:
+    f = f"{HOST_DIR}/{LOCK}"
+    body = q(info.model_dump_json())
+    take = f"( set -o noclobber; printf %s {body} > {f} ) 2>/dev/null"
+    mine = f"grep -qF {q(json.dumps(info.run_id))} {f} 2>/dev/null"
+    pre = f"rm -f {f}; " if force else ""
+    return (f"umask 077; mkdir -p {HOST_DIR} || exit 1; {pre}if {take}; then echo acquired; "
+            f"elif {mine}; then printf %s {body} > {f} && echo acquired; else echo held; cat {f}; fi")
+
+
+def unlock_command(run_id: str) -> str:
+    f = f"{HOST_DIR}/{LOCK}"
+    return f"grep -qF {q(json.dumps(run_id))} {f} 2>/dev/null && rm -f {f}; echo unlocked"
+
+
+def parse_lock_reply(text: str) -> tuple[bool, LockInfo | None, str]:
+    """(acquired, the holder when held, the holder's raw text)."""
+    lines = text.strip().split("\n", 1)
+    if lines[0].strip() == "acquired":
+        return True, None, ""
+    raw = lines[1].strip() if len(lines) > 1 else ""
+    try:
+        return False, LockInfo.model_validate_json(raw), raw
+    except ValueError:
+        return False, None, raw
+
+
+# ---------------------------------------------------------------- the host side
+class HostFiles:
+    """The journal's and the lock's files on the host, reached through the transport (not the
+    transcript: they are bookkeeping, and a replay must not depend on them)."""
+
+    def __init__(self, transport: Any) -> None:
+        self.transport = transport
+
+    def _run(self, command: str) -> Any:
+        # every command here is idempotent (an atomic overwrite, a removal, a lock this run may hold already),
+        # so the transport may send it again after a reconnect
+        return self.transport.run(command, timeout=HOST_TIMEOUT_S)
+
+    def write(self, name: str, text: str) -> None:
+        r = self._run(write_host_file_command(name, text))
+        if not r.ok or "written" not in r.stdout:
+            raise OSError(f"could not write {name} on {self.transport.host}: exit {r.exit_code}: {r.tail(2)}")
+
+    def remove(self, name: str) -> None:
+        self._run(remove_host_file_command(name))
+
+    def journals(self) -> dict[str, str]:
+        r = self._run(list_host_journals_command())
+        return parse_host_journals(r.stdout) if r.ok else {}
+
+    def lock(self, info: LockInfo, force: bool = False) -> tuple[bool, LockInfo | None, str]:
+        r = self._run(lock_command(info, force))
+        if not r.ok:
+            raise OSError(f"could not take the lock on {self.transport.host}: exit {r.exit_code}: {r.tail(2)}")
+        return parse_lock_reply(r.stdout)
+
+    def unlock(self, run_id: str) -> None:
+        self._run(unlock_command(run_id))
+
+
+def host_instance(transport: Any) -> str:
+    """What dies with the transport: a simulated host's sandbox folder ("" for a real host)."""
+    sim = getattr(transport, "sim", None)
+    return str(getattr(sim, "base", "")) if sim is not None else ""
+
+
+def host_side(transport: Any) -> HostFiles | None:
+    """Where the host copy lives; None for a replay (there is no host)."""
+    if str(getattr(transport, "host", "")).startswith("replay:"):
+        return None
+    return HostFiles(transport)
+
+
+# ---------------------------------------------------------------- the journal
+class Journal:
+    """The undo steps of one run, newest last; durable on both sides before each change."""
+
+    def __init__(self, path: Path, run_id: str, host: str, remote: HostFiles | None = None,
+                 data: JournalData | None = None) -> None:
+        self.path = path
+        self.remote = remote
+        self.data = data or JournalData(run_id=run_id, host=host, pid=os.getpid(), machine=socket.gethostname())
+        self.host_name = f"journal-{self.data.run_id}.json"
+        self.gone: list[str] = []
+
+    @classmethod
+    def open(cls, path: Path, run_id: str, host: str, remote: HostFiles | None = None, instance: str = "") -> Journal:
+        """The run's journal: the file in the run folder if there is one (a resumed run), else a new one.
+
+        Steps journalled on a simulated host that no longer exists (another sandbox) are
+        marked done: what they would undo is gone with it, and running them on this
+        sandbox would change it.
+        """
+        data = parse_journal(path.read_text(), str(path)) if path.is_file() else None
+        j = cls(path, run_id, host, remote, data)
+        j.gone = []
+        if data and data.instance and data.instance != instance:
+            for s in j.steps:
+                s.done, s.error = True, "not run: the simulated host it would restore no longer exists"
+                j.gone.append(s.text)
+        j.data.pid, j.data.machine, j.data.instance = os.getpid(), socket.gethostname(), instance
+        return j
+
+    # --- what is left
+    @property
+    def steps(self) -> list[Step]:
+        """The pending steps, oldest first (``pending()`` gives them in the order they undo)."""
+        return [s for s in self.data.steps if not s.done]
+
+    def pending(self) -> list[Step]:
+        return list(reversed(self.steps))
+
+    def describe_left(self) -> str:
+        return "; ".join(f"{s.text}" + (f" (last error: {s.error})" if s.error else "") for s in self.pending())
+
+    # --- changes
+    def record(self, tool: str, inp: dict[str, Any], text: str) -> Step:
+        """Journal an undo step on both sides; raises (before the change is made) if it cannot."""
+        step = Step(id=len(self.data.steps) + 1, tool=tool, input=inp, text=text, recorded_at=now())
+        self.data.steps.append(step)
+        self.save(host=True)
+        return step
+
+    def update(self, step: Step, **changes: Any) -> None:
+        """A pending step learns more (the undo restart learns the pid the experiment started)."""
+        step.input = {**step.input, **changes}
+        self.save(host=True)
+
+    def mark_done(self, step: Step) -> None:
+        step.done, step.error = True, None
+        self.save(host=True, allow_host_failure=True)
+
+    def mark_failed(self, step: Step, error: str) -> None:
+        step.error = error
+        self.save(host=True, allow_host_failure=True)
+
+    def save(self, host: bool = False, allow_host_failure: bool = False) -> None:
+        text = self.data.model_dump_json(indent=1)
+        self._write_local()
+        if not (host and self.remote):
+            return
+        try:
+            if self.steps:
+                self.remote.write(self.host_name, text)
+            else:
+                self.remote.remove(self.host_name)
+        except (OSError, DebugAgentError):
+            if not allow_host_failure:
+                raise
+
+    # --- the host copy
+    def merge_host_copy(self) -> bool:
+        """Fold the host's copy in (inputs from the host, done if either says so); True if one was found."""
+        if not self.remote:
+            return False
+        found = self.remote.journals().get(self.host_name)
+        if not found:
+            return False
+        theirs = parse_journal(found, f"{self.data.host}:{self.host_name}")
+        mine = {s.id: s for s in self.data.steps}
+        for s in theirs.steps:
+            m = mine.get(s.id)
+            if m is None:
+                self.data.steps.append(s)
+            else:
+                m.input = s.input
+                m.done = m.done or s.done
+        self.data.steps.sort(key=lambda s: s.id)
+        self._write_local()
+        return True
+
+    def _write_local(self) -> None:
+        """The run folder's copy, redacted like every file a run writes (the host's copy keeps the values)."""
+        durable_write(self.path, json.dumps(redact(self.data.model_dump(mode="json")), indent=1))
+
+
+def others_on_host(remote: HostFiles, run_id: str) -> list[JournalData]:
+    """Unfinished journals other runs left on the host (a crash, a kill -9)."""
+    out = []
+    for name, text in remote.journals().items():
+        if name == f"journal-{run_id}.json":
+            continue
+        try:
+            data = parse_journal(text, name)
+        except UsageError:
+            continue
+        if any(not s.done for s in data.steps):
+            out.append(data)
+    return out
+
+
+# ---------------------------------------------------------------- the lock
+class HostLock:
+    """The per-host lock of one run; ``release`` only removes a lock this run holds."""
+
+    def __init__(self, remote: HostFiles | None, run_id: str) -> None:
+        self.remote = remote
+        self.run_id = run_id
+        self.held = False
+
+    def acquire(self, force: bool = False, wait_s: float = 0.0) -> None:
+        if self.remote is None:
+            return
+        info = LockInfo(run_id=self.run_id, pid=os.getpid(), machine=socket.gethostname(), since=now())
+        deadline = time.monotonic() + wait_s
+        while True:
+            ok, holder, raw = self.remote.lock(info, force=force)
+            if ok:
+                self.held = True
+                return
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(min(2.0, max(0.1, deadline - time.monotonic())))
+        who = holder.describe() if holder else f"an unreadable lock ({raw[:80]!r})"
+        stale = ""
+        if holder and holder.machine == socket.gethostname() and not _pid_alive(holder.pid):
+            stale = " That process is no longer running here: the lock is stale (its run may have left changes: " \
+                    "`debugagent undo` its run folder first)."
+        raise HostLocked(f"{self.remote.transport.host} is in use by {who}; two runs on one host would record each "
+                         f"other's changes as the host's own state.{stale}",
+                         fix="wait for that run to finish, or pass --force-unlock if it is gone (a stale lock)")
+
+    def release(self) -> None:
+        if self.remote is None or not self.held:
+            return
+        try:
+            self.remote.unlock(self.run_id)
+        except (OSError, DebugAgentError):
+            pass  # unreachable host: the lock stays, `--force-unlock` or the same run's `undo` takes it over
+        self.held = False
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,143 @@
+"""The undo journal and the host lock against a real shell (``--host local``, HOME in the test's folder)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from agent.experiments import Lab, Measure
+from agent.journal import HostFiles, HostLock, HostLocked, Journal, LockInfo, lock_command, others_on_host
+from tools.errors import ConnectError
+from tools.registry import Runner
+from tools.transport import CommandResult, LocalTransport
+
+
+def host_dir() -> Path:
+    return Path(os.environ["HOME"]) / ".cache" / "debugagent"
+
+
+def lab(journal: Journal, transport) -> Lab:
+    events: list[tuple] = []
+    lab = Lab(lambda h: Runner(transport), lambda ev, **kw: events.append((ev, kw)), journal, Measure("", "", None),
+              "r1", True)
+    lab.events = events  # type: ignore[attr-defined]
+    return lab
+
+
+def test_step_is_on_both_sides_before_the_change_and_done_only_after(tmp_path):
+    """push_undo writes the step locally (fsynced) and on the host; do_undo marks it done once it ran; the host copy
+    goes when nothing is pending."""
+    t = LocalTransport()
+    j = Journal(tmp_path / "journal.json", "r1", "local", HostFiles(t))
+    target = tmp_path / "made-by-experiment"
+    target.write_text("x")
+    lab(j, t).push_undo("remove_file", {"path": str(target)}, "remove the file")
+    local = json.loads((tmp_path / "journal.json").read_text())
+    remote = json.loads((host_dir() / "journal-r1.json").read_text())
+    assert local["steps"] == remote["steps"] and not local["steps"][0]["done"]
+    assert (tmp_path / "journal.json").stat().st_mode & 0o777 == 0o600
+    assert lab(j, t).do_undo(Runner(t)) == []
+    assert not target.exists()
+    assert json.loads((tmp_path / "journal.json").read_text())["steps"][0]["done"] is True
+    assert not (host_dir() / "journal-r1.json").exists()
+
+
+class Dropping(LocalTransport):
+    """A local shell whose connection 'drops' at the Nth command: ConnectError, as the SSH transport raises."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.n, self.at = 0, at
+
+    def run(self, command: str, **kw) -> CommandResult:
+        self.n += 1
+        if self.n >= self.at:
+            raise ConnectError("connection lost", host="local")
+        return super().run(command, **kw)
+
+
+def test_a_lost_connection_mid_undo_keeps_the_step(tmp_path):
+    """The connection drops while undoing: the step stays pending in the journal (never popped, never lost)."""
+    t = LocalTransport()
+    j = Journal(tmp_path / "journal.json", "r1", "local", HostFiles(t))
+    lab(j, t).push_undo("remove_file", {"path": str(tmp_path / "a")}, "remove a")
+    lab(j, t).push_undo("remove_file", {"path": str(tmp_path / "b")}, "remove b")
+    d = Dropping(at=1)
+    j.remote = HostFiles(d)
+    with pytest.raises(ConnectError):
+        lab(j, d).do_undo(Runner(d))
+    assert [s.text for s in j.pending()] == ["remove b", "remove a"]
+    again = Journal.open(tmp_path / "journal.json", "r1", "local", HostFiles(t))
+    assert again.merge_host_copy() and [s.text for s in again.pending()] == ["remove b", "remove a"]
+
+
+def test_a_failed_step_stops_the_undo_and_keeps_its_error(tmp_path):
+    """A failed undo step keeps its error and stops there: the older steps (what it may need) stay."""
+    t = LocalTransport()
+    j = Journal(tmp_path / "journal.json", "r1", "local", HostFiles(t))
+    lab(j, t).push_undo("remove_file", {"path": str(tmp_path / "env")}, "remove the saved environment")
+    lab(j, t).push_undo("git_worktree_checkout", {"path": str(tmp_path / "no-worktree"), "commit": "HEAD"},
+                        "move the worktree back")   # fails: there is no such worktree
+    left = lab(j, t).do_undo(Runner(t))
+    assert left and left[0].startswith("move the worktree back")
+    assert [s.text for s in j.pending()] == ["move the worktree back", "remove the saved environment"]
+    assert j.pending()[0].error
+
+
+def test_the_host_copy_decides_inputs_and_either_copy_done(tmp_path):
+    """Merging: a step missing locally comes from the host; done on either side is done."""
+    t = LocalTransport()
+    j = Journal(tmp_path / "journal.json", "r1", "local", HostFiles(t))
+    j.record("remove_file", {"path": "/nonexistent/a"}, "a")
+    j.record("remove_file", {"path": "/nonexistent/b"}, "b")
+    (tmp_path / "journal.json").unlink()   # the machine running debugagent lost its copy
+    k = Journal.open(tmp_path / "journal.json", "r1", "local", HostFiles(t))
+    assert k.merge_host_copy() and [s.text for s in k.pending()] == ["b", "a"]
+    k.mark_done(k.pending()[0])
+    assert [d.run_id for d in others_on_host(HostFiles(t), "other")] == ["r1"]
+
+
+def test_lock_refuses_a_second_run_and_lets_its_owner_back(tmp_path):
+    """The lock is taken once; another run is refused naming the holder; the same run takes it again; release
+    removes only its own lock; --force-unlock takes over."""
+    t = LocalTransport()
+    a, b = HostLock(HostFiles(t), "run-a"), HostLock(HostFiles(t), "run-b")
+    a.acquire()
+    with pytest.raises(HostLocked) as e:
+        b.acquire()
+    assert "run-a" in str(e.value) and f"pid {os.getpid()}" in str(e.value) and "--force-unlock" in str(e.value)
+    HostLock(HostFiles(t), "run-a").acquire()   # the same run (resume, undo) takes its own lock
+    b.release()                                 # not held: nothing removed
+    assert "run-a" in (host_dir() / "host.lock").read_text()
+    b.acquire(force=True)
+    assert "run-b" in (host_dir() / "host.lock").read_text()
+    a.release()                                 # a's lock was taken over: it removes nothing
+    assert "run-b" in (host_dir() / "host.lock").read_text()
+    b.release()
+    assert not (host_dir() / "host.lock").exists()
+
+
+def test_two_racing_runs_get_one_lock(tmp_path):
+    """Eight shells racing for the lock: exactly one gets it (noclobber creates the file once)."""
+    info = [LockInfo(run_id=f"r{i}", pid=i + 1, machine="m", since="now") for i in range(8)]
+    procs = [subprocess.Popen(["bash", "-c", lock_command(x, False)], stdout=subprocess.PIPE, text=True) for x in info]
+    outs = [p.communicate()[0] for p in procs]
+    assert sum(o.startswith("acquired") for o in outs) == 1
+
+
+def test_a_dead_holder_on_this_machine_is_called_stale(tmp_path):
+    """A lock whose process is gone from this machine is named stale, with what to do."""
+    t = LocalTransport()
+    p = subprocess.Popen(["true"])
+    p.wait()
+    host_dir().mkdir(parents=True, exist_ok=True)
+    import socket
+    (host_dir() / "host.lock").write_text(LockInfo(run_id="gone", pid=p.pid, machine=socket.gethostname(),
+                                                   since="then").model_dump_json())
+    with pytest.raises(HostLocked) as e:
+        HostLock(HostFiles(t), "new").acquire()
+    assert "no longer running here" in str(e.value) and "debugagent undo" in str(e.value)

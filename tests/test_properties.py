@@ -1,0 +1,120 @@
+"""Property tests: arbitrary host output through every parser, arbitrary values through the event files."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agent.journal import parse_host_journals, parse_journal, parse_lock_reply
+from agent.transcript import Transcript, read_events
+from tools.errors import DebugAgentError, ParseError
+from tools.redact import redact
+from tools.registry import TOOLS, Runner
+from tools.session import Capped
+from tools.transport import CommandResult, FakeTransport, split_lines
+
+SEPARATORS = "\n\r\t\x00\x1c\x1d\x1e\x1f\x85\u2028\u2029\x0b\x0c"
+# text rich in what splits lines or fields, plus what the parsers look for
+host_text = st.one_of(
+    st.text(alphabet=st.characters(codec="utf-8") | st.sampled_from(SEPARATORS), max_size=400),
+    st.binary(max_size=400).map(lambda b: b.decode("utf-8", errors="replace")),
+    st.lists(st.sampled_from(["== cmdline", "== environ", "== cwd", "== end", "+--tp", "+8", "+A=1\\nB", "\x1f", "\t",
+                              "12\tpython\x1f-m\x1fsglang", "verify=3.1 ms", "{\"python\": 1}", "0, 345 MHz", ",",
+                              "GPU 00000000:00.0", "    Clocks Event Reasons", "Active", "\u2028", "[REDACTED]", ""]),
+             max_size=30).map("\n".join),
+)
+INPUTS = {"server_details": {"pid": 7}, "gpu_sample_under_load": {"load": "gpu-bench"},
+          "python_packages": {"python": "/usr/bin/python3"}, "git_state": {"repo": "/r"}, "git_range": {"repo": "/r", "good": "a", "bad": "b"},
+          "bench": {"cmd": "b", "metric": "verify"}, "git_worktree_add": {"repo": "/r", "path": "/p", "commit": "c"},
+          "git_worktree_remove": {"repo": "/r", "path": "/p"},
+          "restart_server": {"pid": 7, "argv": ["x"], "cwd": "/", "env_file": "/e"},
+          "set_power_limit": {"gpu": 0, "watts": 500}, "set_governor": {"governor": "performance"},
+          "git_worktree_checkout": {"path": "/p", "commit": "c"}, "remove_file": {"path": "/p"}}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=host_text, code=st.sampled_from([0, 0, 1, 124]))
+def test_every_parser_returns_or_raises_parse_error(text, code):
+    """Whatever a host prints, each tool's parser gives a typed output or a ParseError, never anything else."""
+    for tool, (model, parse) in TOOLS.items():
+        inp = model.model_validate(INPUTS.get(tool, {}))
+        r = CommandResult(command="c", host="h", stdout=text, stderr=text[::-1], exit_code=code)
+        try:
+            out = parse(inp, r)
+        except ParseError:
+            continue
+        assert out is not None, tool
+
+
+@settings(max_examples=40, deadline=None)
+@given(text=host_text)
+def test_runner_records_odd_output_as_an_error_not_a_traceback(text):
+    """Through the runner (as a run sees it), odd output becomes an outcome with an error at worst."""
+    r = Runner(FakeTransport(lambda c: text))
+    for tool in ("host_info", "gpu_query", "gpu_q", "find_servers", "server_details", "python_packages", "driver_files"):
+        o = r.call(tool, INPUTS.get(tool))
+        assert o.ok or o.error
+
+
+@settings(max_examples=40, deadline=None)
+@given(text=host_text)
+def test_split_lines_splits_on_newline_only(text):
+    """Host output splits on \\n only: U+2028, U+2029, U+0085 and \\x1c-\\x1e stay inside their line."""
+    lines = split_lines(text)
+    assert "\n".join(lines) == "\n".join(p.removesuffix("\r") for p in text.removesuffix("\n").split("\n")) or text == "\n"
+    assert all("\n" not in ln for ln in lines)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(values=st.lists(host_text, min_size=1, max_size=5))
+def test_events_written_are_read_back_exactly(values, tmp_path_factory):
+    """Any text in any event survives the event writer and reader: same number of events, same (redacted) values."""
+    folder = tmp_path_factory.mktemp("ev")
+    t = Transcript(folder, "run-x")
+    t.emit("run_started", run_id="run-x", symptom="verify 30ms", host="h")
+    for v in values:
+        t.emit("tool_result", command=v, stdout=v, stderr="", exit_code=0, call_id=1)
+    t.close()
+    evs = read_events(folder / "events.jsonl")
+    assert len(evs) == len(values) + 1
+    for ev, v in zip(evs[1:], values, strict=True):
+        assert ev["stdout"] == redact({"stdout": v})["stdout"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.binary(max_size=3000), cap=st.integers(min_value=1, max_value=300), cut=st.integers(1, 97))
+def test_output_cap_keeps_start_and_end(data, cap, cut):
+    """Fed in any chunks, the cap gives the whole stream up to ``cap`` bytes, else its first and last halves."""
+    c = Capped(cap)
+    for i in range(0, len(data), cut):
+        c.feed(data[i:i + cut])
+    out, was_cut = c.output()
+    if len(data) <= cap:
+        assert (out, was_cut) == (data, False)
+    else:
+        assert was_cut and out.startswith(data[: cap // 2]) and out.endswith(data[len(data) - (cap - cap // 2):])
+
+
+@settings(max_examples=40, deadline=None)
+@given(text=host_text)
+def test_journal_and_lock_readers_never_raise_anything_else(text):
+    """Damaged journal or lock text gives a clear error (or an unreadable holder), never a traceback."""
+    try:
+        parse_journal(text, "j.json")
+    except DebugAgentError as exc:
+        assert exc.exit_code == 2
+    parse_lock_reply(text)
+    parse_host_journals(text)
+    parse_host_journals("\x1edebugagent-journal " + text)
+
+
+def test_journal_round_trip_on_the_host_listing():
+    """A journal listed from the host parses back to the same steps."""
+    from agent.journal import RECORD_SEP, JournalData, Step
+    d = JournalData(run_id="r", host="h", steps=[Step(id=1, tool="remove_file", input={"path": "/a\nb"}, text="t\u2028")])
+    listing = RECORD_SEP + "journal-r.json\n" + d.model_dump_json() + "\n"
+    got = parse_host_journals(listing)
+    assert parse_journal(got["journal-r.json"], "x") == d
+    assert json.loads(got["journal-r.json"])["steps"][0]["input"]["path"] == "/a\nb"

@@ -96,6 +96,7 @@ def test_live_view_in_tmux(tmp_path):
                 break
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True)
+        Path(f"{os.environ.get('TMUX_TMPDIR', '/tmp')}/tmux-{os.getuid()}/{sock}").unlink(missing_ok=True)
     assert caps and "__EXIT__0" in caps[-1][1], caps[-1][1] if caps else "no capture"
     first = next((t, p) for t, p in caps if p.strip())
     assert first[0] < 10, "nothing on screen for the first seconds"

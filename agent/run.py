@@ -157,7 +157,8 @@ def check_regex(flag: str, pattern: str | None) -> None:
 
 def execute(opts: RunOptions, *, folder: Path | None = None, resume: bool = False) -> int:
     """Run (or resume) an investigation, print its result, return the exit code."""
-    output = investigate(opts, folder=folder, resume=resume)
+    from . import STARTED
+    output = investigate(opts, folder=folder, resume=resume, since=STARTED)
     if "interrupted" in output:
         return 130
     if opts.as_json:
@@ -168,16 +169,16 @@ def execute(opts: RunOptions, *, folder: Path | None = None, resume: bool = Fals
 
 
 def investigate(opts: RunOptions, *, folder: Path | None = None, resume: bool = False,
-                transport: Any = None) -> dict[str, Any]:
+                transport: Any = None, since: float | None = None) -> dict[str, Any]:
     """The investigation itself; returns the ``--json`` object.
 
     ``transport`` lets a caller (a test, a notebook) pass an open transport; it is then
-    left open.
+    left open. ``since`` (a ``time.monotonic()`` value) is where the live view's elapsed time starts.
     """
     symptom, baseline, base_snap, playbook = prepare(opts)
     if folder is None:   # decided and checked now; nothing is written until the host is open
         folder = new_run_folder(opts, symptom.metric)
-    view = View(playbook.order(), quiet=opts.as_json)
+    view = View(playbook.order(), quiet=opts.as_json, since=since)
     if resume and (folder / "events.jsonl").is_file():
         view.load(read_events(folder / "events.jsonl"))
     view.state.set_phase(f"connecting to {opts.host}")

@@ -80,7 +80,8 @@ class ViewState:
 
     def planned_runs(self) -> int:
         rep = next((s for s in self.series if s.label.startswith("reproduce")), None)
-        left = max(0, self.reproduce_runs - len(rep.values)) if rep or self.phase in ("starting", "discover", "probe") else 0
+        early = self.phase.startswith(("starting", "connecting", "discover", "probe"))
+        left = max(0, self.reproduce_runs - len(rep.values if rep else [])) if rep or early else 0
         pending_exp = sum(1 for st in self.status.values() if st == "suspect") - (1 if self.in_experiment else 0)
         if self.in_experiment:
             cur = self.series[-1] if self.series else None
@@ -111,7 +112,10 @@ class ViewState:
         elif event == "tool_call":
             self.command = d.get("display") or d.get("command") or ""
             tool, why, hyp = d.get("tool"), d.get("why") or "", d.get("hypothesis")
-            if tool == "bench" and why.startswith("reproduce"):
+            if tool == "bench" and why.startswith("check"):
+                self.series.append(Series("first run (the metric check)"))
+                self.set_phase("discover: checking that the benchmark prints the metric")
+            elif tool == "bench" and why.startswith("reproduce"):
                 if not self.series or not self.series[-1].label.startswith("reproduce"):
                     self.series.append(Series("reproduce"))
                 self.set_phase(f"reproduce: {why.replace('reproduce, ', '')}")
@@ -174,11 +178,11 @@ class ViewState:
 class View:
     """The reporter: ``feed(event, data)`` from any thread; a live panel on a TTY, plain lines otherwise."""
 
-    def __init__(self, order: list[str], quiet: bool, console: Console | None = None) -> None:
+    def __init__(self, order: list[str], quiet: bool, console: Console | None = None, since: float | None = None) -> None:
         self.console = console or Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
         self.state = ViewState(order=list(order), status={h: "pending" for h in order})
         self.quiet = quiet
-        self.start = time.monotonic()
+        self.start = since if since is not None else time.monotonic()   # `since`: when the process started
         self._lock = threading.Lock()
         self.live: Live | None = None
         if self.console.is_terminal and not quiet:

@@ -96,12 +96,13 @@ def test_live_view_in_tmux(tmp_path):
                 break
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True)
+        Path(f"{os.environ.get('TMUX_TMPDIR', '/tmp')}/tmux-{os.getuid()}/{sock}").unlink(missing_ok=True)
     assert caps and "__EXIT__0" in caps[-1][1], caps[-1][1] if caps else "no capture"
     first = next((t, p) for t, p in caps if p.strip())
     assert first[0] < 10, "nothing on screen for the first seconds"
     seen_phase = next(t for t, p in caps if re.search(r"debugagent (connecting|discover|probe|reproduce)", p))
     seen_elapsed = next(t for t, p in caps if re.search(r"· \d+ s elapsed", p))
-    seen_number = next(t for t, p in caps if re.search(r"reproduce: \d+\.\d+( ± \d+\.\d+)? ms over \d+ run", p))
+    seen_number = next(t for t, p in caps if re.search(r": \d+\.\d+( ± \d+\.\d+)? ms over \d+ run", p))
     assert max(seen_phase, seen_elapsed) <= seen_number < caps[-1][0]   # a measurement shows while the run goes on
     last = caps[-1][1]
     final = last[last.index("debugagent done"):last.index("__EXIT__")]

@@ -61,8 +61,10 @@ def run(
     llm_model: Annotated[str, typer.Option("--llm-model", help="model name for --llm")] = "gpt-4o-mini",
     server_pattern: Annotated[str | None, typer.Option("--server-pattern", help="regex for the server's command line (default: SGLang, vLLM, TGI, TensorRT-LLM)")] = None,
     bench_regex: Annotated[str | None, typer.Option("--bench-regex", help="regex whose group 1 is the metric in the benchmark's output")] = None,
-    reproduce_runs: Annotated[int, typer.Option("--reproduce-runs", min=2, help="benchmark runs to reproduce the regression")] = 5,
-    max_runs: Annotated[int, typer.Option("--max-runs", min=3, help="most benchmark runs per experiment (fewer once decided)")] = 8,
+    reproduce_runs: Annotated[int, typer.Option("--reproduce-runs", min=2, help="most benchmark runs to reproduce the regression (3 when clear)")] = 8,
+    max_runs: Annotated[int | None, typer.Option("--max-runs", min=3, help="most benchmark runs per experiment (default: a budget from the noise and the regression)")] = None,  # noqa: UP007
+    higher_is_better: Annotated[bool, typer.Option("--higher-is-better", help="the metric is better when higher (for a unit debugagent does not know)")] = False,
+    lower_is_better: Annotated[bool, typer.Option("--lower-is-better", help="the metric is better when lower (for a unit debugagent does not know)")] = False,
     identity_file: IdentOpt = None, known_hosts: KnownOpt = None, accept_new_host_key: AcceptOpt = False,
     connect_timeout: TimeoutOpt = 10.0,
 ) -> None:
@@ -72,6 +74,7 @@ def run(
                       playbook=playbook, bench=bench, repo=repo, python=python, allow_mutations=allow_mutations,
                       as_json=as_json, out=out_dir, llm=llm, llm_model=llm_model, server_pattern=server_pattern,
                       bench_regex=bench_regex, reproduce_runs=reproduce_runs, max_runs=max_runs,
+                      higher_is_better=higher_is_better, lower_is_better=lower_is_better,
                       ssh=ssh_opts(identity_file, known_hosts, accept_new_host_key, connect_timeout))
     raise typer.Exit(execute(opts))
 

@@ -29,7 +29,7 @@ from .experiments import Lab, Measure, UndoStack
 from .graph import RECURSION_LIMIT, Ctx, build_graph
 from .hosts import SSHOptions, open_transport
 from .playbook import load_playbook
-from .symptom import check_pair, parse_symptom
+from .symptom import check_pair, direction_flag, parse_symptom
 from .transcript import SCHEMA_VERSION, Transcript, write_markdown
 
 err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
@@ -53,8 +53,10 @@ class RunOptions:
     ssh: SSHOptions = field(default_factory=SSHOptions)
     server_pattern: str | None = None
     bench_regex: str | None = None
-    reproduce_runs: int = 5
-    max_runs: int = 8
+    reproduce_runs: int = 8
+    max_runs: int | None = None
+    higher_is_better: bool = False
+    lower_is_better: bool = False
 
 
 def slug(text: str) -> str:
@@ -117,8 +119,9 @@ def make_confirm():
 
 
 def prepare(opts: RunOptions) -> tuple[Any, Any, Any, Any]:
-    symptom = parse_symptom(opts.symptom, "--symptom")
-    baseline = parse_symptom(opts.baseline, "--baseline") if opts.baseline else None
+    direction = direction_flag(opts.higher_is_better, opts.lower_is_better)
+    symptom = parse_symptom(opts.symptom, "--symptom", direction)
+    baseline = parse_symptom(opts.baseline, "--baseline", direction) if opts.baseline else None
     if baseline:
         check_pair(symptom, baseline)
     if opts.baseline and opts.baseline_snapshot:
@@ -230,7 +233,8 @@ def investigate(opts: RunOptions, *, folder: Path | None = None, resume: bool = 
     transcript.close()
     conclusion = state.get("conclusion") or {}
     wall = time.monotonic() - started
-    output = {k: conclusion.get(k) for k in ("root_cause", "root_causes", "suspects", "ruled_out", "commands")}
+    output = {k: conclusion.get(k) for k in ("schema", "root_cause", "root_causes", "suspects", "ruled_out",
+                                             "inconclusive", "not_judged", "commands")}
     output.update(transcript=str(folder), exit_code=conclusion.get("exit_code", 3), summary=conclusion.get("summary"),
                   bench_runs=conclusion.get("bench_runs"), regression=conclusion.get("regression"),
                   notes=conclusion.get("notes"), wall_s=round(wall, 2))
@@ -258,7 +262,8 @@ def header(opts: RunOptions, playbook: Any, run_id: str, snap: Snapshot | None =
             "playbook": playbook.name, "playbook_source": os.path.basename(playbook.source), "playbook_digest": playbook.digest,
             "inputs": {"bench": opts.bench, "repo": opts.repo, "python": opts.python, "server_pattern": opts.server_pattern,
                        "bench_regex": opts.bench_regex, "reproduce_runs": opts.reproduce_runs, "max_runs": opts.max_runs,
-                       "allow_mutations": opts.allow_mutations, "llm": bool(opts.llm)},
+                       "allow_mutations": opts.allow_mutations, "llm": bool(opts.llm),
+                       "direction": direction_flag(opts.higher_is_better, opts.lower_is_better)},
             "baseline_snapshot_data": snap.model_dump(mode="json") if snap else None}
 
 
@@ -267,7 +272,10 @@ def print_human(o: dict[str, Any]) -> None:
     out.print()
     out.print(f"[bold]{escape(o['summary'])}[/]")
     for s in o.get("suspects") or []:
-        out.print(f"  suspect {s['hypothesis']}: {escape(s['because'])}")
+        nxt = f" (to decide: {s['next']})" if s.get("next") else ""
+        out.print(f"  suspect {s['hypothesis']}: {escape(s['because'])}{escape(nxt)}")
+    for s in o.get("inconclusive") or []:
+        out.print(f"  [yellow]not decided[/] {s['hypothesis']}: {escape(s['because'][:160])}")
     for r in o.get("ruled_out") or []:
         out.print(f"  [dim]ruled out {r['hypothesis']}: {escape(r['because'][:160])}[/]")
     for n in o.get("notes") or []:

@@ -100,7 +100,7 @@ def effect(reference: list[float], changed: list[float], lower_is_better: bool) 
     if not normal and math.comb(len(reference) + len(changed), len(changed)) * ALPHA_CAUSE > 2:
         # Mann-Whitney only where it can reach the cause level at all (10 vs 4 runs cannot)
         alt = "less" if lower_is_better else "greater"
-        p = max(p, float(sps.mannwhitneyu(changed, reference, alternative=alt).pvalue))
+        p = float(sps.mannwhitneyu(changed, reference, alternative=alt).pvalue)
     return Effect(improvement=imp, se=se, df=df, sd=sd, p_better=p, normal=normal)
 
 

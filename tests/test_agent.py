@@ -152,7 +152,7 @@ def test_seed_transcript_reads_like_the_seeds(tmp_path):
     assert "speculative-attention-mode decode" in md
     assert "| compiled_dependency | suspect |" in md and "CONFIRMED" not in md
     assert out["exit_code"] == 3 and out["suspects"][0]["hypothesis"] == "compiled_dependency"
-    assert "only suspect not ruled out" in out["suspects"][0]["rank"]
+    assert out["suspects"][0]["next"] and out["root_cause"] is None
     events = (Path(out["transcript"]) / "events.jsonl").read_text()
     assert "hf_live_secret_value" not in events and "hf_live_secret_value" not in md
     names = {json.loads(line)["event"] for line in events.splitlines()}

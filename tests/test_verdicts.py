@@ -133,3 +133,44 @@ def test_findings_decide_the_first_verdict():
     assert h.status == "suspect" and h.experiments == [SPEC]
     h = vd.from_findings([Finding(verdict="inconclusive", because="no reading", rule=0)], "read it under load")
     assert h.status == "inconclusive" and h.next == "read it under load"
+
+
+# ---------------------------------------------------------------- end to end on simulated hosts
+def _events(out) -> list[dict]:
+    import json
+    from pathlib import Path
+    return [json.loads(x) for x in (Path(out["transcript"]) / "events.jsonl").read_text().splitlines()]
+
+
+def test_max_runs_caps_every_experiment(tmp_path):
+    """`--max-runs 3` runs at most 3 benchmark runs per experiment, the re-measured reference included."""
+    from agent.run import RunOptions, investigate
+    out = investigate(RunOptions(host="sim:two-causes", symptom="decode 69 tok/s", baseline="decode 89 tok/s",
+                                 as_json=True, out=str(tmp_path / "run"), max_runs=3))
+    per: dict[str, int] = {}
+    current = None
+    for e in _events(out):
+        if e["event"] == "experiment" and e.get("phase") == "start":
+            current = e["text"]
+            per[current] = 0
+        elif e["event"] == "experiment" and e.get("phase") == "result":
+            current = None
+        elif e["event"] == "tool_call" and e["tool"] == "bench" and current:
+            per[current] += 1
+    assert per and all(n <= 3 for n in per.values()), per
+
+
+def test_snapshot_without_numbers_measures_no_share(tmp_path):
+    """A baseline snapshot with no benchmark numbers gives causes with explains null, never an absurd share."""
+    from agent.run import RunOptions, investigate
+    from tools.registry import Runner
+    from tools.sim import SimTransport
+    from tools.snapshot import collect, dump
+    snap = tmp_path / "good.json"
+    with SimTransport("sim:launch-blocking@good") as t:
+        snap.write_text(dump(collect(Runner(t), bench_runs=0)))
+    out = investigate(RunOptions(host="sim:launch-blocking", symptom="verify 30ms", baseline_snapshot=str(snap),
+                                 as_json=True, out=str(tmp_path / "run")))
+    assert out["root_cause"]["hypothesis"] == "env_var" and out["exit_code"] == 0
+    assert out["root_cause"]["explains"] is None and out["root_cause"]["explains_ci"] is None
+    assert "share not measured" in out["summary"]

@@ -61,7 +61,9 @@ def _pct(x: float) -> str:
 
 def cause_of(hid: str, h: Hyp) -> Cause:
     if h.how == "experiment":
-        summary = next((b for b in h.because if "a cause" in b or "first bad commit" in b), h.because[-1])
+        # the last cause found is the narrowest (a group split down to one flag)
+        summary = next((b for b in reversed(h.because) if b.endswith("a cause") or "first bad commit" in b),
+                       h.because[-1])
     else:
         summary = h.because[0]
     if h.culprit:
@@ -121,7 +123,7 @@ def conclude(hyps: dict[str, Hyp], order: list[str], regression: dict[str, Any],
             share = (f"explains {_pct(c.explains)}, 95% CI {_pct(c.explains_ci[0])} to {_pct(c.explains_ci[1])}"
                      if c.explains is not None and c.explains_ci else "share not measured")
             parts.append(f"{c.hypothesis} ({share}, by {c.how}): {c.summary}")
-        summary = "Root cause" + ("s" if len(causes) > 1 else "") + ": " + " | ".join(parts)
+        summary = "Root cause" + ("s" if len(causes) > 1 else "") + ": " + " | ".join(parts) + "."
     else:
         summary = "No confirmed root cause."
         if suspects:

@@ -303,13 +303,15 @@ def plan(ctx: Ctx, s: State) -> State:
     notes, done = list(s.get("notes") or []), list(s["done"])
     if not s["discovered"].get("bench") or not reg.get("samples"):
         return {"current": None}
-    if vd.explains_enough(hyps):
-        total, ci = vd.explained(hyps)
-        ctx.say(f"The confirmed causes explain {total:.0%} of the regression"
-                + (f" (95% CI {ci[0]:.0%} to {ci[1]:.0%})" if ci else "") + "; no further experiment is needed.")
-        return {"current": None}
     cands = _candidates(ctx, s, hyps)
-    if not cands and _add_groups(ctx, s, hyps):
+    if vd.explains_enough(hyps):
+        cands = [c for c in cands if c[1].get("group")]   # a group that recovered is still split to name its culprit
+        if not cands:
+            total, ci = vd.explained(hyps)
+            ctx.say(f"The confirmed causes explain {total:.0%} of the regression"
+                    + (f" (95% CI {ci[0]:.0%} to {ci[1]:.0%})" if ci else "") + "; no further experiment is needed.")
+            return {"current": None}
+    elif not cands and _add_groups(ctx, s, hyps):
         cands = _candidates(ctx, s, hyps)
     if ctx.advisor is not None and len(cands) > 1:
         cands = ctx.advisor.order(cands, s.get("facts") or {}, _dump(hyps), ctx.transcript)

@@ -88,7 +88,9 @@ def apply_result(h: Hyp, spec: dict[str, Any], res: dict[str, Any], max_runs_hin
     h.because.append(res["text"])
     if outcome == "cause":
         h.status, h.how, h.next = "confirmed", "experiment", None
-        if res.get("share_ci") is not None and not within_group:
+        if res.get("share_ci") is not None and within_group:   # the narrower group's measurement replaces the wider one's
+            h.share, h.share_se, h.share_ci = float(res["share"]), res.get("share_se"), tuple(res["share_ci"])
+        elif res.get("share_ci") is not None:
             h.share, h.share_se, h.share_ci = _combine(h, float(res["share"]), res.get("share_se"))
         if res.get("culprit"):
             h.culprit = res["culprit"]

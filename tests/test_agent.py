@@ -245,7 +245,9 @@ def test_cli_run_json_and_exit_codes(tmp_path):
     assert r.returncode == 0, r.stderr
     o = json.loads(r.stdout)
     assert {"root_cause", "root_causes", "suspects", "ruled_out", "commands", "transcript"} <= set(o)
-    assert o["root_cause"]["hypothesis"] == "gpu_clocks" and o["root_cause"]["explains"] > 0.8
+    rc = o["root_cause"]
+    assert o["schema"] == 2 and rc["hypothesis"] == "gpu_clocks" and rc["how"] == "experiment"
+    assert rc["explains"] > 0.5 and rc["explains_ci"][0] < rc["explains"] < rc["explains_ci"][1] and rc["explains_ci"][1] > 0.8
     r = cli("run", "--host", "sim:no-regression", "--symptom", "decode 87 tok/s", "--baseline", "decode 89 tok/s",
             "--json", "--out", str(tmp_path / "b"))
     assert r.returncode == 3 and json.loads(r.stdout)["root_cause"] is None

@@ -26,12 +26,12 @@ from scipy import stats as sps
 # One-sided error rate of a "cause" call at each look. Looks are correlated (each adds a run
 # to the same samples), so over a budget of up to ~15 looks the family-wise rate stays near
 # 1%; bench/stats measures it.
-ALPHA_CAUSE = 0.001
+ALPHA_CAUSE = 0.0007
 # One-sided level of the upper bound that rules a suspect out ("recovers less than
 # NOT_CAUSE_SHARE of the regression").
 ALPHA_NOT = 0.20
 NOT_CAUSE_SHARE = 0.20
-ALPHA_FRESH = 0.3
+ALPHA_FRESH = 0.2
 # A cause must recover at least this share (a significant but negligible recovery is not
 # the regression's cause).
 MIN_SHARE = 0.10

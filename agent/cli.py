@@ -65,13 +65,15 @@ def run(
     llm_model: Annotated[str, typer.Option("--llm-model", metavar="NAME", help="model name for --llm")] = "gpt-4o-mini",
     server_pattern: Annotated[str | None, typer.Option("--server-pattern", metavar="REGEX", help="regex for the server's command line (default: SGLang, vLLM, TGI, TensorRT-LLM)")] = None,
     bench_regex: Annotated[str | None, typer.Option("--bench-regex", metavar="REGEX", help="regex whose group 1 is the metric in the benchmark's output")] = None,
-    reproduce_runs: Annotated[int, typer.Option("--reproduce-runs", metavar="N", min=2, help="benchmark runs to reproduce the regression")] = 5,
-    max_runs: Annotated[int, typer.Option("--max-runs", metavar="N", min=3, help="most benchmark runs per experiment (fewer once decided)")] = 8,
+    reproduce_runs: Annotated[int, typer.Option("--reproduce-runs", metavar="N", min=2, help="most benchmark runs to reproduce the regression (3 when clear)")] = 8,
+    max_runs: Annotated[int | None, typer.Option("--max-runs", metavar="N", min=3, help="most benchmark runs per experiment (default: a budget from the noise and the regression)")] = None,  # noqa: UP007
     code_root: Annotated[str | None, typer.Option("--code-root", metavar="DIR", help="the folder inside the checkout the server imports its code from (default: found from its cwd, PYTHONPATH, .pth or editable finder)")] = None,
     wheelhouse: Annotated[str | None, typer.Option("--wheelhouse", metavar="DIR", help="a folder of wheels (or one .whl) on the host holding the baseline builds, for the package experiment")] = None,
     restart_cmd: Annotated[str | None, typer.Option("--restart-cmd", metavar="CMD", help="command that restarts the server on the host (systemd, container, supervisor); gets DEBUGAGENT_ARGV, DEBUGAGENT_CWD, DEBUGAGENT_SET_ENV, DEBUGAGENT_UNSET_ENV, DEBUGAGENT_PYTHONPATH_FIRST, DEBUGAGENT_PHASE")] = None,
     ready_timeout: Annotated[float, typer.Option("--ready-timeout", metavar="SECONDS", min=1.0, help="seconds to wait for a restarted server to be ready")] = 600.0,
     force_unlock: ForceUnlockOpt = False,
+    higher_is_better: Annotated[bool, typer.Option("--higher-is-better", help="the metric is better when higher (for a unit debugagent does not know)")] = False,
+    lower_is_better: Annotated[bool, typer.Option("--lower-is-better", help="the metric is better when lower (for a unit debugagent does not know)")] = False,
     identity_file: IdentOpt = None, known_hosts: KnownOpt = None, accept_new_host_key: AcceptOpt = False,
     connect_timeout: TimeoutOpt = 10.0,
 ) -> None:
@@ -84,6 +86,7 @@ def run(
                       as_json=as_json, out=out_dir, llm=llm, llm_model=llm_model, server_pattern=server_pattern,
                       bench_regex=bench_regex, reproduce_runs=reproduce_runs, max_runs=max_runs,
                       code_root=code_root, wheelhouse=wheelhouse, restart_cmd=restart_cmd, ready_timeout=ready_timeout, force_unlock=force_unlock,
+                      higher_is_better=higher_is_better, lower_is_better=lower_is_better,
                       ssh=ssh_opts(identity_file, known_hosts, accept_new_host_key, connect_timeout))
     raise typer.Exit(execute(opts))
 

@@ -26,7 +26,9 @@ from tools.registry import Runner
 
 from .discovery import find_server
 from .journal import Journal
-from .stats import decide
+from .stats import bisect_step, culprit_confidence, decide, pooled_sd, run_budget
+
+BISECT_STEP_MOST = 5
 
 
 class ExperimentError(Exception):
@@ -109,13 +111,6 @@ def map_path(path: str | None, repo: str, wt: str) -> str | None:
     if path.startswith(r + "/"):
         return wt + path[len(r):]
     return None
-
-
-def is_bad_commit(vals: list[float], good_vals: list[float], bad_vals: list[float], lower_is_better: bool) -> bool:
-    """Bisection's one decision: is this commit's benchmark nearer the regressed state than the good one?"""
-    mid = (statistics.fmean(good_vals) + statistics.fmean(bad_vals)) / 2
-    m = statistics.fmean(vals)
-    return m > mid if lower_is_better else m < mid
 
 
 def plan_code_run(server: Any, imports: Any, repo: str, wt: str, code_root: str | None,
@@ -271,23 +266,43 @@ class Lab:
             raise ConnectionLost("the connection was lost and re-made during the experiment; the host is "
                                  "restored first and the experiment runs again")
 
-    def sample(self, r: Runner, cwd: str | None, bad: list[float], regression: float, why: str,
-               first: int = 3, env: dict[str, str] | None = None) -> tuple[list[float], Any]:
-        most = max(first, self.measure_spec.max_runs)
-        vals: list[float] = []
-        d = None
-        while len(vals) < most:
-            need = first if not vals else 2
-            for _ in range(need):
-                v = self.bench(r, cwd, why, env)
-                self._check_connection(r)
-                if v is None:
-                    raise ExperimentError("the benchmark kept failing after the change (see its output above)")
-                vals.append(v)
-            d = decide(bad, vals, regression, self.lower)
-            if d.decided:
+    def sample(self, r: Runner, cwd: str | None, bad: list[float], regression: float | None, why: str,
+               first: int = 2, env: dict[str, str] | None = None) -> tuple[list[float], Any]:
+        """Benchmark the changed state until ``stats.decide`` says cause or not a cause, or the budget ends.
+
+        ``bad`` holds the reference state's runs (the reproduce step's and any re-measured since).
+        When the change lives in a worktree (``cwd`` is not the server's own), the reference state
+        is still live and is re-measured between the changed state's runs, so drift cannot decide.
+        At most ``max_runs`` runs in all (0: a budget from the noise and the regression's size).
+        """
+        cap = self.measure_spec.max_runs or 0
+        interleave = cwd != self.measure_spec.cwd
+        ref, vals = list(bad), []
+        runs, d = 0, None
+        fresh = getattr(self, "fresh_runs", 0)   # the last runs of ``bad`` were measured just before the change
+        while True:
+            # the budget follows the noise as measured so far (reference and changed state pooled)
+            most = run_budget(pooled_sd(ref, vals)[0], regression, len(ref), (cap * 2 // 3 if interleave else cap) or None)
+            for _ in range(first if not vals else 1):
+                vals.append(self._measured(r, cwd, why, env))
+                runs += 1
+            if interleave and (not cap or runs < cap):
+                ref.append(self._measured(r, self.measure_spec.cwd, "the reference state (unchanged), between runs"))
+                runs += 1
+                fresh += 1
+            final = len(vals) >= most or bool(cap and runs + (2 if interleave else 1) > cap)
+            d = decide(ref, vals, regression, self.lower, final=final, fresh=fresh)
+            if d.decided or final:
                 break
+        self.last_decision = d
         return vals, d
+
+    def _measured(self, r: Runner, cwd: str | None, why: str, env: dict[str, str] | None = None) -> float:
+        v = self.bench(r, cwd, why, env)
+        self._check_connection(r)
+        if v is None:
+            raise ExperimentError("the benchmark kept failing after the change (see its output above)")
+        return v
 
     # ------------------------------------------------------------ undo
     def do_undo(self, r: Runner) -> list[str]:
@@ -555,7 +570,8 @@ class Lab:
         if len(rng) <= 1:
             return (dict(rng[0]) if rng else None), []
         lo, hi = -1, len(rng) - 1  # rng[hi] is bad (HEAD); index lo is good
-        steps = []
+        steps: list[dict[str, Any]] = []
+        seen: dict[int, list[float]] = {}
         while hi - lo > 1:
             mid = (lo + hi) // 2
             c = rng[mid]
@@ -564,19 +580,31 @@ class Lab:
                 break
             if restart:
                 self._start_again(r, why=f"bisect: restart the server on the code of {c['short']}")
-            vals = [v for v in (self.bench(r, bench_cwd, f"bisect at {c['short']}") for _ in range(3)) if v is not None]
-            self._check_connection(r)
-            if not vals:
+            vals: list[float] = []
+            st = None
+            while st is None or st.outcome == "more":
+                v = self.bench(r, bench_cwd, f"bisect at {c['short']}")
+                self._check_connection(r)
+                if v is None:
+                    break
+                vals.append(v)
+                st = bisect_step(good_vals, bad, vals, final=len(vals) >= BISECT_STEP_MOST)
+            if not vals or st is None:
                 break
-            m = statistics.fmean(vals)
-            bad_commit = is_bad_commit(vals, good_vals, bad, self.lower)
-            steps.append({"sha": c["sha"], "mean": m, "bad": bad_commit})
-            self.emit("experiment", phase="bisect", text=f"{c['short']} \"{c['subject']}\": mean {m:.4g} -> {'bad' if bad_commit else 'good'}")
-            if bad_commit:
+            is_bad = st.outcome == "bad"
+            seen[mid] = vals
+            steps.append({"sha": c["sha"], "mean": st.mean, "bad": is_bad, "runs": len(vals),
+                          "confidence": round(st.confidence, 4)})
+            self.emit("experiment", phase="bisect", text=f"{c['short']} \"{c['subject']}\": mean {st.mean:.4g} over "
+                      f"{len(vals)} run(s) -> {'bad' if is_bad else 'good'} (confidence {st.confidence:.3f})")
+            if is_bad:
                 hi = mid
             else:
                 lo = mid
-        return dict(rng[hi]), steps
+        # the culprit against its parent, both as measured (the ends are the reverted commit and HEAD)
+        conf = culprit_confidence(seen.get(lo, good_vals), seen.get(hi, bad), self.lower)
+        step_conf = min([s["confidence"] for s in steps] or [1.0])
+        return dict(rng[hi], confidence=round(min(conf, step_conf), 4)), steps
 
     # ------------------------------------------------------------ flags and environment
     def _server(self, r: Runner, hyp: str, spec: dict[str, Any], facts: dict[str, Any], bad: list[float], regression: float) -> dict[str, Any]:

@@ -27,6 +27,8 @@ from tools.registry import Runner
 from tools.snapshot import Snapshot, collect
 from tools.transport import BaseTransport
 
+from . import conclusion as concl
+from . import verdicts as vd
 from .discovery import discover as find_host_server
 from .discovery import narrate, run_input, state_of
 from .experiments import ConnectionLost, ExperimentError, Lab, LabSetup, Measure
@@ -34,13 +36,13 @@ from .facts import build_facts
 from .journal import Journal
 from .playbook import Playbook, evaluate
 from .preflight import check_benchmark
-from .stats import regression_is_real
+from .stats import fresh_reference_runs, reproduce, share_interval
 from .symptom import Symptom
 from .transcript import Transcript
 
 RECURSION_LIMIT = 200
-REPRODUCE_RUNS = 5
-EXPLAINED_ENOUGH = 0.9
+REPRODUCE_RUNS = 8      # the most; the reproduce step stops at 3 when the answer is clear
+REPRODUCE_FIRST = 3
 
 
 class State(TypedDict, total=False):
@@ -166,39 +168,59 @@ def probe(ctx: Ctx, s: State) -> State:
             "compiled files, and git state.")
     snap = collect(r, bench=_bench(ctx, d), python=d.get("python"), repo=d.get("repo"), known=(facts, server),
                    metric=d.get("metric"))
-    regression: dict[str, Any] = {}
-    runs = 0
-    if _bench(ctx, d):
-        n_runs = int(ctx.overrides.get("reproduce_runs") or REPRODUCE_RUNS)
-        ctx.say(f"Reproducing first: {n_runs} runs of the benchmark as the host is now.")
-        vals = []
-        for i in range(n_runs):
-            o = r.call("bench", {"cmd": _bench(ctx, d), "metric": d["metric"], "cwd": d.get("repo"),
-                                 "regex": ctx.overrides.get("bench_regex")}, why=f"reproduce, run {i + 1} of {n_runs}")
-            runs += 1
-            if o.ok:
-                vals.append(o.output.value)
-                unit = o.output.unit
-        baseline_value, source = None, ""
-        if ctx.baseline is not None:
-            baseline_value, source = ctx.baseline.in_unit(unit or ctx.baseline.unit) if vals else ctx.baseline.value, ctx.baseline.text
-        elif ctx.baseline_snapshot and ctx.baseline_snapshot.bench.get("samples"):
-            bs = ctx.baseline_snapshot.bench["samples"]
-            baseline_value, source = statistics.fmean(bs), f"the baseline snapshot's {len(bs)} runs"
-        if len(vals) >= 2 and baseline_value is not None:
-            real, delta, why = regression_is_real(vals, baseline_value, ctx.symptom.direction == "lower")
-            regression = {"measured": True, "samples": vals, "mean": statistics.fmean(vals), "baseline": baseline_value,
-                          "baseline_source": source, "real": real, "delta": delta, "why": why}
-            ctx.say(("The regression is real: " if real else "No reproducible regression: ") + why + ".")
-        elif vals:
-            regression = {"measured": False, "samples": vals, "mean": statistics.fmean(vals), "real": True,
-                          "why": "no baseline number to compare with"}
-            ctx.say(f"Measured {statistics.fmean(vals):.4g} over {len(vals)} runs; no baseline number to compare with, "
-                    "so the user's report is taken as the regression.")
-        else:
-            ctx.say("The benchmark failed every time; experiments cannot be measured.")
-            regression = {"measured": False, "real": True, "why": "the benchmark failed"}
+    regression, runs = (_reproduce(ctx, d) if _bench(ctx, d) else ({}, 0))
     return {"snapshot": snap.model_dump(mode="json"), "regression": regression, "bench_runs": runs}
+
+
+def _baseline_for(ctx: Ctx, unit: str | None) -> tuple[float | None, list[float], str]:
+    if ctx.baseline is not None:
+        return ctx.baseline.in_unit(unit or ctx.baseline.unit), [], ctx.baseline.text
+    bs = ctx.baseline_snapshot.bench.get("samples") if ctx.baseline_snapshot else None
+    if bs:
+        return statistics.fmean(bs), list(bs), f"the baseline snapshot's {len(bs)} runs"
+    return None, [], ""
+
+
+def _reproduce(ctx: Ctx, d: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """Sequential: 3 runs, then one more while undecided, up to --reproduce-runs."""
+    r = ctx.runner(None)
+    most = max(2, int(ctx.overrides.get("reproduce_runs") or REPRODUCE_RUNS))
+    ctx.say(f"Reproducing first: {min(REPRODUCE_FIRST, most)} runs of the benchmark as the host is now, more while "
+            f"the answer is not clear (at most {most}).")
+    vals: list[float] = []
+    unit, runs, rep = None, 0, None
+    while runs < most:
+        o = r.call("bench", {"cmd": _bench(ctx, d), "metric": d["metric"], "cwd": d.get("repo"),
+                             "regex": ctx.overrides.get("bench_regex")}, why=f"reproduce, run {runs + 1}")
+        runs += 1
+        if o.ok:
+            vals.append(o.output.value)
+            unit = o.output.unit or unit
+        base, base_samples, source = _baseline_for(ctx, unit)
+        if base is None or len(vals) < min(REPRODUCE_FIRST, most):
+            continue
+        claimed = ctx.symptom.worse(ctx.symptom.in_unit(unit or ctx.symptom.unit), base)
+        rep = reproduce(vals, base, ctx.symptom.direction == "lower", claimed, baseline_samples=base_samples,
+                        final=runs >= most)
+        if rep.outcome != "more":
+            break
+    if not vals:
+        ctx.say("The benchmark failed every time; experiments cannot be measured.")
+        return {"measured": False, "real": True, "why": "the benchmark failed"}, runs
+    if rep is None:
+        ctx.say(f"Measured {statistics.fmean(vals):.4g} over {len(vals)} runs; no baseline number to compare with, "
+                "so the user's report is taken as the regression and no share can be measured.")
+        return {"measured": False, "samples": vals, "mean": statistics.fmean(vals), "real": True,
+                "why": "no baseline number to compare with"}, runs
+    real = rep.outcome == "regression"
+    reg = {"measured": True, "samples": vals, "mean": rep.mean, "baseline": base, "baseline_source": source,
+           "real": real, "delta": rep.delta, "delta_se": rep.delta_se, "sd": rep.sd, "why": rep.text,
+           "outcome": rep.outcome, "runs_needed": rep.runs_needed}
+    lead = {"regression": "The regression is real: ", "none": "No reproducible regression: ",
+            "better": "Better than the baseline, not worse (swapped?): ",
+            "more": f"Undecided after {len(vals)} runs (run with --reproduce-runs {rep.runs_needed}): "}[rep.outcome]
+    ctx.say(lead + rep.text + ".")
+    return reg, runs
 
 
 def _bench(ctx: Ctx, d: dict[str, Any]) -> str | None:
@@ -221,53 +243,41 @@ def _facts(ctx: Ctx, s: State) -> dict[str, Any]:
     top = (server.get("entry") or "").split(".")[0]
     f["server_editable"] = any(p.get("editable") and top in (p.get("modules") or [p["name"]]) for p in pk.values())
     f["server_package"] = next((f"{p['name']} {p['version']}" for p in pk.values() if top and top in (p.get("modules") or [])), top)
+    f["not_judged"] = vd.not_judged(f.get("server"), ctx.playbook.knowledge).model_dump()
+    f["install_times_distinct"] = len({p.get("installed_at") for p in pk.values()
+                                       if p.get("installed_at") and not p.get("editable")})
     return f
 
 
 def evaluate_node(ctx: Ctx, s: State) -> State:
-    hyps = {k: dict(v) for k, v in s["hyps"].items()}
+    """Apply an experiment's result, or (first time) every hypothesis' rules; the logic is in ``verdicts``."""
+    hyps = {k: vd.Hyp.model_validate(v) for k, v in s["hyps"].items()}
     cur = s.get("current")
     if cur and cur.get("result") is not None:
-        h = hyps[cur["hyp"]]
-        res = cur["result"]
-        h["results"] = h["results"] + [res]
-        h["experiments"] = [e for e in h["experiments"] if e != cur["spec"]]
-        if res.get("error"):
-            h["because"] = h["because"] + [f"experiment failed: {res['error']}"]
-        elif res["significant"]:
-            h["status"], h["how"] = "confirmed", "experiment"
-            h["share"] = round((h.get("share") or 0) + res["share"], 3)
-            h["because"] = h["because"] + [res["text"]]
-            if res.get("culprit"):
-                h["culprit"] = res["culprit"]
-        else:
-            h["because"] = h["because"] + [res["text"]]
-            untested = [f for f in h["findings"] if f["verdict"] == "suspect" and not f.get("experiment")]
-            if h["status"] == "suspect" and not h["experiments"] and not untested:
-                h["status"], h["how"] = "ruled_out", "experiment"
-        ctx.transcript.emit("verdict", hypothesis=cur["hyp"], status=h["status"], how=h["how"],
-                            because=h["because"][-1], share=h.get("share"))
-        ctx.on_status("verdict", {"hypothesis": cur["hyp"], "status": h["status"]})
-        return {"hyps": hyps, "current": None, "done": s["done"] + [exp_key(cur["hyp"], cur["spec"])]}
+        hid, spec, res = cur["hyp"], cur["spec"], cur["result"]
+        h = vd.apply_result(hyps[hid], spec, res)
+        h.experiments += vd.split_group(hid, spec, res)
+        hyps[hid] = h
+        _emit_verdict(ctx, hid, h, h.because[-1])
+        return {"hyps": _dump(hyps), "current": None, "done": s["done"] + [exp_key(hid, spec)]}
     facts = _facts(ctx, s)
+    steps = ctx.playbook.knowledge.get("next_steps") or {}
     for hid in ctx.playbook.order():
         hp = ctx.playbook.get(hid)
-        findings = evaluate(hp, facts, ctx.playbook.source)
-        strong = [f for f in findings if f.verdict in ("suspect", "confirmed")]
-        h = hyps[hid]
-        if strong:
-            status = "confirmed" if any(f.verdict == "confirmed" for f in strong) else "suspect"
-            h.update(status=status, how="evidence" if status == "confirmed" else None,
-                     because=[f.because for f in strong], findings=[f.model_dump() for f in strong],
-                     experiments=[f.experiment for f in strong if f.experiment])
-        else:
-            f = findings[0]
-            h.update(status=f.verdict, how="evidence" if f.verdict == "ruled_out" else None, because=[f.because],
-                     findings=[f.model_dump()], experiments=[])
+        hyps[hid] = vd.from_findings(evaluate(hp, facts, ctx.playbook.source), steps.get(hid))
         ctx.transcript.emit("hypothesis_opened", hypothesis=hid, title=hp.title, checks=list(hp.checks))
-        ctx.transcript.emit("verdict", hypothesis=hid, status=h["status"], how=h["how"], because="; ".join(h["because"]))
-        ctx.on_status("verdict", {"hypothesis": hid, "status": h["status"]})
-    return {"hyps": hyps, "facts": _jsonable(facts)}
+        _emit_verdict(ctx, hid, hyps[hid], "; ".join(hyps[hid].because))
+    return {"hyps": _dump(hyps), "facts": _jsonable(facts)}
+
+
+def _emit_verdict(ctx: Ctx, hid: str, h: vd.Hyp, because: str) -> None:
+    ctx.transcript.emit("verdict", hypothesis=hid, status=h.status, how=h.how, because=because, share=h.share,
+                        share_ci=list(h.share_ci) if h.share_ci else None, next=h.next)
+    ctx.on_status("verdict", {"hypothesis": hid, "status": h.status})
+
+
+def _dump(hyps: dict[str, vd.Hyp]) -> dict[str, dict[str, Any]]:
+    return {k: h.model_dump(mode="json") for k, h in hyps.items()}
 
 
 def exp_key(hid: str, spec: dict[str, Any]) -> str:
@@ -275,39 +285,60 @@ def exp_key(hid: str, spec: dict[str, Any]) -> str:
     return f"{hid}:{spec['kind']}:{spec.get('title', '')}"
 
 
-def _explained(hyps: dict[str, dict[str, Any]]) -> float:
-    return sum(h.get("share") or 0 for h in hyps.values() if h["status"] == "confirmed")
-
-
 def plan(ctx: Ctx, s: State) -> State:
-    hyps = s["hyps"]
+    """The next experiment by expected value (``verdicts.order_experiments``); not-judged values in groups last."""
+    hyps = {k: vd.Hyp.model_validate(v) for k, v in s["hyps"].items()}
     reg = s.get("regression") or {}
-    notes = list(s.get("notes") or [])
+    notes, done = list(s.get("notes") or []), list(s["done"])
     if not s["discovered"].get("bench") or not reg.get("samples"):
         return {"current": None}
-    if _explained(hyps) >= EXPLAINED_ENOUGH:
-        ctx.say(f"The confirmed causes explain {_explained(hyps):.0%} of the regression; no further experiment is needed.")
-        return {"current": None}
-    candidates = [(hid, e) for hid in ctx.playbook.order() for e in hyps[hid]["experiments"]
-                  if hyps[hid]["status"] in ("suspect", "confirmed") and exp_key(hid, e) not in s["done"]
-                  and not (hyps[hid]["status"] == "confirmed" and hyps[hid]["how"] == "experiment")]
-    if not candidates:
-        return {"current": None}
-    if ctx.advisor is not None and len(candidates) > 1:
-        candidates = ctx.advisor.order(candidates, s.get("facts") or {}, hyps, ctx.transcript)
-    hyps = {k: dict(v) for k, v in hyps.items()}
-    done = list(s["done"])
-    for hid, spec in candidates:
+    cands = _candidates(ctx, s, hyps)
+    if vd.explains_enough(hyps):
+        cands = [c for c in cands if c[1].get("group")]   # a group that recovered is still split to name its culprit
+        if not cands:
+            total, ci = vd.explained(hyps)
+            ctx.say(f"The confirmed causes explain {total:.0%} of the regression"
+                    + (f" (95% CI {ci[0]:.0%} to {ci[1]:.0%})" if ci else "") + "; no further experiment is needed.")
+            return {"current": None}
+    elif not cands and _add_groups(ctx, s, hyps):
+        cands = _candidates(ctx, s, hyps)
+    if ctx.advisor is not None and len(cands) > 1:
+        cands = ctx.advisor.order(cands, s.get("facts") or {}, _dump(hyps), ctx.transcript)
+    for hid, spec in cands:
         title = spec.get("title") or spec["kind"]
         if ctx.allow_mutations or (ctx.confirm is not None and ctx.confirm(f"{title} (to test {hid}; undone afterwards)")):
-            ctx.say(f"Next: {title}, to test {hid} ({hyps[hid]['because'][0]}).", hid)
-            return {"current": {"hyp": hid, "spec": spec, "result": None}, "hyps": hyps, "done": done, "notes": notes}
+            ctx.say(f"Next: {title}, to test {hid} ({hyps[hid].because[0]}).", hid)
+            return {"current": {"hyp": hid, "spec": spec, "result": None}, "hyps": _dump(hyps), "done": done, "notes": notes}
         note = f"{hid}: experiment \"{title}\" not run (it changes the host: give --allow-mutations or answer yes)"
         ctx.say(note, hid)
         notes.append(note)
-        hyps[hid]["experiments"] = [e for e in hyps[hid]["experiments"] if e != spec]
+        hyps[hid].experiments = [e for e in hyps[hid].experiments if e != spec]
+        hyps[hid].next = hyps[hid].next or f"run \"{title}\" (give --allow-mutations)"
         done.append(exp_key(hid, spec))
-    return {"current": None, "hyps": hyps, "done": done, "notes": notes}
+    return {"current": None, "hyps": _dump(hyps), "done": done, "notes": notes}
+
+
+def _candidates(ctx: Ctx, s: State, hyps: dict[str, vd.Hyp]) -> list[tuple[str, dict[str, Any]]]:
+    order = ctx.playbook.order()
+    cands = [(hid, e) for hid in order for e in hyps[hid].experiments
+             if hyps[hid].status in ("suspect", "confirmed", "inconclusive") and exp_key(hid, e) not in s["done"]
+             and not (hyps[hid].status == "confirmed" and hyps[hid].how == "experiment" and not e.get("group"))]
+    base_head = ctx.baseline_snapshot.repo.head if ctx.baseline_snapshot and ctx.baseline_snapshot.repo else None
+    return vd.order_experiments(cands, order, {h.id: h.cost for h in ctx.playbook.hypotheses}, base_head)
+
+
+def _add_groups(ctx: Ctx, s: State, hyps: dict[str, vd.Hyp]) -> bool:
+    """The known suspects do not explain the regression: test the not-judged flags and variables, in groups."""
+    nj = vd.NotJudged.model_validate((s.get("facts") or {}).get("not_judged") or {})
+    added = False
+    for hid, items in (("serving_config", nj.flags), ("env_var", nj.env)):
+        if items and hid in hyps and not hyps[hid].groups_tried and ctx.baseline_snapshot is None:
+            hyps[hid].groups_tried = True
+            hyps[hid].experiments.append(vd.group_experiment(hid, items))
+            ctx.say(f"The known suspects do not explain the regression; testing what no knowledge list judges, as a "
+                    f"group: {', '.join(items)} (split like a bisection if it recovers).", hid)
+            added = True
+    return added
 
 
 def experiment(ctx: Ctx, s: State) -> State:
@@ -316,19 +347,29 @@ def experiment(ctx: Ctx, s: State) -> State:
     reg = s["regression"]
     facts = s.get("facts") or _facts(ctx, s)
     d = s["discovered"]
-    regression = abs(reg.get("delta") or 0) or abs(reg["mean"] - (reg.get("baseline") or reg["mean"])) or 1e-9
+    regression = reg["delta"] if reg.get("measured") and (reg.get("delta") or 0) > 0 else None
+    max_runs = int(ctx.overrides.get("max_runs") or 0)
+    # re-measure the reference just before the change (a benchmark run in a worktree also re-measures it between its runs)
+    fresh = fresh_reference_runs(reg)  # also for a code revert that restarts the server: the reference is gone then
+    fresh = min(fresh, max_runs - 2) if max_runs else fresh
     lab = Lab(ctx.runner, lambda ev, **kw: ctx.transcript.emit(ev, hypothesis=hid, **kw), ctx.undo,
               Measure(bench=_bench(ctx, d), metric=d["metric"], cwd=d.get("repo"), regex=ctx.overrides.get("bench_regex"),
                       ready_timeout_s=float(ctx.overrides.get("ready_timeout_s") or 600),
-                      max_runs=int(ctx.overrides.get("max_runs") or 8)),
+                      max_runs=max(2, max_runs - fresh) if max_runs else 0),
               ctx.run_id, ctx.symptom.direction == "lower",
               LabSetup.from_inputs(ctx.overrides, (d.get("host_facts") or {}).get("profile")))
     lab.discovery = run_input(ctx.overrides, d["metric"], d.get("server"))
+    reference = list(reg["samples"])
+    for _ in range(fresh):
+        v = lab.bench(ctx.runner(hid), d.get("repo"), "the reference state, re-measured before the change")
+        reference += [v] if v is not None else []
+    lab.fresh_runs = len(reference) - len(reg["samples"])
     ctx.transcript.emit("experiment", hypothesis=hid, phase="start", text=spec.get("title") or spec["kind"], spec=spec)
     retried = cur.get("retried", 0)
     while True:
         try:
-            result = lab.run(hid, spec, facts, reg["samples"], regression)
+            result = lab.run(hid, spec, facts, reference, regression)
+            result.update(_decision_fields(lab, reg, regression))
         except ConnectionLost as exc:
             ctx.say(str(exc), hid)
             if retried < 2:
@@ -344,69 +385,33 @@ def experiment(ctx: Ctx, s: State) -> State:
     return {"current": cur, "bench_runs": s.get("bench_runs", 0) + lab.bench_runs}
 
 
+def _decision_fields(lab: Lab, reg: dict[str, Any], regression: float | None) -> dict[str, Any]:
+    """The three-way outcome and the share's interval (with the regression's own uncertainty)."""
+    d = getattr(lab, "last_decision", None)
+    if d is None:
+        return {}
+    out: dict[str, Any] = {"outcome": d.outcome, "improvement": d.improvement, "share_ci": None, "share_se": None}
+    if regression:
+        share, lo, hi = share_interval(d.improvement, d.improvement_se, d.df, regression, reg.get("delta_se") or 0.0)
+        out.update(share=round(share, 3), share_ci=[round(lo, 3), round(hi, 3)], share_se=(hi - share) / 1.96)
+    return out
+
+
 def conclude(ctx: Ctx, s: State) -> State:
-    hyps = {k: dict(v) for k, v in s["hyps"].items()}
+    """The verdicts as a conclusion (``conclusion.conclude``), with the run's counts."""
+    hyps = {k: vd.Hyp.model_validate(v) for k, v in s["hyps"].items()}
     reg = s.get("regression") or {}
     order = ctx.playbook.order()
-    no_regression = bool(reg.get("measured") and not reg.get("real"))
-    if not no_regression:
-        # elimination: one untestable suspect left while everything else is ruled out or confirmed
-        open_ = [h for h in order if hyps[h]["status"] in ("suspect", "inconclusive", "pending")]
-        suspects = [h for h in open_ if hyps[h]["status"] == "suspect"]
-        explained = _explained(hyps)
-        unknown_share = any(hyps[h]["status"] == "confirmed" and hyps[h].get("share") is None for h in order)
-        if len(suspects) == 1 and len(open_) == 1 and explained < EXPLAINED_ENOUGH and not unknown_share:
-            h = hyps[suspects[0]]
-            h["status"], h["how"] = "confirmed", "elimination"
-            if reg.get("measured"):
-                h["share"] = round(max(0.0, 1.0 - explained), 3)
-            h["because"] = h["because"] + ["every other hypothesis was ruled out"]
-            ctx.transcript.emit("verdict", hypothesis=suspects[0], status="confirmed", how="elimination",
-                                because="every other hypothesis was ruled out; " + "; ".join(h["because"][:-1]))
-        unshared = [h for h in order if hyps[h]["status"] == "confirmed" and hyps[h].get("share") is None]
-        if unshared and reg.get("measured"):
-            rest = max(0.0, 1.0 - _explained(hyps))
-            for hid in unshared:
-                hyps[hid]["share"] = round(rest / len(unshared), 3)
-    causes = []
-    if not no_regression:
-        for hid in order:
-            h = hyps[hid]
-            if h["status"] == "confirmed":
-                summary = h["because"][0] if h["how"] != "experiment" else next(
-                    (b for b in h["because"] if "recovers" in b or "first bad commit" in b), h["because"][-1])
-                if h.get("culprit"):
-                    c = h["culprit"]
-                    summary = f"commit {c['short']} \"{c['subject']}\" ({c['sha'][:12]}): " + summary
-                fix = next((x["fix"] for x in h.get("results") or [] if x.get("significant") and x.get("fix")), None)
-                causes.append({"hypothesis": hid, "summary": summary, "evidence": h["because"], "how": h["how"],
-                               "explains": h.get("share"), **({"fix": fix} if fix else {})})
-        causes.sort(key=lambda c: -(c["explains"] or 0))
-    suspects = [] if no_regression else [{"hypothesis": h, "because": "; ".join(hyps[h]["because"])}
-                                          for h in order if hyps[h]["status"] == "suspect"]
-    ruled = [{"hypothesis": h, "because": "; ".join(hyps[h]["because"])} for h in order if hyps[h]["status"] == "ruled_out"]
-    if no_regression:
-        summary = f"No reproducible regression: {reg.get('why')}. Nothing is blamed."
-    elif causes:
-        parts = [f"{c['hypothesis']} ({'explains ' + format(c['explains'], '.0%') if c['explains'] is not None else 'share unknown'}, "
-                 f"by {c['how']}): {c['summary']}" for c in causes]
-        summary = "Root cause" + ("s" if len(causes) > 1 else "") + ": " + " | ".join(parts)
-    else:
-        undecided = [h for h in order if hyps[h]["status"] == "inconclusive"]
-        summary = "The tree is exhausted without a confirmed root cause." + (
-            f" Suspects: {', '.join(x['hypothesis'] for x in suspects)}." if suspects else "") + (
-            " Could not decide: " + "; ".join(f"{h} ({hyps[h]['because'][0]})" for h in undecided) + "."
-            if undecided else "")
-    exit_code = 0 if causes else 3
-    table = [{"id": h, "status": hyps[h]["status"], "how": hyps[h]["how"], "because": hyps[h]["because"],
-              "share": hyps[h].get("share")} for h in order]
-    commands = ctx.commands
-    conclusion = {"root_cause": causes[0] if causes else None, "root_causes": causes, "suspects": suspects,
-                  "ruled_out": ruled, "commands": commands, "bench_runs": s.get("bench_runs", 0), "summary": summary,
-                  "exit_code": exit_code, "regression": {k: v for k, v in reg.items() if k != "samples"},
-                  "notes": s.get("notes") or [], "table": table}
+    c = concl.conclude(hyps, order, reg, baseline_snapshot=ctx.baseline_snapshot is not None,
+                       next_steps=ctx.playbook.knowledge.get("next_steps") or {},
+                       not_judged=vd.NotJudged.model_validate((s.get("facts") or {}).get("not_judged") or {}))
+    table = [{"id": h, "status": hyps[h].status, "how": hyps[h].how, "because": hyps[h].because,
+              "share": hyps[h].share, "share_ci": hyps[h].share_ci, "next": hyps[h].next} for h in order]
+    conclusion = {**c.to_json(), "commands": ctx.commands, "bench_runs": s.get("bench_runs", 0),
+                  "regression": {k: v for k, v in reg.items() if k != "samples"}, "notes": s.get("notes") or [],
+                  "table": _jsonable(table)}
     ctx.transcript.emit("conclusion", **conclusion)
-    return {"conclusion": conclusion, "hyps": hyps}
+    return {"conclusion": conclusion}
 
 
 def report(ctx: Ctx, s: State) -> State:

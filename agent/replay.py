@@ -54,8 +54,9 @@ def replay_events(events: list[dict[str, Any]], *, playbook: str | None, out: Pa
     head = events[0]
     recorded = next((e for e in reversed(events) if e["event"] == "conclusion"), None)
     pb = load_playbook(playbook or head.get("playbook"))
-    symptom = parse_symptom(head["symptom"], "--symptom")
-    baseline = parse_symptom(head["baseline"], "--baseline") if head.get("baseline") else None
+    direction = (head.get("inputs") or {}).get("direction")
+    symptom = parse_symptom(head["symptom"], "--symptom", direction)
+    baseline = parse_symptom(head["baseline"], "--baseline", direction) if head.get("baseline") else None
     try:
         snap = Snapshot.model_validate(head["baseline_snapshot_data"]) if head.get("baseline_snapshot_data") else None
     except ValueError as exc:

@@ -32,7 +32,7 @@ from .graph import RECURSION_LIMIT, Ctx, build_graph
 from .hosts import SSHOptions, open_transport
 from .journal import HostLock, HostLocked, Journal, host_instance, host_side, others_on_host
 from .playbook import load_playbook
-from .symptom import check_pair, parse_symptom
+from .symptom import check_pair, direction_flag, parse_symptom
 from .transcript import SCHEMA_VERSION, Transcript, read_events, write_markdown
 from .view import View, clip
 
@@ -57,8 +57,10 @@ class RunOptions:
     ssh: SSHOptions = field(default_factory=SSHOptions)
     server_pattern: str | None = None
     bench_regex: str | None = None
-    reproduce_runs: int = 5
-    max_runs: int = 8
+    reproduce_runs: int = 8
+    max_runs: int | None = None
+    higher_is_better: bool = False
+    lower_is_better: bool = False
     code_root: str | None = None
     wheelhouse: str | None = None
     restart_cmd: str | None = None
@@ -126,8 +128,9 @@ def make_confirm():
 
 
 def prepare(opts: RunOptions) -> tuple[Any, Any, Any, Any]:
-    symptom = parse_symptom(opts.symptom, "--symptom")
-    baseline = parse_symptom(opts.baseline, "--baseline") if opts.baseline else None
+    direction = direction_flag(opts.higher_is_better, opts.lower_is_better)
+    symptom = parse_symptom(opts.symptom, "--symptom", direction)
+    baseline = parse_symptom(opts.baseline, "--baseline", direction) if opts.baseline else None
     if baseline:
         check_pair(symptom, baseline)
     if opts.baseline and opts.baseline_snapshot:
@@ -301,7 +304,8 @@ def _investigate(opts: RunOptions, folder: Path, resume: bool, transport: Any, p
     transcript.close()
     conclusion = state.get("conclusion") or {}
     wall = time.monotonic() - started
-    output = {k: conclusion.get(k) for k in ("root_cause", "root_causes", "suspects", "ruled_out", "commands")}
+    output = {k: conclusion.get(k) for k in ("schema", "root_cause", "root_causes", "suspects", "ruled_out",
+                                             "inconclusive", "not_judged", "commands")}
     output.update(transcript=str(folder), exit_code=conclusion.get("exit_code", 3), summary=conclusion.get("summary"),
                   bench_runs=conclusion.get("bench_runs"), regression=conclusion.get("regression"),
                   notes=conclusion.get("notes"), wall_s=round(wall, 2))
@@ -444,7 +448,8 @@ def header(opts: RunOptions, playbook: Any, run_id: str, snap: Snapshot | None =
             "inputs": {"bench": opts.bench, "repo": opts.repo, "python": opts.python, "server_pattern": opts.server_pattern,
                        "bench_regex": opts.bench_regex, "reproduce_runs": opts.reproduce_runs, "max_runs": opts.max_runs,
                        "allow_mutations": opts.allow_mutations, "llm": bool(opts.llm), "code_root": opts.code_root,
-                       "wheelhouse": opts.wheelhouse, "restart_cmd": opts.restart_cmd, "ready_timeout": opts.ready_timeout},
+                       "wheelhouse": opts.wheelhouse, "restart_cmd": opts.restart_cmd, "ready_timeout": opts.ready_timeout,
+                       "direction": direction_flag(opts.higher_is_better, opts.lower_is_better)},
             "baseline_snapshot_data": snap.model_dump(mode="json") if snap else None}
 
 
@@ -453,7 +458,10 @@ def print_human(o: dict[str, Any]) -> None:
     out.print()
     out.print(f"[bold]{escape(o['summary'])}[/]")
     for s in o.get("suspects") or []:
-        out.print(f"  suspect {s['hypothesis']}: {escape(clip(s['because'], 300))}")
+        nxt = f" (to decide: {s['next']})" if s.get("next") else ""
+        out.print(f"  suspect {s['hypothesis']}: {escape(clip(s['because'], 300))}{escape(nxt)}")
+    for s in o.get("inconclusive") or []:
+        out.print(f"  [yellow]not decided[/] {s['hypothesis']}: {escape(clip(s['because'], 200))}")
     for r in o.get("ruled_out") or []:
         out.print(f"  [dim]ruled out {r['hypothesis']}: {escape(clip(r['because'], 200))}[/]")
     for n in o.get("notes") or []:

@@ -1,89 +1,315 @@
-"""Statistics for deciding experiments: Welch's t-test with a small table, no SciPy.
+"""Sequential statistics for deciding experiments, the reproduce step and bisection steps.
 
-Pure functions over lists of floats.
+Pure functions over lists of floats; quantiles and tests come from ``scipy.stats`` (exact t
+quantiles at any degrees of freedom, Shapiro–Wilk and Mann–Whitney U for noise that is not
+normal), not from tables.
+
+Every decision has three outcomes: decided one way, decided the other way, or "more runs".
+The caller adds runs while the answer is "more" and stops at a budget; undecided at the
+budget is reported as inconclusive, never as a "no".
+
+Conventions: ``improvement`` and ``delta`` are in the metric's unit with positive meaning
+*better* (an experiment) or *worse* (a regression); ``regression`` is the size of the
+regression being explained, positive, or ``None`` when no baseline number measured it.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from functools import lru_cache
+from typing import Literal
 
-# two-sided critical t at alpha = 0.01, by degrees of freedom
-_T01 = {1: 63.66, 2: 9.925, 3: 5.841, 4: 4.604, 5: 4.032, 6: 3.707, 7: 3.499, 8: 3.355, 9: 3.250, 10: 3.169,
-        12: 3.055, 15: 2.947, 20: 2.845, 30: 2.750, 60: 2.660}
+from pydantic import BaseModel
+from scipy import stats as sps
 
+# One-sided error rate of a "cause" call at each look. Looks are correlated (each adds a run
+# to the same samples), so over a budget of up to ~15 looks the family-wise rate stays near
+# 1%; bench/stats measures it.
+ALPHA_CAUSE = 0.0007
+# One-sided level of the upper bound that rules a suspect out ("recovers less than
+# NOT_CAUSE_SHARE of the regression").
+ALPHA_NOT = 0.20
+NOT_CAUSE_SHARE = 0.20
+ALPHA_FRESH = 0.2
+# A cause must recover at least this share (a significant but negligible recovery is not
+# the regression's cause).
+MIN_SHARE = 0.10
+# The reproduce step.
+ALPHA_REPRODUCE = 0.002
+RELEVANT_PCT = 1.0      # a regression must be at least this percent of the baseline to be reported
+MIN_BUDGET = 4         # an experiment may stop earlier once decided, but never gives up before this
+AUTO_CAP = 16           # the most runs of the changed state when no --max-runs is given
+POWER = 0.95
+PARTIAL = 0.3           # the run budget is sized to find a cause of this share ...
+PARTIAL_POWER = 0.8     # ... this often
 
-def t_critical(df: float) -> float:
-    d = max(1, int(df))
-    keys = sorted(_T01)
-    for k in keys:
-        if d <= k:
-            return _T01[k]
-    return 2.576
-
-
-def welch(a: list[float], b: list[float]) -> tuple[float, float]:
-    """(t, df) of Welch's test for mean(a) - mean(b)."""
-    ma, mb = statistics.fmean(a), statistics.fmean(b)
-    va = statistics.variance(a) if len(a) > 1 else 0.0
-    vb = statistics.variance(b) if len(b) > 1 else 0.0
-    se2 = va / len(a) + vb / len(b)
-    floor = (1e-6 * max(abs(ma), abs(mb), 1e-9)) ** 2
-    se2 = max(se2, floor)
-    t = (ma - mb) / math.sqrt(se2)
-    num = se2 ** 2
-    den = 0.0
-    if len(a) > 1:
-        den += (va / len(a)) ** 2 / (len(a) - 1)
-    if len(b) > 1:
-        den += (vb / len(b)) ** 2 / (len(b) - 1)
-    df = num / den if den > 0 else max(1, len(a) + len(b) - 2)
-    return t, df
+Outcome = Literal["cause", "not_cause", "more"]
 
 
-@dataclass
-class Decision:
-    decided: bool
-    significant: bool
-    improvement: float  # in the metric's unit, positive = better
-    share: float        # of the regression recovered
-    t: float
-    df: float
+@lru_cache(maxsize=4096)
+def t_quantile(q: float, df: int) -> float:
+    """The exact quantile of Student's t (scipy), cached: decisions ask for the same few."""
+    return float(sps.t.ppf(q, df))
+
+
+def _var(x: list[float]) -> float:
+    return statistics.variance(x) if len(x) > 1 else 0.0
+
+
+def pooled_sd(*groups: list[float]) -> tuple[float, int]:
+    """The noise SD pooled over groups (each around its own mean) and its degrees of freedom."""
+    ss = sum(_var(g) * (len(g) - 1) for g in groups if len(g) > 1)
+    df = sum(len(g) - 1 for g in groups if len(g) > 1)
+    return (math.sqrt(ss / df) if df else 0.0), df
+
+
+def _floor(sd: float, *means: float) -> float:
+    """A noise floor so that a noiseless benchmark does not divide by zero."""
+    return max(sd, 1e-6 * max((abs(m) for m in means), default=1.0), 1e-12)
+
+
+def looks_normal(*groups: list[float]) -> bool:
+    """Shapiro–Wilk on the residuals; too few samples to tell counts as normal."""
+    res = [v - statistics.fmean(g) for g in groups if len(g) > 1 for v in g]
+    if len(res) < 10 or max(res) - min(res) == 0:
+        return True
+    return float(sps.shapiro(res).pvalue) > 0.01
+
+
+class Effect(BaseModel):
+    """The difference between two samples, with a pooled t interval."""
+
+    improvement: float      # mean(reference) - mean(changed), sign-corrected: positive = better after the change
+    se: float
+    df: int
+    sd: float
+    p_better: float         # one-sided p of "the change made it better"
+    normal: bool
+
+
+def effect(reference: list[float], changed: list[float], lower_is_better: bool) -> Effect:
+    mr, mc = statistics.fmean(reference), statistics.fmean(changed)
+    imp = (mr - mc) if lower_is_better else (mc - mr)
+    sd, df = pooled_sd(reference, changed)
+    sd = _floor(sd, mr, mc)
+    se = sd * math.sqrt(1 / len(reference) + 1 / len(changed))
+    df = max(df, 1)
+    p = float(sps.t.sf(imp / se, df))
+    normal = looks_normal(reference, changed)
+    if not normal and math.comb(len(reference) + len(changed), len(changed)) * ALPHA_CAUSE > 2:
+        # Mann-Whitney only where it can reach the cause level at all (10 vs 4 runs cannot)
+        alt = "less" if lower_is_better else "greater"
+        p = float(sps.mannwhitneyu(changed, reference, alternative=alt).pvalue)
+    return Effect(improvement=imp, se=se, df=df, sd=sd, p_better=p, normal=normal)
+
+
+class Decision(BaseModel):
+    """One look at an experiment: cause, not a cause, or more runs."""
+
+    outcome: Outcome
+    improvement: float
+    share: float                    # of the regression recovered; 0 (and share_ci None) without a measured regression
+    share_ci: tuple[float, float] | None
+    share_se: float | None
+    improvement_se: float
+    df: int
+    p: float
+    n_changed: int
+    n_reference: int
     text: str
 
+    @property
+    def significant(self) -> bool:
+        return self.outcome == "cause"
 
-def decide(bad: list[float], after: list[float], regression: float, lower_is_better: bool, min_share: float = 0.1) -> Decision:
-    """Compare the benchmark after an experiment with the regressed samples.
+    @property
+    def decided(self) -> bool:
+        return self.outcome != "more"
 
-    Decided when the difference is significant (p < 0.01, Welch) or when it is not and
-    the confidence interval already excludes ``min_share`` of the regression.
+
+def share_interval(improvement: float, se: float, df: int, regression: float, regression_se: float = 0.0,
+                   level: float = 0.95) -> tuple[float, float, float]:
+    """(share, low, high): the share of ``regression`` that ``improvement`` recovers, with a two-sided
+    interval that also carries the regression's own uncertainty (delta method)."""
+    share = improvement / regression
+    s_se = math.sqrt((se / regression) ** 2 + (improvement * regression_se / regression ** 2) ** 2)
+    q = t_quantile(0.5 + level / 2, max(df, 1))
+    return share, share - q * s_se, share + q * s_se
+
+
+def fresh_agrees(reference: list[float], fresh: list[float], changed: list[float], lower_is_better: bool) -> bool:
+    """Is the changed state also better than the reference runs taken during the experiment (noise
+    pooled from all runs; one-sided p < ALPHA_FRESH)? The reproduce step stops early when its
+    runs look bad, which biases them: a cause must beat the fresh reference too."""
+    if not fresh:
+        return True
+    mr, mc = statistics.fmean(fresh), statistics.fmean(changed)
+    imp = (mr - mc) if lower_is_better else (mc - mr)
+    sd, df = pooled_sd(reference, changed)
+    se = _floor(sd, mr, mc) * math.sqrt(1 / len(fresh) + 1 / len(changed))
+    return float(sps.t.sf(imp / se, max(df, 1))) < ALPHA_FRESH
+
+
+def decide(reference: list[float], changed: list[float], regression: float | None, lower_is_better: bool, *,
+           regression_se: float = 0.0, final: bool = False, fresh: int = 0) -> Decision:
+    """Decide an experiment from the reference state's runs and the changed state's runs.
+
+    cause: recovers significantly (one-sided p < ALPHA_CAUSE) and at least MIN_SHARE of the
+    regression. not a cause: the upper bound of what it recovers is below NOT_CAUSE_SHARE of
+    the regression (or it made things worse). Otherwise more runs, or at the budget
+    (``final``) still "more", which the caller reports as inconclusive.
     """
-    mb, ma = statistics.fmean(bad), statistics.fmean(after)
-    improvement = (mb - ma) if lower_is_better else (ma - mb)
-    share = improvement / regression if regression > 0 else 0.0
-    t, df = welch(bad, after)
-    tc = t_critical(df)
-    significant = abs(t) > tc and improvement > 0
-    se = abs(mb - ma) / abs(t) if t else 0.0
-    ci_upper = improvement + tc * se
-    excludes = ci_upper < min_share * regression
-    decided = significant or excludes
-    text = (f"mean {ma:.4g} vs {mb:.4g} before ({len(after)} vs {len(bad)} runs): "
-            f"{'recovers' if improvement > 0 else 'changes'} {improvement:+.3g}, {share:.0%} of the regression; "
-            f"Welch t={t:.2f}, df={df:.1f}, {'p<0.01' if abs(t) > tc else 'not significant'}")
-    return Decision(decided, significant and share >= min_share, improvement, share, t, df, text)
+    e = effect(reference, changed, lower_is_better)
+    reg = regression if regression and regression > 0 else None
+    q_not = t_quantile(1 - ALPHA_NOT, e.df)
+    upper = e.improvement + q_not * e.se
+    relevant = reg if reg is not None else 0.05 * abs(statistics.fmean(reference))
+    share = share_lo = share_hi = share_se = None
+    if reg is not None:
+        share, share_lo, share_hi = share_interval(e.improvement, e.se, e.df, reg, regression_se)
+        share_se = (share_hi - share) / t_quantile(0.975, e.df)
+    big_enough = e.improvement >= MIN_SHARE * relevant
+    agrees = fresh_agrees(reference, reference[len(reference) - fresh:] if fresh else [], changed, lower_is_better)
+    if e.p_better < ALPHA_CAUSE and big_enough and agrees:
+        outcome: Outcome = "cause"
+    elif upper < NOT_CAUSE_SHARE * relevant:
+        outcome = "not_cause"
+    else:
+        outcome = "more"
+    mc, mr = statistics.fmean(changed), statistics.fmean(reference)
+    how = {"cause": "a cause", "not_cause": "not a cause", "more": "undecided" + (" at the run budget" if final else "")}
+    share_txt = (f", {share:.0%} of the regression (95% CI {share_lo:.0%} to {share_hi:.0%})" if share is not None else "")
+    test = "t-test" if e.normal else "t-test and Mann-Whitney U (the noise is not normal)"
+    text = (f"mean {mc:.4g} vs {mr:.4g} in the reference state ({len(changed)} vs {len(reference)} runs): "
+            f"{'recovers' if e.improvement > 0 else 'changes'} {e.improvement:+.3g}{share_txt}; "
+            f"{test} p={e.p_better:.2g}: {how[outcome]}")
+    return Decision(outcome=outcome, improvement=e.improvement, share=share if share is not None else 0.0,
+                    share_ci=(share_lo, share_hi) if share is not None else None, share_se=share_se,
+                    improvement_se=e.se, df=e.df, p=e.p_better, n_changed=len(changed), n_reference=len(reference), text=text)
 
 
-def regression_is_real(samples: list[float], baseline: float, lower_is_better: bool, noise_floor_pct: float = 3.0) -> tuple[bool, float, str]:
-    """Is the measured value worse than ``baseline`` beyond noise? (real, delta, reason)."""
+def run_budget(sd: float, regression: float | None, n_reference: int, cap: int | None = None) -> int:
+    """Runs of the changed state that detect a partial cause (PARTIAL of the regression) with
+    PARTIAL_POWER; a full cause or a harmless suspect is decided sooner by the sequential looks.
+
+    Exact t quantiles at the degrees of freedom the test will have; at least MIN_BUDGET and at
+    most ``cap`` (``--max-runs``) or AUTO_CAP.
+    """
+    most = cap or AUTO_CAP
+    if not regression or regression <= 0 or sd <= 0:
+        return max(2, min(most, 6))
+    for n in range(2, most + 1):
+        m = max(1, n_reference + n // 2)
+        df = max(1, n + m - 2)
+        q = t_quantile(1 - ALPHA_CAUSE, df) + t_quantile(PARTIAL_POWER, df)
+        if q * sd * math.sqrt(1 / n + 1 / m) <= PARTIAL * regression:
+            return max(min(MIN_BUDGET, most), n)
+    return most
+
+
+def fresh_reference_runs(regression: dict) -> int:
+    """Reference runs to take just before a change: 2 when the regression is within 4 noise SDs
+    (where a biased reproduce sample could decide), else 1."""
+    sd, delta = regression.get("sd") or 0.0, regression.get("delta") or 0.0
+    return 2 if sd and delta < 4 * sd else 1
+
+
+# ---------------------------------------------------------------- the reproduce step
+ReproOutcome = Literal["regression", "none", "better", "more"]
+
+
+class Reproduction(BaseModel):
+    outcome: ReproOutcome
+    mean: float
+    sd: float
+    delta: float            # worse than the baseline by (positive = worse), in the metric's unit
+    delta_se: float
+    text: str
+    runs_needed: int | None = None   # runs that would show the claimed regression, when undecided
+
+
+def reproduce(samples: list[float], baseline: float, lower_is_better: bool, claimed: float | None, *,
+              baseline_samples: list[float] | None = None, final: bool = False) -> Reproduction:
+    """Is the host worse than ``baseline`` beyond its noise?
+
+    regression: significantly worse (one-sided p < ALPHA_REPRODUCE) by at least RELEVANT_PCT.
+    better: significantly better (symptom and baseline swapped, or the problem is gone).
+    none: the upper bound of how much worse is below half the claimed regression.
+    more: add runs; at the budget the text says how many runs would show the claim.
+    """
     m = statistics.fmean(samples)
-    sd = statistics.stdev(samples) if len(samples) > 1 else 0.0
+    bs = baseline_samples or []
+    sd, df = pooled_sd(samples, bs) if bs else pooled_sd(samples)
+    sd = _floor(sd, m, baseline)
+    se = sd * math.sqrt(1 / len(samples) + (1 / len(bs) if bs else 0.0))
+    df = max(df, 1)
     delta = (m - baseline) if lower_is_better else (baseline - m)
-    se = sd / math.sqrt(len(samples))
-    margin = max(t_critical(len(samples) - 1) * se, noise_floor_pct / 100 * abs(baseline))
-    real = delta > margin
-    why = (f"measured {m:.4g} ± {sd:.2g} over {len(samples)} runs against a baseline of {baseline:.4g}: "
-           f"{'worse' if delta > 0 else 'not worse'} by {abs(delta):.3g} ({abs(delta) / abs(baseline):.1%}); "
-           f"noise margin {margin:.3g}")
-    return real, delta, why
+    p_worse = float(sps.t.sf(delta / se, df))
+    p_better = float(sps.t.sf(-delta / se, df))
+    upper = delta + t_quantile(0.95, df) * se
+    relevant = RELEVANT_PCT / 100 * abs(baseline)
+    claim = claimed if claimed and claimed > 0 else None
+    if p_worse < ALPHA_REPRODUCE and delta > relevant:
+        outcome: ReproOutcome = "regression"
+    elif p_better < ALPHA_REPRODUCE and -delta > relevant:
+        outcome = "better"
+    elif upper < max(relevant, 0.5 * claim if claim else relevant):
+        outcome = "none"
+    else:
+        outcome = "more"
+    pct = abs(delta) / abs(baseline) if baseline else 0.0
+    text = (f"measured {m:.4g} ± {sd:.2g} over {len(samples)} runs against a baseline of {baseline:.4g}: "
+            f"{'worse' if delta > 0 else 'better'} by {abs(delta):.3g} ({pct:.1%}); one-sided p={p_worse:.2g}")
+    need = None
+    if outcome == "more":
+        target = claim or max(abs(delta), relevant)
+        z = float(sps.norm.ppf(1 - ALPHA_REPRODUCE) + sps.norm.ppf(POWER))
+        need = max(len(samples) + 1, math.ceil((z * sd / target) ** 2))
+        if final:
+            text += f"; undecided: a regression this small against this noise needs about {need} runs"
+    return Reproduction(outcome=outcome, mean=m, sd=sd, delta=delta, delta_se=se, text=text, runs_needed=need)
+
+
+# ---------------------------------------------------------------- bisection
+StepOutcome = Literal["good", "bad", "more"]
+
+
+class Step(BaseModel):
+    outcome: StepOutcome
+    confidence: float       # posterior probability of the outcome (equal priors), 0.5 when undecided
+    mean: float
+
+
+STEP_ERROR = 0.01
+
+
+def bisect_step(good: list[float], bad: list[float], step: list[float], final: bool = False) -> Step:
+    """Is a commit's benchmark (``step``) like the good end or the bad end?
+
+    A sequential probability ratio between "mean is the good mean" and "mean is the bad
+    mean", with the noise pooled from the two ends: decided once the odds pass
+    (1 - STEP_ERROR) / STEP_ERROR, so one run decides a clear step and a close one gets more.
+    At ``final`` the likelier side is returned with its (lower) confidence.
+    """
+    mg, mb = statistics.fmean(good), statistics.fmean(bad)
+    sd, _ = pooled_sd(good, bad)
+    sd = _floor(sd, mg, mb)
+    llr = sum(((x - mg) ** 2 - (x - mb) ** 2) / (2 * sd * sd) for x in step)  # log P(bad) / P(good)
+    llr = max(-700.0, min(700.0, llr))
+    p_bad = 1 / (1 + math.exp(-llr))
+    bound = math.log((1 - STEP_ERROR) / STEP_ERROR)
+    m = statistics.fmean(step)
+    if llr >= bound or (final and llr > 0):
+        return Step(outcome="bad", confidence=p_bad, mean=m)
+    if llr <= -bound or final:
+        return Step(outcome="good", confidence=1 - p_bad, mean=m)
+    return Step(outcome="more", confidence=0.5, mean=m)
+
+
+def culprit_confidence(parent: list[float], culprit: list[float], lower_is_better: bool) -> float:
+    """The confidence that the culprit is worse than its parent: 1 - one-sided p of the difference."""
+    if len(parent) < 1 or len(culprit) < 1 or len(parent) + len(culprit) < 3:
+        return 0.5
+    e = effect(culprit, parent, lower_is_better)   # improvement going from the culprit back to its parent
+    return 1.0 - e.p_better

@@ -61,10 +61,10 @@ def test_changed_rule_fails_replay_with_verdict_diff(tmp_path):
     p.write_text(edited)
     res = replay_events(read_events(run / "events.jsonl"), playbook=str(p), out=tmp_path / "replay")
     assert not res["same"]
-    assert any(line.strip().startswith("env_var: confirmed (recorded) -> ruled_out (replayed)") for line in res["diff"])
+    assert any(line.strip().startswith("env_var: confirmed (recorded) -> inconclusive (replayed)") for line in res["diff"])
     r = subprocess.run([sys.executable, "-m", "agent.cli", "playbook", "test", str(p), "--transcript", str(run)],
                        capture_output=True, text=True)
-    assert r.returncode == 5 and "env_var: confirmed (recorded) -> ruled_out (replayed)" in r.stderr
+    assert r.returncode == 5 and "env_var: confirmed (recorded) -> inconclusive (replayed)" in r.stderr
 
 
 def test_unrecorded_command_stops_the_replay():

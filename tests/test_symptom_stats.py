@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from agent.stats import decide, regression_is_real
+from agent.stats import decide
 from agent.symptom import check_pair, parse_symptom
 from tools.errors import UsageError
 
@@ -53,21 +53,113 @@ def test_decide_recovery_is_significant():
     assert d.significant and d.decided and 0.85 < d.share < 1.15
 
 
-def test_decide_no_change_is_not_significant():
-    """An experiment that changes nothing is decided as not significant once the interval excludes 10%."""
-    d = decide(noisy(30, 1, 5, 3), noisy(30, 1, 8, 4), regression=10, lower_is_better=True)
-    assert not d.significant and d.decided
-
-
 def test_decide_direction_for_rates():
     """For a rate, higher after the change is the recovery."""
     d = decide(noisy(82, 1, 5, 5), noisy(89, 1, 3, 6), regression=7, lower_is_better=False)
     assert d.significant and d.improvement > 0
 
 
-def test_regression_within_noise_is_not_real():
-    """A 2% dip inside 2.5% noise is not a regression; a 50% rise is."""
-    real, _, why = regression_is_real(noisy(89, 2.5, 5, 7), 89.0, lower_is_better=False)
-    assert not real and "noise margin" in why
-    real, delta, _ = regression_is_real(noisy(30, 4, 5, 8), 20.0, lower_is_better=True)
-    assert real and delta > 8
+# ---------------------------------------------------------------- units and directions
+@pytest.mark.parametrize("text,direction", [
+    ("bw 410 GB/s", "higher"), ("gemm 700 TFLOPS", "higher"), ("train 1200 samples/s", "higher"),
+    ("step 3.1 it/s", "higher"), ("serve 12 req/s", "higher"), ("kernel 85 us", "lower"), ("load 2.5 s", "lower"),
+])
+def test_units_people_use(text, direction):
+    """Rates and times in the units people use parse with the right direction."""
+    assert parse_symptom(text).direction == direction
+
+
+def test_unknown_unit_asks_for_a_direction():
+    """An unknown unit names the two flags instead of refusing outright; with one it parses."""
+    with pytest.raises(UsageError) as e:
+        parse_symptom("acc 71 points")
+    assert "--higher-is-better" in str(e.value) and "--lower-is-better" in str(e.value)
+    s = parse_symptom("acc 71 points", direction="higher")
+    assert s.direction == "higher" and s.unit == "points"
+    with pytest.raises(UsageError, match="is a time"):
+        parse_symptom("verify 30ms", direction="higher")
+
+
+def test_metric_names_match_case_insensitively_and_rates_convert():
+    """`Decode` and `decode` are one metric; MB/s and GB/s are one family of unit."""
+    check_pair(parse_symptom("Decode 80 tok/s"), parse_symptom("decode 89 tok/s"))
+    check_pair(parse_symptom("bw 300 GB/s"), parse_symptom("bw 410000 MB/s"))
+    assert parse_symptom("bw 410000 MB/s").in_unit("GB/s") == pytest.approx(410)
+
+
+def test_zero_baseline_and_swapped_pair_are_bad_input():
+    """`--baseline 'verify 0ms'` and a symptom better than its baseline are exit-2 errors with a fix."""
+    with pytest.raises(UsageError, match="baseline of 0") as e:
+        check_pair(parse_symptom("verify 30ms"), parse_symptom("verify 0ms", "--baseline"))
+    assert e.value.exit_code == 2
+    with pytest.raises(UsageError, match="swapped"):
+        check_pair(parse_symptom("verify 20ms"), parse_symptom("verify 30ms", "--baseline"))
+
+
+# ---------------------------------------------------------------- sequential decisions
+def test_three_outcomes():
+    """A full recovery is a cause, an unchanged state is not a cause, a coin-flip amount of data is 'more'."""
+    ref = noisy(30, 2, 5, 11)
+    assert decide(ref, noisy(20, 2, 2, 12), 10, True).outcome == "cause"
+    assert decide(ref, noisy(30, 2, 3, 13), 10, True).outcome == "not_cause"
+    assert decide(noisy(30, 8, 3, 14), noisy(29, 8, 2, 15), 2.0, True).outcome == "more"
+
+
+def test_partial_cause_is_found_with_its_interval():
+    """A suspect recovering 30% of a large regression is a cause whose interval holds 30%, not 'ruled out'."""
+    ref = noisy(150, 1, 6, 21)
+    d = decide(ref, noisy(135, 1, 4, 22), 50, True)
+    assert d.outcome == "cause" and d.share_ci[0] < 0.3 < d.share_ci[1] and 0.15 < d.share < 0.45
+
+
+def test_no_regression_number_gives_no_share():
+    """Without a measured regression the decision carries no share interval (explains stays null)."""
+    d = decide(noisy(30, 2, 5, 31), noisy(20, 2, 3, 32), None, True)
+    assert d.outcome == "cause" and d.share_ci is None
+
+
+def test_a_cause_must_beat_the_fresh_reference():
+    """Reproduce runs that happened to be high cannot make an unchanged state look like a recovery."""
+    lucky = [31.0, 31.02, 30.98, 31.01, 30.99, 31.0, 31.02, 30.98, 31.0, 31.01, 30.99, 31.0,  # reproduce runs
+             30.0, 30.02]                                                                         # fresh reference
+    changed = [30.0, 30.02, 29.98, 30.01, 29.99, 30.0, 30.02, 29.98, 30.0, 30.01]
+    assert decide(lucky, changed, 3.0, True).outcome == "cause"
+    assert decide(lucky, changed, 3.0, True, fresh=2).outcome != "cause"
+
+
+def test_run_budget_grows_with_noise_and_respects_the_cap():
+    """More noise or a smaller regression needs more runs; --max-runs caps it."""
+    from agent.stats import run_budget
+    small, big = run_budget(1.0, 10.0, 5), run_budget(1.0, 2.0, 5)
+    assert 2 <= small < big <= 16
+    assert run_budget(1.0, 0.5, 5, cap=8) == 8
+
+
+def test_reproduce_is_sequential_and_detects_a_swap():
+    """Far outside the noise 3 runs decide; within it the answer is 'more' with the runs it would need; better is said."""
+    from agent.stats import reproduce
+    assert reproduce(noisy(30, 2, 3, 41), 20, True, 10).outcome == "regression"
+    thin = reproduce(noisy(20.3, 8, 3, 43), 20, True, 1.0, final=True)
+    assert thin.outcome == "more" and thin.runs_needed > 3 and "needs about" in thin.text
+    assert reproduce(noisy(20, 1, 3, 43), 30, True, 10).outcome == "better"
+    assert reproduce(noisy(89, 2, 8, 44), 89, False, 5.0).outcome == "none"
+
+
+def test_bisect_step_one_run_when_clear_more_when_close():
+    """A step at the bad mean decides in one run; a step halfway asks for more; at the end it picks a side."""
+    from agent.stats import bisect_step, culprit_confidence
+    good, bad = noisy(20, 2, 4, 51), noisy(30, 2, 5, 52)
+    assert bisect_step(good, bad, [30.1]).outcome == "bad"
+    assert bisect_step(good, bad, [19.9]).outcome == "good"
+    halfway = (sum(good) / len(good) + sum(bad) / len(bad)) / 2
+    assert bisect_step(good, bad, [halfway]).outcome == "more"
+    assert bisect_step(good, bad, [halfway + 0.2], final=True).outcome == "bad"
+    assert culprit_confidence(good, bad, True) > 0.99
+
+
+def test_mann_whitney_when_the_noise_is_not_normal():
+    """Heavy-tailed noise (one huge outlier) is tested with Mann-Whitney as well."""
+    from agent.stats import effect
+    ref = [30.0, 30.1, 29.9, 30.2, 30.0, 29.8, 30.1, 90.0]
+    e = effect(ref, [20.0, 20.1, 19.9, 20.2, 20.0, 19.8], True)
+    assert not e.normal and e.p_better < 0.01

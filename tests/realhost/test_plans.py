@@ -12,7 +12,6 @@ from agent.experiments import (
     ExperimentError,
     PackageTarget,
     build_matches,
-    is_bad_commit,
     map_path,
     package_targets,
     plan_code_run,
@@ -91,13 +90,6 @@ def test_package_targets_from_the_baseline_diff_and_build_matching():
     later = PackageTarget(name="fastmod", version="1.0", current_version="1.0", current_build="bbbb")
     assert build_matches(later, "1.0", "cccc") and not build_matches(later, "1.0", "bbbb")
     assert package_targets({"packages": facts["packages"], "diff": None}, {"package": "fastmod"})[0].build is None
-
-
-def test_bisection_decision_is_nearest_of_good_and_bad():
-    """A commit is bad when its mean lies on the regressed side of the midpoint (direction-aware)."""
-    assert is_bad_commit([19.0, 20.0], [10.0, 11.0], [20.0, 21.0], lower_is_better=True)
-    assert not is_bad_commit([12.0], [10.0, 11.0], [20.0, 21.0], lower_is_better=True)
-    assert is_bad_commit([80.0], [89.0], [82.0], lower_is_better=False)
 
 
 def test_readiness_by_url_and_log_line_on_a_real_process(tmp_path):

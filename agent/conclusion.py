@@ -1,0 +1,143 @@
+"""The conclusion of a run, from the hypotheses' verdicts: pure, and the shape of ``--json``.
+
+Elimination never confirms: when everything else was ruled out, the last suspect is ranked
+first ("the only suspect not ruled out", or with a baseline snapshot "the remaining
+difference"), still with ``explains: null`` and the experiment that would confirm it.
+Exit 0 only with a confirmed cause.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from .verdicts import Hyp, NotJudged
+
+SCHEMA = 2
+
+
+class Cause(BaseModel):
+    hypothesis: str
+    summary: str
+    evidence: list[str]
+    how: str                                    # experiment | evidence
+    explains: float | None                      # measured share of the regression, None when not measured
+    explains_ci: tuple[float, float] | None     # its 95% interval
+    culprit: dict[str, Any] | None = None
+    fix: str | None = None                      # the command that makes the fix permanent, when an experiment found one
+
+
+class Suspect(BaseModel):
+    hypothesis: str
+    because: str
+    next: str | None = None                     # the experiment that would decide it
+    rank: str | None = None                     # why it is ranked where it is
+
+
+class Open(BaseModel):
+    hypothesis: str
+    because: str
+    next: str | None = None
+
+
+class Conclusion(BaseModel):
+    schema_: int = Field(default=SCHEMA, serialization_alias="schema")
+    root_cause: Cause | None
+    root_causes: list[Cause]
+    suspects: list[Suspect]
+    ruled_out: list[Open]
+    inconclusive: list[Open]
+    not_judged: NotJudged
+    summary: str
+    exit_code: int
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+def _pct(x: float) -> str:
+    return f"{x:.0%}"
+
+
+def cause_of(hid: str, h: Hyp) -> Cause:
+    if h.how == "experiment":
+        # the last cause found is the narrowest (a group split down to one flag)
+        summary = next((b for b in reversed(h.because) if b.endswith("a cause") or "first bad commit" in b),
+                       h.because[-1])
+    else:
+        summary = h.because[0]
+    if h.culprit:
+        c = h.culprit
+        conf = f", confidence {c['confidence']:.0%}" if c.get("confidence") is not None else ""
+        summary = f"commit {c['short']} \"{c['subject']}\" ({c['sha'][:12]}{conf}): " + summary
+    measured = h.how == "experiment" and h.share_ci is not None
+    return Cause(hypothesis=hid, summary=summary, evidence=h.because, how=h.how or "evidence",
+                 explains=round(h.share, 3) if measured and h.share is not None else None,
+                 explains_ci=(round(h.share_ci[0], 3), round(h.share_ci[1], 3)) if measured and h.share_ci else None,
+                 culprit=h.culprit,
+                 fix=next((r["fix"] for r in h.results if r.get("outcome") == "cause" and r.get("fix")), None))
+
+
+def rank_suspects(hyps: dict[str, Hyp], order: list[str], baseline_snapshot: bool,
+                  next_steps: dict[str, str]) -> list[Suspect]:
+    """Suspects, best first; elimination only decides the order."""
+    sus = [hid for hid in order if hyps[hid].status == "suspect"]
+    others_closed = all(hyps[h].status in ("ruled_out", "confirmed") for h in order if h not in sus)
+    out = []
+    for hid in sus:
+        h = hyps[hid]
+        rank = None
+        if len(sus) == 1 and others_closed:
+            rank = ("the remaining difference from the baseline snapshot: every other difference was ruled out"
+                    if baseline_snapshot else
+                    "the only suspect not ruled out (elimination ranks it first; it does not confirm it)")
+        out.append(Suspect(hypothesis=hid, because="; ".join(h.because), rank=rank,
+                           next=h.next or next_steps.get(hid)))
+    return out
+
+
+def conclude(hyps: dict[str, Hyp], order: list[str], regression: dict[str, Any], *, baseline_snapshot: bool,
+             next_steps: dict[str, str], not_judged: NotJudged) -> Conclusion:
+    outcome = regression.get("outcome")
+    refuted = bool(regression.get("measured") and not regression.get("real"))
+    closed = lambda st: [Open(hypothesis=h, because="; ".join(hyps[h].because), next=hyps[h].next)  # noqa: E731
+                         for h in order if hyps[h].status == st]
+    ruled, undecided = closed("ruled_out"), closed("inconclusive")
+    if refuted:
+        if outcome == "better":
+            summary = (f"No regression: the host measures better than the baseline ({regression.get('why')}); "
+                       "were --symptom and --baseline swapped? Nothing is blamed.")
+        elif outcome == "more":
+            summary = (f"Regression smaller than the noise can show in {len(regression.get('samples') or [])} runs "
+                       f"({regression.get('why')}); run with --reproduce-runs {regression.get('runs_needed')}. "
+                       "Nothing is blamed.")
+        else:
+            summary = f"No reproducible regression: {regression.get('why')}. Nothing is blamed."
+        return Conclusion(root_cause=None, root_causes=[], suspects=[], ruled_out=ruled, inconclusive=undecided,
+                          not_judged=not_judged, summary=summary, exit_code=3)
+    causes = [cause_of(h, hyps[h]) for h in order if hyps[h].status == "confirmed"]
+    causes.sort(key=lambda c: (c.how != "experiment", -(c.explains or 0)))
+    suspects = rank_suspects(hyps, order, baseline_snapshot, next_steps)
+    if causes:
+        parts = []
+        for c in causes:
+            share = (f"explains {_pct(c.explains)}, 95% CI {_pct(c.explains_ci[0])} to {_pct(c.explains_ci[1])}"
+                     if c.explains is not None and c.explains_ci else "share not measured")
+            parts.append(f"{c.hypothesis} ({share}, by {c.how}): {c.summary}")
+        summary = "Root cause" + ("s" if len(causes) > 1 else "") + ": " + " | ".join(parts) + "."
+    else:
+        summary = "No confirmed root cause."
+        if suspects:
+            top = suspects[0]
+            summary += (f" Top suspect: {top.hypothesis}" + (f" ({top.rank})" if top.rank else "")
+                        + f": {top.because}" + (f"; to confirm it: {top.next}" if top.next else "") + ".")
+            if len(suspects) > 1:
+                summary += " Other suspects: " + ", ".join(s.hypothesis for s in suspects[1:]) + "."
+    if undecided:
+        summary += " Could not decide: " + ", ".join(o.hypothesis for o in undecided) + "."
+    if not_judged.flags or not_judged.env:
+        summary += " Not judged: " + ", ".join([f"--{f}" for f in not_judged.flags] + not_judged.env) + "."
+    return Conclusion(root_cause=causes[0] if causes else None, root_causes=causes, suspects=suspects,
+                      ruled_out=ruled, inconclusive=undecided, not_judged=not_judged, summary=summary,
+                      exit_code=0 if causes else 3)

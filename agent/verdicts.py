@@ -1,0 +1,189 @@
+"""What a hypothesis' verdict is, from its rule findings and its experiments' results.
+
+Pure functions over pydantic models; the graph's nodes only load and store them.
+
+The words keep the promises of DESIGN.md's "Verdicts": ``confirmed`` only by an experiment
+decided "a cause" or by a rule whose evidence is decisive on its own; ``ruled_out`` only by
+an experiment decided "not a cause" or a rule whose evidence positively excludes it;
+an experiment that stays undecided at its run budget (or fails) makes the hypothesis
+``inconclusive``, with the reason and the next step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+Status = Literal["pending", "suspect", "confirmed", "ruled_out", "inconclusive"]
+EXPLAINED_ENOUGH = 0.9
+
+
+class Hyp(BaseModel):
+    """One hypothesis as the run sees it (stored in the graph state as its ``model_dump``)."""
+
+    status: Status = "pending"
+    how: str | None = None            # experiment | evidence
+    because: list[str] = Field(default_factory=list)
+    share: float | None = None        # measured share of the regression its experiments recovered
+    share_se: float | None = None
+    share_ci: tuple[float, float] | None = None
+    findings: list[dict[str, Any]] = Field(default_factory=list)
+    experiments: list[dict[str, Any]] = Field(default_factory=list)   # still to run
+    results: list[dict[str, Any]] = Field(default_factory=list)
+    next: str | None = None           # what would decide it
+    culprit: dict[str, Any] | None = None
+    groups_tried: bool = False
+
+
+class Finding(BaseModel):
+    verdict: str
+    because: str
+    rule: int = -1
+    experiment: dict[str, Any] | None = None
+
+
+def from_findings(findings: list[Finding], next_step: str | None) -> Hyp:
+    """The verdict of a hypothesis on the evidence alone (before any experiment)."""
+    strong = [f for f in findings if f.verdict in ("suspect", "confirmed")]
+    if strong:
+        confirmed = any(f.verdict == "confirmed" for f in strong)
+        return Hyp(status="confirmed" if confirmed else "suspect", how="evidence" if confirmed else None,
+                   because=[f.because for f in strong], findings=[f.model_dump() for f in strong],
+                   experiments=[f.experiment for f in strong if f.experiment],
+                   next=None if confirmed else next_step)
+    f = findings[0]
+    return Hyp(status=f.verdict, how="evidence" if f.verdict == "ruled_out" else None,  # type: ignore[arg-type]
+               because=[f.because], findings=[f.model_dump()],
+               next=next_step if f.verdict == "inconclusive" else None)
+
+
+def _combine(h: Hyp, share: float, se: float | None) -> tuple[float, float | None, tuple[float, float] | None]:
+    total = (h.share or 0.0) + share
+    if se is None:
+        return total, h.share_se, h.share_ci
+    tse = math.sqrt((h.share_se or 0.0) ** 2 + se ** 2)
+    return total, tse, (total - 1.96 * tse, total + 1.96 * tse)
+
+
+def apply_result(h: Hyp, spec: dict[str, Any], res: dict[str, Any], max_runs_hint: int | None = None) -> Hyp:
+    """The hypothesis after one experiment's result (``res`` as the experiment node stores it)."""
+    h = h.model_copy(deep=True)
+    res = {**res, "group": spec.get("group")}
+    within_group = bool(spec.get("group")) and any(
+        r.get("outcome") == "cause" and set(spec["group"]) < set(r.get("group") or []) for r in h.results)
+    h.results.append(res)
+    h.experiments = [e for e in h.experiments if e != spec]
+    untested = [f for f in h.findings if f["verdict"] == "suspect" and not f.get("experiment")]
+    nothing_left = not h.experiments and not untested
+    title = spec.get("title") or spec["kind"]
+    if res.get("error"):
+        h.because.append(f"experiment failed: {res['error']}")
+        if h.status == "suspect" and nothing_left:
+            h.status, h.how = "inconclusive", None
+            h.next = f"fix what stopped \"{title}\" and run it again"
+        return h
+    outcome = res.get("outcome") or ("cause" if res.get("significant") else "more")
+    h.because.append(res["text"])
+    if outcome == "cause":
+        h.status, h.how, h.next = "confirmed", "experiment", None
+        if res.get("share_ci") is not None and within_group:   # the narrower group's measurement replaces the wider one's
+            h.share, h.share_se, h.share_ci = float(res["share"]), res.get("share_se"), tuple(res["share_ci"])
+        elif res.get("share_ci") is not None:
+            h.share, h.share_se, h.share_ci = _combine(h, float(res["share"]), res.get("share_se"))
+        if res.get("culprit"):
+            h.culprit = res["culprit"]
+    elif outcome == "not_cause":
+        if h.status == "suspect" and nothing_left and not any(r.get("outcome") == "more" for r in h.results):
+            h.status, h.how = "ruled_out", "experiment"
+    else:
+        runs = len(res.get("samples") or [])
+        hint = max_runs_hint or max(2 * runs, 8)
+        if h.status == "suspect" and nothing_left:
+            h.status, h.how = "inconclusive", None
+        if h.status != "confirmed":
+            h.next = f"repeat \"{title}\" with more runs (--max-runs {hint}): {runs} runs could not decide it"
+    return h
+
+
+def explained(hyps: dict[str, Hyp]) -> tuple[float, tuple[float, float] | None]:
+    """The share of the regression the confirmed causes' experiments recovered, with its interval."""
+    measured = [h for h in hyps.values() if h.status == "confirmed" and h.share is not None]
+    total = sum(h.share or 0.0 for h in measured)
+    if not measured:
+        return 0.0, None
+    se = math.sqrt(sum((h.share_se or 0.0) ** 2 for h in measured))
+    return total, (total - 1.96 * se, total + 1.96 * se)
+
+
+def explains_enough(hyps: dict[str, Hyp]) -> bool:
+    """Stop testing: the confirmed causes explain the regression within its interval."""
+    total, ci = explained(hyps)
+    if total >= EXPLAINED_ENOUGH:
+        return True
+    return bool(ci and ci[1] >= 1.0 and ci[0] >= 0.5)
+
+
+# ---------------------------------------------------------------- what no list judges
+class NotJudged(BaseModel):
+    flags: list[str] = Field(default_factory=list)
+    env: list[str] = Field(default_factory=list)
+
+
+def _matches(item: dict[str, Any], value: Any) -> bool:
+    return value is not None and ("value" not in item or str(value) == str(item["value"]))
+
+
+def not_judged(server: dict[str, Any] | None, knowledge: dict[str, Any]) -> NotJudged:
+    """Flags and performance variables that no knowledge list names (as set, or as harmless)."""
+    if not server:
+        return NotJudged()
+    flags = server.get("flags") or {}
+    env = server.get("env") or {}
+    norm = lambda s: str(s).replace("_", "-").lower()  # noqa: E731
+    usual = {norm(f) for f in knowledge.get("usual_flags") or []}
+    costly = [c for c in knowledge.get("costly_flags") or []]
+    nj_flags = [f for f in flags if norm(f) not in usual
+                and not any(norm(c["flag"]) == norm(f) and _matches(c, flags[f]) for c in costly)]
+    prefixes = tuple(knowledge.get("perf_env_prefixes") or [])
+    usual_env = set(knowledge.get("usual_env") or [])
+    costly_env = knowledge.get("costly_env") or []
+    nj_env = [v for v in env if prefixes and v.startswith(prefixes) and v not in usual_env
+              and not any(c["var"] == v and _matches(c, env[v]) for c in costly_env)]
+    return NotJudged(flags=sorted(nj_flags), env=sorted(nj_env))
+
+
+def group_experiment(hid: str, items: list[str]) -> dict[str, Any]:
+    """One restart with a group of not-judged flags (serving_config) or variables (env_var) removed."""
+    if hid == "serving_config":
+        return {"kind": "server_restart", "title": "restart the server without the not-judged flags "
+                + ", ".join(f"--{f}" for f in items), "unset_flags": list(items), "group": list(items)}
+    return {"kind": "server_restart", "title": "restart the server without the not-judged variables "
+            + ", ".join(items), "unset_env": list(items), "group": list(items)}
+
+
+def split_group(hid: str, spec: dict[str, Any], res: dict[str, Any]) -> list[dict[str, Any]]:
+    """A group that recovered is split in halves, like a bisection; a single item is the answer."""
+    group = spec.get("group") or []
+    if len(group) < 2 or res.get("outcome") != "cause":
+        return []
+    mid = len(group) // 2
+    return [group_experiment(hid, group[:mid]), group_experiment(hid, group[mid:])]
+
+
+# ---------------------------------------------------------------- experiment order
+def evidence_rank(spec: dict[str, Any], baseline_head: str | None) -> int:
+    """0: a difference from the baseline snapshot or a value known to cost performance; 1: other
+    evidence (the reflog shows the checkout moved); 2: a group of not-judged values."""
+    if spec.get("group"):
+        return 2
+    if spec["kind"] == "code_revert" and not (baseline_head and spec.get("to") == baseline_head):
+        return 1
+    return 0
+
+
+def order_experiments(cands: list[tuple[str, dict[str, Any]]], order: list[str], costs: dict[str, int],
+                      baseline_head: str | None) -> list[tuple[str, dict[str, Any]]]:
+    """Best expected value first: strength of evidence, then the playbook's cost, then its order."""
+    return sorted(cands, key=lambda c: (evidence_rank(c[1], baseline_head), costs.get(c[0], 1), order.index(c[0])))

@@ -1,0 +1,176 @@
+"""Verdicts and the conclusion: the promises of each word, as pure functions."""
+
+from __future__ import annotations
+
+from agent import conclusion as concl
+from agent import verdicts as vd
+from agent.playbook import Finding, evaluate, load_playbook
+
+ORDER = ["code_change", "serving_config", "compiled_dependency"]
+REG = {"measured": True, "real": True, "delta": 10.0, "outcome": "regression"}
+
+
+def hyps(**status: str) -> dict[str, vd.Hyp]:
+    return {h: vd.Hyp(status=status.get(h, "ruled_out"), because=[f"{h} evidence"]) for h in ORDER}
+
+
+def run(hs: dict[str, vd.Hyp], snapshot: bool = False) -> concl.Conclusion:
+    return concl.conclude(hs, ORDER, REG, baseline_snapshot=snapshot, next_steps={"compiled_dependency": "reinstall it"},
+                          not_judged=vd.NotJudged())
+
+
+def test_elimination_ranks_but_never_confirms():
+    """The only suspect left is ranked first with explains null and exit 3, and the step that would confirm it."""
+    c = run(hyps(compiled_dependency="suspect"))
+    assert c.exit_code == 3 and c.root_cause is None and c.root_causes == []
+    top = c.suspects[0]
+    assert top.hypothesis == "compiled_dependency" and "does not confirm" in top.rank and top.next == "reinstall it"
+    assert c.to_json()["schema"] == 2
+
+
+def test_with_a_baseline_snapshot_it_is_the_remaining_difference():
+    """With a baseline snapshot the last untested difference is called the remaining difference, still unconfirmed."""
+    c = run(hyps(compiled_dependency="suspect"), snapshot=True)
+    assert "remaining difference" in c.suspects[0].rank and c.exit_code == 3
+
+
+def test_an_open_hypothesis_stops_elimination():
+    """With something undecided, the last suspect is not 'the only one not ruled out'."""
+    c = run(hyps(compiled_dependency="suspect", code_change="inconclusive"))
+    assert c.suspects[0].rank is None and [o.hypothesis for o in c.inconclusive] == ["code_change"]
+
+
+def result(outcome: str, share: float = 0.0, ci=None) -> dict:
+    return {"kind": "server_restart", "title": "t", "samples": [1.0] * 6, "share": share, "outcome": outcome,
+            "share_ci": ci, "share_se": 0.05 if ci else None, "significant": outcome == "cause", "text": outcome}
+
+
+SPEC = {"kind": "server_restart", "title": "t"}
+
+
+def test_undecided_experiment_is_inconclusive_never_ruled_out():
+    """An experiment still undecided at its budget leaves the hypothesis inconclusive, with the next step."""
+    h = vd.apply_result(vd.Hyp(status="suspect", experiments=[SPEC]), SPEC, result("more"))
+    assert h.status == "inconclusive" and "--max-runs" in h.next
+
+
+def test_not_a_cause_rules_out_and_a_cause_confirms_with_its_interval():
+    """'not a cause' rules out by experiment; 'cause' confirms with the measured share and interval."""
+    h = vd.apply_result(vd.Hyp(status="suspect", experiments=[SPEC]), SPEC, result("not_cause"))
+    assert (h.status, h.how) == ("ruled_out", "experiment")
+    h = vd.apply_result(vd.Hyp(status="suspect", experiments=[SPEC]), SPEC, result("cause", 0.3, [0.2, 0.4]))
+    assert (h.status, h.how, h.share) == ("confirmed", "experiment", 0.3) and h.share_ci[0] < 0.3 < h.share_ci[1]
+    c = run({**hyps(), "serving_config": h})
+    assert c.exit_code == 0 and c.root_cause.explains == 0.3 and c.root_cause.explains_ci is not None
+
+
+def test_evidence_confirms_with_explains_null():
+    """A cause confirmed by decisive evidence has no measured share: explains and its interval are null."""
+    hs = hyps()
+    hs["code_change"] = vd.Hyp(status="confirmed", how="evidence", because=["thermal slowdown under load"])
+    c = run(hs)
+    assert c.exit_code == 0 and c.root_cause.explains is None and c.root_cause.explains_ci is None
+
+
+def test_partial_causes_do_not_explain_enough_until_they_add_up():
+    """30% explained keeps testing; 95% stops."""
+    a = vd.Hyp(status="confirmed", how="experiment", share=0.3, share_se=0.05)
+    assert not vd.explains_enough({"a": a})
+    b = vd.Hyp(status="confirmed", how="experiment", share=0.65, share_se=0.05)
+    assert vd.explains_enough({"a": a, "b": b})
+
+
+KNOWLEDGE = load_playbook(None).knowledge
+
+
+def test_not_judged_lists_what_no_knowledge_list_names():
+    """Unknown flags and performance variables are not judged; model flags, harmless env and costly matches are not."""
+    server = {"flags": {"model-path": "x", "tp": 8, "enable-mixed-chunk": True, "disable-cuda-graph": True,
+                        "speculative-attention-mode": "decode"},
+              "env": {"HF_TOKEN": "[REDACTED]", "CUDA_VISIBLE_DEVICES": "0", "SGLANG_ENABLE_TORCH_COMPILE": "0",
+                      "CUDA_LAUNCH_BLOCKING": "1", "NCCL_DEBUG": "WARN"}}
+    nj = vd.not_judged(server, KNOWLEDGE)
+    assert nj.flags == ["enable-mixed-chunk", "speculative-attention-mode"]
+    assert nj.env == ["NCCL_DEBUG", "SGLANG_ENABLE_TORCH_COMPILE"]
+
+
+def test_an_unlisted_flag_is_never_a_reason_to_rule_out():
+    """Without a baseline snapshot, an unlisted flag leaves serving_config not judged (inconclusive), not ruled out."""
+    pb = load_playbook(None)
+    server = {"flags": {"model-path": "x", "enable-mixed-chunk": True}, "env": {}}
+    facts = {"server": server, "diff": None, "knowledge": pb.knowledge,
+             "not_judged": vd.not_judged(server, pb.knowledge).model_dump()}
+    f = evaluate(pb.get("serving_config"), facts)
+    assert [x.verdict for x in f] == ["inconclusive"] and "enable-mixed-chunk" in f[0].because
+
+
+def test_groups_split_like_a_bisection():
+    """A group of not-judged flags that recovers is split in halves; one that does not is not split."""
+    spec = vd.group_experiment("serving_config", ["a", "b", "c"])
+    assert spec["unset_flags"] == ["a", "b", "c"]
+    halves = vd.split_group("serving_config", spec, {"outcome": "cause"})
+    assert [h["group"] for h in halves] == [["a"], ["b", "c"]]
+    assert vd.split_group("serving_config", spec, {"outcome": "not_cause"}) == []
+
+
+def test_experiments_ordered_by_expected_value():
+    """A baseline difference or a known-costly value first, then the playbook's cost; a reflog revert and groups last."""
+    cands = [("code_change", {"kind": "code_revert", "to": "abc"}),
+             ("serving_config", vd.group_experiment("serving_config", ["x"])),
+             ("env_var", {"kind": "server_restart", "title": "without X"}),
+             ("gpu_clocks", {"kind": "power_limit"})]
+    order = ["code_change", "gpu_clocks", "serving_config", "env_var"]
+    costs = {"code_change": 3, "gpu_clocks": 1, "serving_config": 2, "env_var": 2}
+    got = [h for h, _ in vd.order_experiments(cands, order, costs, None)]
+    assert got == ["gpu_clocks", "env_var", "code_change", "serving_config"]
+    got = [h for h, _ in vd.order_experiments(cands, order, costs, "abc")]
+    assert got[:2] == ["gpu_clocks", "env_var"] and got[2] == "code_change"
+
+
+def test_findings_decide_the_first_verdict():
+    """Suspect findings give a suspect with its experiments; an inconclusive finding carries the next step."""
+    h = vd.from_findings([Finding(verdict="suspect", because="b", rule=1, experiment=SPEC)], "next")
+    assert h.status == "suspect" and h.experiments == [SPEC]
+    h = vd.from_findings([Finding(verdict="inconclusive", because="no reading", rule=0)], "read it under load")
+    assert h.status == "inconclusive" and h.next == "read it under load"
+
+
+# ---------------------------------------------------------------- end to end on simulated hosts
+def _events(out) -> list[dict]:
+    import json
+    from pathlib import Path
+    return [json.loads(x) for x in (Path(out["transcript"]) / "events.jsonl").read_text().splitlines()]
+
+
+def test_max_runs_caps_every_experiment(tmp_path):
+    """`--max-runs 3` runs at most 3 benchmark runs per experiment, the re-measured reference included."""
+    from agent.run import RunOptions, investigate
+    out = investigate(RunOptions(host="sim:two-causes", symptom="decode 69 tok/s", baseline="decode 89 tok/s",
+                                 as_json=True, out=str(tmp_path / "run"), max_runs=3))
+    per: dict[str, int] = {}
+    current = None
+    for e in _events(out):
+        if e["event"] == "experiment" and e.get("phase") == "start":
+            current = e["text"]
+            per[current] = 0
+        elif e["event"] == "experiment" and e.get("phase") == "result":
+            current = None
+        elif e["event"] == "tool_call" and e["tool"] == "bench" and current:
+            per[current] += 1
+    assert per and all(n <= 3 for n in per.values()), per
+
+
+def test_snapshot_without_numbers_measures_no_share(tmp_path):
+    """A baseline snapshot with no benchmark numbers gives causes with explains null, never an absurd share."""
+    from agent.run import RunOptions, investigate
+    from tools.registry import Runner
+    from tools.sim import SimTransport
+    from tools.snapshot import collect, dump
+    snap = tmp_path / "good.json"
+    with SimTransport("sim:launch-blocking@good") as t:
+        snap.write_text(dump(collect(Runner(t), bench_runs=0)))
+    out = investigate(RunOptions(host="sim:launch-blocking", symptom="verify 30ms", baseline_snapshot=str(snap),
+                                 as_json=True, out=str(tmp_path / "run")))
+    assert out["root_cause"]["hypothesis"] == "env_var" and out["exit_code"] == 0
+    assert out["root_cause"]["explains"] is None and out["root_cause"]["explains_ci"] is None
+    assert "share not measured" in out["summary"]

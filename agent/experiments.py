@@ -267,16 +267,17 @@ class Lab:
                                  "restored first and the experiment runs again")
 
     def sample(self, r: Runner, cwd: str | None, bad: list[float], regression: float | None, why: str,
-               first: int = 2, env: dict[str, str] | None = None) -> tuple[list[float], Any]:
+               first: int = 2, env: dict[str, str] | None = None, interleave: bool = False) -> tuple[list[float], Any]:
         """Benchmark the changed state until ``stats.decide`` says cause or not a cause, or the budget ends.
 
         ``bad`` holds the reference state's runs (the reproduce step's and any re-measured since).
-        When the change lives in a worktree (``cwd`` is not the server's own), the reference state
-        is still live and is re-measured between the changed state's runs, so drift cannot decide.
+        With ``interleave`` (the change lives in a worktree the benchmark runs in, while the server
+        and the checkout stay as found), the reference state is still live and is re-measured
+        between the changed state's runs, so drift cannot decide. After a restart it is not:
+        the reference runs then come from before the change.
         At most ``max_runs`` runs in all (0: a budget from the noise and the regression's size).
         """
         cap = self.measure_spec.max_runs or 0
-        interleave = cwd != self.measure_spec.cwd
         ref, vals = list(bad), []
         runs, d = 0, None
         fresh = getattr(self, "fresh_runs", 0)   # the last runs of ``bad`` were measured just before the change
@@ -547,7 +548,8 @@ class Lab:
         else:
             where = "benchmark in the worktree"
         self.emit("experiment", phase="measure", text=f"benchmark at {target[:7]} ({where})")
-        vals, d = self.sample(r, bench_cwd, bad, regression, why=f"the benchmark at {target[:7]}")
+        vals, d = self.sample(r, bench_cwd, bad, regression, why=f"the benchmark at {target[:7]}",
+                              interleave=plan.mode != "server")
         text = f"at {target[:7]} ({where}): {d.text}"
         extra: dict[str, Any] = {"commit": target, "mode": plan.mode, "plan": plan.why}
         if d.significant and spec.get("bisect", True):

@@ -485,6 +485,8 @@ class SimHost:
             (etc / "debugagent").mkdir(exist_ok=True)
             profile = {"bench": self.scenario.bench.model_copy(update={"args": self.state["bench_args"]}).command(),
                        "metric": self.scenario.bench.metric, "unit": self.scenario.bench.unit}
+            if self.scenario.host.wheelhouse:   # a team that keeps its wheels names the folder in the profile
+                profile["wheelhouse"] = self.scenario.host.wheelhouse.path
             (etc / "debugagent" / "host.json").write_text(json.dumps(profile) + "\n")
 
     def _clients(self) -> None:

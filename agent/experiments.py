@@ -453,27 +453,35 @@ class Lab:
         self._wait_ready(r, new, None, 0)
         return new
 
-    def _await_new_server(self, r: Runner, old: int) -> int:
-        """After a hook: the server process that replaced ``old`` (a hook may return before its service restarts)."""
+    def _poll(self, probe: Callable[[float], Any], waiting: Callable[[float], str], too_long: str) -> Any:
+        """``probe(elapsed)`` every 0.5 s until it returns something, with a progress line every 5 s;
+        ``ExperimentError(too_long)`` after ``--ready-timeout``."""
         limit = self.measure_spec.ready_timeout_s
-        started = time.monotonic()
-        said = started
+        started = said = time.monotonic()
         while True:
-            try:
-                srv = self._find_server(r)
-                if srv.pid != old:
-                    return srv.pid
-            except ExperimentError:
-                pass
+            got = probe(time.monotonic() - started)
+            if got is not None:
+                return got
             now = time.monotonic()
             if now - started > limit:
-                raise ExperimentError(f"no new server process appeared within {limit:.0f} s of the restart hook "
-                                      "(give a longer --ready-timeout, or check the hook)")
+                raise ExperimentError(too_long)
             if now - said >= 5:
                 said = now
-                self.emit("experiment", phase="wait", text=f"waiting for the restarted server: {now - started:.0f} s of "
-                          f"{limit:.0f} s")
+                self.emit("experiment", phase="wait", text=waiting(now - started))
             time.sleep(0.5)
+
+    def _await_new_server(self, r: Runner, old: int) -> int:
+        """After a hook: the server process that replaced ``old`` (a hook may return before its service restarts)."""
+        def probe(elapsed: float) -> int | None:
+            try:
+                srv = self._find_server(r)
+            except ExperimentError:
+                return None
+            return srv.pid if srv.pid != old else None
+        limit = self.measure_spec.ready_timeout_s
+        return self._poll(probe, lambda t: f"waiting for the restarted server: {t:.0f} s of {limit:.0f} s",
+                          f"no new server process appeared within {self.measure_spec.ready_timeout_s:.0f} s of the "
+                          "restart hook (give a longer --ready-timeout, or check the hook)")
 
     def _wait_ready(self, r: Runner, pid: int, log: str | None, offset: int) -> None:
         """By the host profile's health URL or log line; without either, the benchmark's retries wait."""
@@ -483,27 +491,21 @@ class Lab:
                       "(no health_url or ready_line in the host profile)")
             return
         what = f"{url} answers" if url else f"`{line}` appears in {log}"
-        limit = self.measure_spec.ready_timeout_s
-        started = time.monotonic()
-        said = started
-        while True:
+
+        def probe(elapsed: float) -> bool | None:
             o = r.call("server_ready", {"pid": pid, "url": url, "log": log if not url else None,
                                         "line": line if not url else None, "offset": offset}, why=f"ready when {what}")
             state = o.output.state if o.ok else "waiting"
-            now = time.monotonic()
-            if state == "ready":
-                self.emit("experiment", phase="wait", text=f"server pid {pid} is ready ({what}) after {now - started:.1f} s")
-                return
             if state == "dead":
                 raise ExperimentError(f"the server (pid {pid}) exited while starting" + (f"; its log is {log}" if log else ""))
-            if now - started > limit:
-                raise ExperimentError(f"the server (pid {pid}) was not ready after {limit:.0f} s (waiting until {what}); "
-                                      "give a longer --ready-timeout")
-            if now - said >= 5:
-                said = now
-                self.emit("experiment", phase="wait", text=f"waiting for server pid {pid}: {now - started:.0f} s of "
-                          f"{limit:.0f} s (until {what})")
-            time.sleep(0.5)
+            if state != "ready":
+                return None
+            self.emit("experiment", phase="wait", text=f"server pid {pid} is ready ({what}) after {elapsed:.1f} s")
+            return True
+        limit = self.measure_spec.ready_timeout_s
+        self._poll(probe, lambda t: f"waiting for server pid {pid}: {t:.0f} s of {limit:.0f} s (until {what})",
+                   f"the server (pid {pid}) was not ready after {self.measure_spec.ready_timeout_s:.0f} s "
+                   f"(waiting until {what}); give a longer --ready-timeout")
 
     # ------------------------------------------------------------ code
     def _code_plan(self, r: Runner, repo: str, wt: str, facts: dict[str, Any]) -> tuple[Any, CodePlan]:

@@ -135,27 +135,11 @@ def prepare(opts: RunOptions) -> tuple[Any, Any, Any, Any]:
         check_pair(symptom, baseline)
     if opts.baseline and opts.baseline_snapshot:
         raise UsageError("--baseline and --baseline-snapshot both given", fix="give one: a number or a snapshot of the good state")
-    for flag, pattern in (("--bench-regex", opts.bench_regex), ("--server-pattern", opts.server_pattern)):
-        check_regex(flag, pattern)
     snap = Snapshot.load(opts.baseline_snapshot) if opts.baseline_snapshot else None
     check_input(DiscoveryInput(server_pattern=opts.server_pattern, python=opts.python, repo=opts.repo,
                                bench=opts.bench, bench_regex=opts.bench_regex, metric=symptom.metric))
     playbook = load_playbook(opts.playbook)
     return symptom, baseline, snap, playbook
-
-
-def check_regex(flag: str, pattern: str | None) -> None:
-    """A regex flag compiles here (``--bench-regex`` with a group for the value), or exit 2 naming it."""
-    if pattern is None:
-        return
-    try:
-        rx = re.compile(pattern)
-    except re.error as exc:
-        raise UsageError(f"{flag} {pattern!r} is not a regular expression: {exc}",
-                         fix="check the brackets and escapes, e.g. " + ("--bench-regex 'verify=([0-9.]+)'" if flag == "--bench-regex" else "--server-pattern 'sglang|vllm'")) from exc
-    if flag == "--bench-regex" and rx.groups < 1:
-        raise UsageError(f"{flag} {pattern!r} has no group for the value",
-                         fix="put the number in a group: --bench-regex 'verify=([0-9.]+)'")
 
 
 def execute(opts: RunOptions, *, folder: Path | None = None, resume: bool = False) -> int:

@@ -79,10 +79,11 @@ def apply_result(h: Hyp, spec: dict[str, Any], res: dict[str, Any], max_runs_hin
     nothing_left = not h.experiments and not untested
     title = spec.get("title") or spec["kind"]
     if res.get("error"):
+        # nothing was measured: the evidence still points where it did (a suspect stays a suspect),
+        # and what stopped the experiment says how to run it
         h.because.append(f"experiment failed: {res['error']}")
         if h.status == "suspect" and nothing_left:
-            h.status, h.how = "inconclusive", None
-            h.next = f"fix what stopped \"{title}\" and run it again"
+            h.next = f"\"{title}\", once what stopped it (above) is fixed"
         return h
     outcome = res.get("outcome") or ("cause" if res.get("significant") else "more")
     h.because.append(res["text"])

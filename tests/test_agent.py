@@ -64,12 +64,12 @@ def check(sc, out) -> None:
     assert out["commands"] > 0 and Path(out["transcript"], "transcript.md").is_file()
 
 
-@pytest.mark.parametrize("name", ALL)
 def given_bench(sc) -> str | None:
     """The --bench a user gives where the host has no profile naming its benchmark."""
     return None if sc.host.profile else sc.bench.command()
 
 
+@pytest.mark.parametrize("name", ALL)
 def test_scenario_with_numbers(name, tmp_path):
     """Each built-in scenario is diagnosed from `--baseline METRIC VALUE UNIT`."""
     sc = load_scenario(name)

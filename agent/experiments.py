@@ -26,7 +26,7 @@ from tools.registry import Runner
 
 from .discovery import find_server
 from .journal import Journal
-from .stats import bisect_step, culprit_confidence, decide, pooled_sd, run_budget
+from .stats import AUTO_CAP, PROMISING, bisect_step, culprit_confidence, decide, pooled_sd, run_budget
 
 BISECT_STEP_MOST = 5
 
@@ -281,9 +281,12 @@ class Lab:
         ref, vals = list(bad), []
         runs, d = 0, None
         fresh = getattr(self, "fresh_runs", 0)   # the last runs of ``bad`` were measured just before the change
+        limit = (cap * 2 // 3 if interleave else cap) or None
+        extended = False
         while True:
-            # the budget follows the noise as measured so far (reference and changed state pooled)
-            most = run_budget(pooled_sd(ref, vals)[0], regression, len(ref), (cap * 2 // 3 if interleave else cap) or None)
+            # the budget follows the noise as measured so far (reference and changed state pooled); a partial
+            # cause still taking shape at the budget (p < PROMISING) runs on to the cap instead
+            most = (limit or AUTO_CAP) if extended else run_budget(pooled_sd(ref, vals)[0], regression, len(ref), limit)
             for _ in range(first if not vals else 1):
                 vals.append(self._measured(r, cwd, why, env))
                 runs += 1
@@ -291,8 +294,13 @@ class Lab:
                 ref.append(self._measured(r, self.measure_spec.cwd, "the reference state (unchanged), between runs"))
                 runs += 1
                 fresh += 1
-            final = len(vals) >= most or bool(cap and runs + (2 if interleave else 1) > cap)
+            capped = bool(cap and runs + (2 if interleave else 1) > cap)
+            final = len(vals) >= most or capped
             d = decide(ref, vals, regression, self.lower, final=final, fresh=fresh)
+            if final and not d.decided and not capped and not extended and d.p < PROMISING \
+                    and len(vals) < (limit or AUTO_CAP):
+                extended = True
+                continue
             if d.decided or final:
                 break
         self.last_decision = d

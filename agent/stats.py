@@ -40,6 +40,7 @@ ALPHA_REPRODUCE = 0.002
 RELEVANT_PCT = 1.0      # a regression must be at least this percent of the baseline to be reported
 MIN_BUDGET = 4         # an experiment may stop earlier once decided, but never gives up before this
 AUTO_CAP = 16           # the most runs of the changed state when no --max-runs is given
+PROMISING = 0.05        # at its budget, an experiment this close to "a cause" (a partial cause) runs on to the cap
 POWER = 0.95
 PARTIAL = 0.3           # the run budget is sized to find a cause of this share ...
 PARTIAL_POWER = 0.8     # ... this often

@@ -89,7 +89,7 @@ def test_metric_names_match_case_insensitively_and_rates_convert():
 
 def test_zero_baseline_and_swapped_pair_are_bad_input():
     """`--baseline 'verify 0ms'` and a symptom better than its baseline are exit-2 errors with a fix."""
-    with pytest.raises(UsageError, match="baseline of 0") as e:
+    with pytest.raises(UsageError, match="--baseline 'verify 0ms': the value must be a positive number") as e:
         check_pair(parse_symptom("verify 30ms"), parse_symptom("verify 0ms", "--baseline"))
     assert e.value.exit_code == 2
     with pytest.raises(UsageError, match="swapped"):

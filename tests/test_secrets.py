@@ -130,7 +130,9 @@ def test_no_planted_secret_in_any_artifact_of_a_simulated_run(tmp_path, env):
     r = cli("run", "--host", f"sim:{scenario}", "--symptom", "verify 30ms", "--baseline", "verify 20ms",
             "--bench", bench, "--llm", llm, "--reproduce-runs", "3", "--max-runs", "3", "--out", str(out), env=env)
     assert r.returncode in (0, 3), r.stderr[-2000:]      # 3 where a loaded machine leaves the GPU sample undecided
-    assert "[agent]" in r.stderr and "commands" in r.stdout and "restart the server" in r.stderr
+    # the console's plain lines carry the reasoning (phases, verdicts) and readable flag names, never their secrets
+    assert "[phase] experiment on" in r.stderr and "[verdict]" in r.stderr and "restart the server" in r.stderr
+    assert "--max-num-batched-tokens" in r.stderr and "commands" in r.stdout
     assert leaks((r.stdout + r.stderr).encode(), secrets) == []
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().split("\n") if line]
     kinds = {e["event"] for e in events}
@@ -267,3 +269,10 @@ def test_refused_input_writes_nothing_and_bad_out_is_exit_2(tmp_path, env):
             "--out", str(tmp_path / "afile" / "run"), env=env)
     assert r.returncode == 2 and "--out" in r.stderr and "not a writable folder" in r.stderr
     assert not state.exists() or not any(state.rglob("*.json*"))
+
+
+def test_a_module_named_like_a_token_prefix_stays_readable():
+    """hf_transfer (a module of the hf-transfer package) is no Hugging Face token; a real-looking one still is."""
+    from tools.redact import redact_text
+    assert redact_text('"modules": ["hf_transfer"]') == '"modules": ["hf_transfer"]'
+    assert "hf_PlantedHfToken04abc" not in redact_text("token hf_PlantedHfToken04abc")

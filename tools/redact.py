@@ -75,7 +75,7 @@ _PEM = re.compile(r"-----BEGIN ([A-Z0-9 ]*PRIVATE KEY[A-Z ]*)-----.*?(?:-----END
 _PEM_ESCAPED = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----(?:\\n|\\r|[A-Za-z0-9+/= \t\r\n])*"
                           r"(?:-----END [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----)?")
 _TOKENS = re.compile(r"\b(?:" + "|".join([
-    r"hf_[A-Za-z0-9]{8,}",
+    r"hf_(?=[a-z]*[A-Z0-9])[A-Za-z0-9]{8,}",   # a token mixes case or digits; a module name (hf_transfer) does not
     r"github_pat_[A-Za-z0-9_]{20,}",
     r"gh[pousr]_[A-Za-z0-9]{16,}",
     r"glpat-[A-Za-z0-9_-]{12,}",

@@ -137,7 +137,8 @@ def test_no_planted_secret_in_any_artifact_of_a_simulated_run(tmp_path, env):
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().split("\n") if line]
     kinds = {e["event"] for e in events}
     assert {"tool_result", "experiment", "llm_call", "conclusion"} <= kinds   # undo steps, an LLM exchange: all there
-    assert json.loads((out / "undo.json").read_text()) == []
+    journal = json.loads((out / "journal.json").read_text())   # the undo journal: every step it recorded is done
+    assert journal["steps"] and all(step["done"] for step in journal["steps"])
     assert (out / "checkpoints.sqlite").stat().st_size > 0
     assert check_folder(out, secrets) == {}
     # the grep can find: what the diagnosis needs is in the very same files, the SQLite one included
@@ -153,7 +154,8 @@ def test_no_planted_secret_in_any_artifact_of_a_simulated_run(tmp_path, env):
     assert "BENCH_API_TOKEN=[REDACTED] gpu-bench" in text      # the command as sent stays readable
 
     snap = tmp_path / "snap.json"
-    r = cli("snapshot", "--host", f"sim:{scenario}", "-o", str(snap), "--bench", bench, "--bench-runs", "1", env=env)
+    r = cli("snapshot", "--host", f"sim:{scenario}", "-o", str(snap), "--bench", bench, "--metric", "verify", "--bench-runs", "1",
+            env=env)   # a --bench of its own says what to read from it
     assert r.returncode == 0, r.stderr[-2000:]
     assert stat.S_IMODE(snap.stat().st_mode) == 0o600
     assert leaks(snap.read_bytes() + (r.stdout + r.stderr).encode(), secrets) == []
@@ -276,3 +278,10 @@ def test_a_module_named_like_a_token_prefix_stays_readable():
     from tools.redact import redact_text
     assert redact_text('"modules": ["hf_transfer"]') == '"modules": ["hf_transfer"]'
     assert "hf_PlantedHfToken04abc" not in redact_text("token hf_PlantedHfToken04abc")
+
+
+def test_an_environment_entry_marked_with_a_plus_hides_its_whole_value():
+    """server_details prints each environ entry as `+NAME=value`: a secret value with spaces is hidden whole."""
+    from tools.redact import redact_text
+    out = redact_text("== environ\n+MY_SERVICE_PASSWORD=Planted pass phrase 22\n+PATH=/usr/bin\n")
+    assert "phrase" not in out and "+PATH=/usr/bin" in out

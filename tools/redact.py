@@ -105,7 +105,8 @@ _URL_QUERY = re.compile(r"([?&])([A-Za-z0-9_.-]+)=([^&\s'\"#<>]+)")
 
 # NAME=value (a line of an environment dump takes the rest of the line); --flag=value / --flag value
 _VALUE = r"(\"(?:[^\"\\]|\\.)*\"|'[^']*'|\$'(?:[^'\\]|\\.)*'|[^\s'\"]+)"
-_LINE_ASSIGN = re.compile(r"(?m)^(\s*(?:export\s+)?)([A-Za-z_][A-Za-z0-9_.-]*)=(.+)$")
+# (``+NAME=value``: server_details marks each entry of /proc/PID/environ with a leading ``+``)
+_LINE_ASSIGN = re.compile(r"(?m)^(\s*(?:export\s+)?\+?)([A-Za-z_][A-Za-z0-9_.-]*)=(.+)$")
 _ASSIGN = re.compile(r"(?<![\w./-])([A-Za-z_][A-Za-z0-9_.]*)=" + _VALUE)
 _FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][A-Za-z0-9_.-]*)(=|[^\S\n]+|[^\S\n]*\n)(?![-=])" + _VALUE)
 _KEYVAL = re.compile(r"(?<![\w.\"'-])([\"']?)([A-Za-z_][A-Za-z0-9_.-]*)\1(\s*:\s*)(\[REDACTED\]|\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s,}\]]+)")

@@ -21,11 +21,20 @@ HYPS = ["code_change", "gpu_clocks", "pcie_link", "serving_config", "compiled_de
 
 
 @pytest.fixture(scope="module")
-def quick(tmp_path_factory):
+def quick_state(tmp_path_factory):
+    """The state folder of the quick start's run (the simulator's per-user salt of build bytes lives there)."""
+    return tmp_path_factory.mktemp("quick-state")
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory, quick_state):
     """The README's quick start, run once for this module: (folder, transcript.md text, events)."""
     folder = tmp_path_factory.mktemp("quick") / "run"
-    investigate(RunOptions(host="sim:eagle3-flashinfer-rebuilt", symptom="verify 30ms", baseline="verify 20ms",
-                           as_json=True, out=str(folder)))
+    with pytest.MonkeyPatch.context() as mp:   # module scope: the per-test isolation does not apply yet
+        mp.setenv("XDG_STATE_HOME", str(quick_state))
+        mp.setenv("HOME", str(tmp_path_factory.mktemp("quick-home")))
+        investigate(RunOptions(host="sim:eagle3-flashinfer-rebuilt", symptom="verify 30ms", baseline="verify 20ms",
+                               as_json=True, out=str(folder)))
     events = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
     return folder, (folder / "transcript.md").read_text(), events
 
@@ -108,9 +117,10 @@ def test_every_command_is_pasteable_as_run(quick):
     assert sent <= shown
 
 
-def test_pasted_heredoc_gives_the_same_output(quick, sim):
+def test_pasted_heredoc_gives_the_same_output(quick, quick_state, sim, monkeypatch):
     """The long package probe, pasted as its heredoc, reaches the host as the same command and prints what the run recorded."""
     _, md, events = quick
+    monkeypatch.setenv("XDG_STATE_HOME", str(quick_state))   # the same user's salt: the same build bytes as in the run
     rec = next(e for e in events if e["event"] == "tool_result" and e["tool"] == "python_packages")
     block = re.search(r"```bash\nssh root@gpu-node-3 (\"\$\(cat <<'EOF'\n.*?\nEOF\n\)\")\n```", md, flags=re.S).group(1)
     # what the local shell makes of the pasted argument is the command the host runs

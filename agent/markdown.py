@@ -25,6 +25,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from tools.discovery import DiscoveryInput, candidates, rank
+from tools.host import ProcTable
 from tools.transport import ssh_line
 
 from .fixes import Fix, fixes_for
@@ -230,6 +232,80 @@ def render_unit_sep(text: str, command: str) -> list[str]:
     return lines
 
 
+def collapsed(text: str, summary: str = "the output in full") -> list[str]:
+    """A long output in a collapsed block (cut at 200 lines; the rest is in events.jsonl)."""
+    body = text.rstrip("\n").replace("\x1f", " ").split("\n")
+    if len(body) > 200:
+        body = body[:200] + [f"… ({len(body) - 200} more lines in events.jsonl)"]
+    return [f"<details><summary>{summary}</summary>", "", *fenced("\n".join(body)), "", "</details>"]
+
+
+def render_packages(parsed: dict[str, Any]) -> list[str]:
+    """``python_packages``: the packages that stand out (installed at another time than most of the
+    environment, or editable) in a table; every package in a collapsed block."""
+    pkgs = parsed["packages"]
+    header = ["package", "version", "installed (UTC)", "build hash", "editable"]
+
+    def row(p: dict[str, Any]) -> list[Any]:
+        return [p["name"], p["version"], when(p.get("installed_at")), p.get("build_hash") or "", p.get("editable") or ""]
+
+    times = Counter(when(p.get("installed_at")) for p in pkgs)
+    usual, n_usual = times.most_common(1)[0]
+    odd = [p for p in pkgs if when(p.get("installed_at")) != usual or p.get("editable")] if len(pkgs) > 8 else pkgs
+    head = f"Output (JSON, {plural(len(pkgs), 'package')}, Python {parsed.get('python_version', '?')})"
+    if odd is pkgs:
+        return [head + ":", *table(header, [row(p) for p in pkgs])]
+    head += f"; {n_usual} of them installed {usual}, the others and the editable ones here"
+    return [head + (":" if odd else ": none"), *(table(header, [row(p) for p in odd]) if odd else []),
+            "", "<details><summary>every package</summary>", "", *table(header, [row(p) for p in pkgs]), "", "</details>"]
+
+
+def render_process_table(parsed: dict[str, Any]) -> list[str]:
+    """``process_table``: evidence of which process is the server, so its row and the counts; every
+    process (argv joined by spaces, not the probe's \\x1f) and the listeners in a collapsed block."""
+    try:
+        t = ProcTable.model_validate(parsed)
+    except ValueError:
+        return ["Output: (a process table that could not be read; the raw text is in events.jsonl)"]
+    found, own = candidates(t, [], DiscoveryInput())
+    found = rank(found, DiscoveryInput())
+    head = (f"Output: {plural(len(t.procs), 'process', 'processes')} ({len(own & {p.pid for p in t.procs})} of them "
+            f"debugagent's own probe), {plural(len(t.listeners), 'listening TCP port')}; ")
+    if found:
+        s = found[0]
+        ports = f", listening on {', '.join(map(str, s.ports))}" if s.ports else ""
+        workers = f", {plural(len(s.workers), 'worker')}" if s.workers else ""
+        head += f"the server: pid {s.pid} (parent {s.ppid}{workers}{ports}) {code(shlex.join(s.argv))}"
+        if len(found) > 1:
+            head += f"; {plural(len(found) - 1, 'other server-like process', 'other server-like processes')}: " + ", ".join(
+                f"pid {o.pid}" for o in found[1:])
+    else:
+        head += "no process whose command line looks like an inference server"
+    rows = [[p.pid, p.ppid, code(p.exe) if p.exe else "", code(" ".join(p.argv)), "yes" if p.pid in own else ""]
+            for p in t.procs]
+    listen = ", ".join(f"{ln.address}:{ln.port}" + (f" (pid {', '.join(map(str, ln.pids))})" if ln.pids else "")
+                       for ln in t.listeners) or "none"
+    return [head, "<details><summary>every process and listener</summary>", "",
+            *table(["pid", "ppid", "executable", "command line", "debugagent's own"], rows), "",
+            f"TCP listeners: {listen}", "", "</details>"]
+
+
+def render_git_state(out: str, command: str, parsed: dict[str, Any]) -> list[str]:
+    """``git_state``: HEAD, branch, dirty files and the counts in one line; the log and reflog tables collapsed."""
+    full = render_unit_sep(out, command)
+    head = parsed.get("head") or ""
+    bits = [f"HEAD {code(head[:12])}" if head else "HEAD ?"]
+    if parsed.get("branch"):
+        bits.append(f"branch {code(parsed['branch'])}")
+    for key, word, many in (("dirty", "changed file", None), ("commits", "commit", None), ("reflog", "reflog entry", "reflog entries")):
+        v = parsed.get(key)
+        n = len(v) if isinstance(v, list) else v if isinstance(v, int) else None
+        if n is not None:
+            bits.append(plural(n, word, many))
+    return ["Output: " + "; ".join(bits) + " (the log and the reflog below; HEAD's moves are in the timeline)",
+            "<details><summary>the log and the reflog</summary>", "", *full, "", "</details>"]
+
+
 def render_output(tool: str, ev: dict[str, Any]) -> list[str]:
     """The output of one tool call, made readable; the raw text is in events.jsonl."""
     out = ev.get("stdout") or ""
@@ -242,20 +318,37 @@ def render_output(tool: str, ev: dict[str, Any]) -> list[str]:
         procs = parsed["processes"]
         lines = table(["pid", "command line"], [[p["pid"], code(shlex.join(p["argv"]))] for p in procs], inline_one=True) if procs else [
             "Output: (no server process)"]
+    elif tool == "process_table" and parsed.get("procs") is not None:
+        lines = render_process_table(parsed)
+    elif tool == "server_control" and parsed.get("kind"):
+        how = [f"a {parsed['kind']} process" if parsed["kind"] == "plain" else f"run by {parsed['kind']}"]
+        if parsed.get("unit"):
+            how.append(f"unit {code(parsed['unit'])}")
+        if parsed.get("parent_pid") is not None:
+            how.append(f"parent pid {parsed['parent_pid']}" + (f" ({code(parsed['parent'])})" if parsed.get("parent") else ""))
+        if parsed.get("evidence"):
+            how.append(clip_words(str(parsed["evidence"]), 120))
+        if parsed.get("stdout"):
+            how.append(f"its output goes to {code(parsed['stdout'])}")
+        lines = ["Output: " + "; ".join(how), *collapsed(out)]
+    elif tool == "import_roots" and parsed.get("modules") is not None:
+        mods = "; ".join(f"{code(m.get('module'))} from {code(m.get('root') or m.get('origin') or '?')}"
+                         + (f" ({m['how']})" if m.get("how") else "") + (f", error: {m['error']}" if m.get("error") else "")
+                         for m in parsed["modules"]) or "no module"
+        lines = [f"Output: {mods}; cwd {code(parsed.get('cwd') or '?')}", *collapsed(out)]
     elif tool == "server_details" and parsed.get("argv"):
         env = " ".join(f"{k}={v}" for k, v in (parsed.get("env") or {}).items())
         lines = [f"Output: command line {code(shlex.join(parsed['argv']))}; cwd {code(parsed.get('cwd') or '?')}; "
                  f"environment {code(env or '(empty)')}"]
     elif tool == "python_packages" and parsed.get("packages"):
-        rows = [[p["name"], p["version"], when(p.get("installed_at")), p.get("build_hash") or "",
-                 p.get("editable") or ""] for p in parsed["packages"]]
-        lines = [f"Output (JSON, {plural(len(rows), 'package')}, Python {parsed.get('python_version', '?')}):",
-                 *table(["package", "version", "installed (UTC)", "build hash", "editable"], rows)]
+        lines = render_packages(parsed)
     elif tool == "gpu_q":
         keep = [ln.strip() for ln in out.splitlines() if ":" in ln and ln.strip().split(":")[0].strip() in NVSMI_Q_KEYS
                 and "N/A" not in ln]
         lines = [f"Output ({plural(len(out.splitlines()), 'line')}; the lines that matter): "
                  + "; ".join(code(" ".join(k.split())) for k in keep[:10])]
+    elif tool == "git_state" and "\x1f" in out:
+        lines = render_git_state(out, ev.get("command") or "", parsed)
     elif "\x1f" in out:
         lines = render_unit_sep(out, ev.get("command") or "")
     elif tool == "gpu_processes" and out.strip():
@@ -271,18 +364,22 @@ def render_output(tool: str, ev: dict[str, Any]) -> list[str]:
             lines = ["Output: (none)"] if ev.get("exit_code") not in (0, None) else ["(no output)"]
         elif len(text.splitlines()) <= 2 and len(text) <= 160:
             lines = ["Output: " + " · ".join(code(x) for x in text.splitlines() if x.strip())]
+        elif len(text.splitlines()) <= 4 and max(len(x) for x in text.splitlines()) <= 100:
+            lines = ["Output: " + " · ".join(code(x.strip()) for x in text.splitlines() if x.strip())]
         else:
-            body = text.splitlines()
-            if len(body) > 24:
-                body = body[:20] + [f"… ({len(body) - 20} more lines in events.jsonl)"]
-            lines = ["Output:", *fenced("\n".join(body))]
+            lines = [f"Output ({plural(len(text.splitlines()), 'line')}; the first: "
+                     f"{code(clip_words(text.strip().splitlines()[0], 120))})", *collapsed(text)]
     if err:
         lines.append("stderr: " + code(clip_words(err, 300)))
     tail = []
     if ev.get("exit_code") not in (0, None):
         tail.append(f"exit {ev.get('exit_code')}")
     if ev.get("error"):
-        tail.append(str(ev["error"]))
+        error = " ".join(str(ev["error"]).split())
+        if err:
+            error = error.replace(" ".join(err.split()), "").rstrip(" :")   # the stderr is on its own line above
+        if error and error != f"{tool}: exit {ev.get('exit_code')}":
+            tail.append(clip_words(error, 300))
     if tail:
         lines.append("*" + "; ".join(tail) + "*")
     return lines
@@ -339,6 +436,11 @@ def render_call(doc: Doc, call: dict[str, Any], res: dict[str, Any], target: str
         doc.add(f"[msg {doc.n}] [assistant] [bash] {code(first + ' …')}{why} (sent as this heredoc:)",
                 "<details><summary>the command in full</summary>", "", *fenced(s.block or "", "bash"), "", "</details>")
     shown = render_output(call.get("tool") or res.get("tool") or "", res)
+    value = (res.get("output") or {}).get("value") if (call.get("tool") == "bench" and res.get("exit_code") == 0) else None
+    if value is not None and not (res.get("stderr") or "").strip():
+        out = res.get("output") or {}
+        doc.lines[-1] += f": {(out.get('metric') + ' ') if out.get('metric') else ''}{fmt(value)} {out.get('unit') or ''}".rstrip()
+        shown = []
     if shown == ["(no output)"]:
         doc.lines[-1] += " (no output)"
         shown = []
@@ -372,7 +474,47 @@ def render_bench_group(doc: Doc, items: list[tuple[dict[str, Any], dict[str, Any
 
 
 def bench_why(call: dict[str, Any]) -> str:
-    return re.sub(r",? run \d+ of \d+$", "", call.get("why") or "the benchmark")
+    return re.sub(r",? run \d+(?: of \d+)?$", "", call.get("why") or "the benchmark")
+
+
+REDISCOVER = ("process_table", "gpu_processes", "server_details", "import_roots", "server_control")
+
+
+def group_of(call: dict[str, Any]) -> str | None:
+    """Routine steps shown as one collapsed message: the undo steps, and finding the server again."""
+    if (call.get("why") or "").startswith("undo:"):
+        return "undo"
+    if call.get("tool") in REDISCOVER:
+        return "find"
+    return None
+
+
+def render_group(doc: Doc, kind: str, items: list[tuple[dict[str, Any], dict[str, Any]]], target: str | None) -> None:
+    """One message saying what the steps did; each command and its output (pasteable as ever) collapsed below it."""
+    first = doc.n + 1
+    inner = Doc(n=doc.n)
+    for call, res in items:
+        render_call(inner, call, res, target)
+    doc.by_call.update(inner.by_call)
+    doc.n = inner.n
+    bad = [f"{c.get('tool')} exit {r.get('exit_code')}" for c, r in items if r.get("exit_code") not in (0, None)]
+    status = "; failed: " + ", ".join(bad) if bad else ""
+    if kind == "undo":
+        what = "; ".join((c.get("why") or "")[len("undo:"):].strip().split(" (")[0] for c, _ in items)
+        text = f"Undo, {plural(len(items), 'step')}: {clip_words(what, 300)}{status or '; each one done'}."
+    else:
+        table_res = next((r for c, r in items if c.get("tool") == "process_table"), None)
+        found = ""
+        if table_res and (table_res.get("output") or {}).get("procs") is not None:
+            found = render_process_table(table_res["output"])[0].removeprefix("Output: ")
+        more = [render_output(c.get("tool") or "", r)[0].removeprefix("Output: ") for c, r in items
+                if c.get("tool") in ("server_control", "import_roots") and r.get("exit_code") == 0]
+        text = (f"Where the server is ({', '.join(c.get('tool') or '' for c, _ in items)}): {found or 'see below'}"
+                + "".join(f"; {m}" for m in more) + f"{status}.")
+    body = [ln for ln in inner.lines if "<details>" not in ln and ln != "</details>"]
+    span = f"msg {first}" if first == doc.n else f"msg {first}–{doc.n}"
+    doc.add(f"[{span}] [assistant] {text}", "<details><summary>the commands and their output</summary>", "", *body, "",
+            "</details>", "")
 
 
 def render_calls(doc: Doc, pairs: list[tuple[dict[str, Any], dict[str, Any]]], target: str | None,
@@ -380,6 +522,15 @@ def render_calls(doc: Doc, pairs: list[tuple[dict[str, Any], dict[str, Any]]], t
     i = 0
     while i < len(pairs):
         call, res = pairs[i]
+        kind = group_of(call)
+        if kind:
+            j = i
+            while j < len(pairs) and group_of(pairs[j][0]) == kind:
+                j += 1
+            if j - i > 1:
+                render_group(doc, kind, pairs[i:j], target)
+                i = j
+                continue
         if call.get("tool") == "bench":
             j = i
             while j < len(pairs) and pairs[j][0].get("tool") == "bench" and bench_why(pairs[j][0]) == bench_why(call):
@@ -453,12 +604,14 @@ def render_hypothesis(doc: Doc, hid: str, f: RunFacts) -> None:
         reason = (ex.reason + " ") if ex.reason else ""
         undo = (" Its undo is recorded before it acts: " + "; ".join(ex.undo_recorded) + ".") if ex.undo_recorded else ""
         doc.msg(f"{reason}Experiment: {ex.title}.{undo}")
-        render_calls(doc, ex.calls, f.target, f.metric, f.unit)
-        after = next((v for v in h.verdicts[1:] if v.get("because") == ex.result), None)
+        render_calls(doc, ex.reference + ex.calls, f.target, f.metric, f.unit)
+        after = next((v for v in h.verdicts[1:] if ex.result and v.get("because") and ex.result in v["because"]), None)
         if ex.result:
             doc.msg(f"Result: {ex.result}." + (f" Verdict: **{STATUS_WORD.get(after['status'], after['status'])}**"
                                                  f"{' by ' + after['how'] if after.get('how') else ''}." if after else ""))
             shown.add(ex.result)
+            if after:
+                shown.add(after.get("because"))
     for v in h.verdicts[1:]:
         if v.get("because") not in shown:
             doc.msg(verdict_text(v))

@@ -112,7 +112,8 @@ def render_html(events: list[dict[str, Any]]) -> str:
                    f"{escape(h.title)}{(' · by ' + escape(how)) if how else ''}"
                    f"<div class='why'>{escape(clip_words(because, 400))}</div>")
         for x in h.experiments:
-            plot = strip_plot(f.reproduce, x.samples, reg.get("baseline"), f.unit, "after")
+            # a plot only where the experiment measured something (one that failed before measuring has no runs)
+            plot = strip_plot(f.reproduce, x.samples, reg.get("baseline"), f.unit, "after") if x.samples else ""
             share = f"recovered {x.share:.0%} of the regression" if x.share is not None else ""
             out.append(f"<div class='exp'>Experiment: <b>{escape(x.title)}</b> — before {_mean_sd(f.reproduce)}, after "
                        f"{_mean_sd(x.samples)}; {escape(share)}<br>{plot}</div>")
@@ -136,7 +137,7 @@ def render_html(events: list[dict[str, Any]]) -> str:
 
 
 def write_report(folder: Path) -> Path:
+    from tools.redact import write_private
+
     from .transcript import read_events
-    p = folder / "report.html"
-    p.write_text(render_html(read_events(folder / "events.jsonl")))
-    return p
+    return write_private(folder / "report.html", render_html(read_events(folder / "events.jsonl")))  # redacted, 0600

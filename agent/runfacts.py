@@ -21,6 +21,7 @@ class ExperimentView(BaseModel):
     spec: dict[str, Any] = Field(default_factory=dict)
     reason: str = ""
     undo_recorded: list[str] = Field(default_factory=list)
+    reference: list[Pair] = Field(default_factory=list)   # calls before it starts (the reference state re-measured)
     calls: list[Pair] = Field(default_factory=list)
     result: str = ""
     share: float | None = None
@@ -108,6 +109,7 @@ def gather(events: list[dict[str, Any]]) -> RunFacts:
     pending_reason: dict[str, str] = {}
     opened = False
     pending: list[Pair] = []   # consecutive calls outside hypotheses, flushed into prelude/epilogue
+    before: dict[str, list[Pair]] = {}   # a hypothesis's calls before its experiment starts
 
     def sink() -> list[tuple]:
         return f.epilogue if opened else f.prelude
@@ -136,7 +138,7 @@ def gather(events: list[dict[str, Any]]) -> RunFacts:
                 open_exp[hid].calls.append(pair)
                 continue
             if hid is not None and hid in f.hyps:
-                pending.append(pair)
+                before.setdefault(hid, []).append(pair)   # e.g. the reference re-measured: part of the next experiment
                 continue
             f.calls_by_tool.setdefault(tool, []).append(ev["call_id"])
             if res.get("output") and tool not in f.outputs:
@@ -168,7 +170,8 @@ def gather(events: list[dict[str, Any]]) -> RunFacts:
         elif e == "experiment":
             phase = ev.get("phase")
             if phase == "start":
-                x = ExperimentView(title=ev.get("text", ""), spec=ev.get("spec") or {}, reason=pending_reason.pop(hid, ""))
+                x = ExperimentView(title=ev.get("text", ""), spec=ev.get("spec") or {}, reason=pending_reason.pop(hid, ""),
+                                   reference=before.pop(hid, []))
                 hyp(hid).experiments.append(x)
                 open_exp[hid] = x
             elif phase == "undo_recorded" and hid in open_exp:
@@ -188,9 +191,13 @@ def gather(events: list[dict[str, Any]]) -> RunFacts:
             else:
                 sink().append(("event", text, tag))
         elif e == "conclusion":
+            for hid_ in list(before):   # calls of a hypothesis that no experiment followed
+                pending.extend(before.pop(hid_))
             flush()
             f.conclusion = ev
             f.wall_s = ev.get("t")
+    for hid_ in list(before):
+        pending.extend(before.pop(hid_))
     flush()
     for h in (f.conclusion.get("table") or []):
         hyp(h["id"])

@@ -21,11 +21,20 @@ HYPS = ["code_change", "gpu_clocks", "pcie_link", "serving_config", "compiled_de
 
 
 @pytest.fixture(scope="module")
-def quick(tmp_path_factory):
+def quick_state(tmp_path_factory):
+    """The state folder of the quick start's run (the simulator's per-user salt of build bytes lives there)."""
+    return tmp_path_factory.mktemp("quick-state")
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory, quick_state):
     """The README's quick start, run once for this module: (folder, transcript.md text, events)."""
     folder = tmp_path_factory.mktemp("quick") / "run"
-    investigate(RunOptions(host="sim:eagle3-flashinfer-rebuilt", symptom="verify 30ms", baseline="verify 20ms",
-                           as_json=True, out=str(folder)))
+    with pytest.MonkeyPatch.context() as mp:   # module scope: the per-test isolation does not apply yet
+        mp.setenv("XDG_STATE_HOME", str(quick_state))
+        mp.setenv("HOME", str(tmp_path_factory.mktemp("quick-home")))
+        investigate(RunOptions(host="sim:eagle3-flashinfer-rebuilt", symptom="verify 30ms", baseline="verify 20ms",
+                               as_json=True, out=str(folder)))
     events = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
     return folder, (folder / "transcript.md").read_text(), events
 
@@ -65,8 +74,8 @@ def test_benchmark_runs_are_one_table_with_mean_and_sd(quick):
     _, md, events = quick
     reproduce = {e["call_id"] for e in events if e["event"] == "tool_call" and e["why"].startswith("reproduce")}
     vals = [e["output"]["value"] for e in events if e["event"] == "tool_result" and e["call_id"] in reproduce]
-    assert len(vals) == 5
-    assert "| run | 1 | 2 | 3 | 4 | 5 | mean ± sd |" in md
+    assert 3 <= len(vals) <= 8   # sequential: at least 3 runs, more only while the answer is not clear
+    assert "| run | " + " | ".join(str(i) for i in range(1, len(vals) + 1)) + " | mean ± sd |" in md
     assert f"{statistics.fmean(vals):.2f} ± {statistics.stdev(vals):.2f}" in md
     assert md.count("gpu-bench\"` ×") == 3   # reproduction and two experiments, each one message
 
@@ -75,10 +84,15 @@ def test_arithmetic_timeline_and_fix(quick):
     """The regression's arithmetic, a timeline that puts the reinstall after the checkout move, the fix at the end."""
     _, md, events = quick
     assert "1/20 ms = 50.0 per second" in md
+    head = next(e["output"]["head"] for e in events if e["event"] == "tool_result" and e["tool"] == "git_state")
     timeline = md[md.index("## Timeline of changes"):md.index("## Hypotheses")]
-    assert timeline.index("HEAD → eb9a60c") < timeline.index("flashinfer-python 0.5.3 installed")
+    assert timeline.index(f"HEAD → {head[:7]}") < timeline.index("flashinfer-python 0.5.3 installed")
+    # no wheelhouse on that host: compiled_dependency stays the top suspect, nothing to undo yet, and it says what decides it
+    conclusion = md[md.index("## Conclusion"):md.index("## What to do now")]
+    assert "No root cause was confirmed" in conclusion
+    assert "suspect **compiled_dependency**" in conclusion and "another build of flashinfer-python 0.5.3" in conclusion
     fix = md[md.index("## What to do now"):]
-    assert "/root/ml-env/bin/python3 -m pip install --force-reinstall --no-deps flashinfer-python==0.5.3" in fix
+    assert "no cause was confirmed" in fix and "--force-reinstall" not in fix
     assert len(md[md.index("## Conclusion"):].splitlines()) < 40   # the table and the fix fit on the last screen
 
 
@@ -103,9 +117,10 @@ def test_every_command_is_pasteable_as_run(quick):
     assert sent <= shown
 
 
-def test_pasted_heredoc_gives_the_same_output(quick, sim):
+def test_pasted_heredoc_gives_the_same_output(quick, quick_state, sim, monkeypatch):
     """The long package probe, pasted as its heredoc, reaches the host as the same command and prints what the run recorded."""
     _, md, events = quick
+    monkeypatch.setenv("XDG_STATE_HOME", str(quick_state))   # the same user's salt: the same build bytes as in the run
     rec = next(e for e in events if e["event"] == "tool_result" and e["tool"] == "python_packages")
     block = re.search(r"```bash\nssh root@gpu-node-3 (\"\$\(cat <<'EOF'\n.*?\nEOF\n\)\")\n```", md, flags=re.S).group(1)
     # what the local shell makes of the pasted argument is the command the host runs
@@ -180,7 +195,8 @@ def test_report_renders_in_headless_chromium(quick, tmp_path):
     subprocess.run([*flags, f"--screenshot={shot}", "--window-size=1100,1600", url], capture_output=True, timeout=180)
     assert shot.is_file() and not png_is_blank(shot)
     dom = subprocess.run([*flags, "--dump-dom", url], capture_output=True, text=True, timeout=180).stdout
-    assert "Root cause: compiled_dependency" in dom and "flashinfer-python 0.5.3" in dom
+    # no wheelhouse on that host: no confirmed cause, compiled_dependency is the top suspect
+    assert "No root cause confirmed" in dom and "Top suspect: compiled_dependency" in dom and "flashinfer-python 0.5.3" in dom
     assert "<svg" in dom and "<circle" in dom
 
 
@@ -209,9 +225,23 @@ def test_pasted_commands_work_over_ssh_on_sim_serve(tmp_path):
                 continue
             got = subprocess.run(["bash", "-c", client + text[3:]], capture_output=True, text=True, timeout=120)
             assert got.returncode == 0, got.stderr
-            assert got.stdout == recorded[command], command[:80]
+            assert stable(got.stdout) == stable(recorded[command]), command[:80]
             checked.add(command)
     assert len(checked) == len(recorded) == 5
+
+
+def stable(text: str) -> str:
+    """A probe's output without what changes between two reads of the same host: /proc/loadavg (host_info)."""
+    lines = text.split("\n")
+    return "\n".join("(load average)" if i and lines[i - 1] == "== loadavg" else ln for i, ln in enumerate(lines))
+
+
+def test_stable_drops_only_the_load_average():
+    """Two host_info outputs that differ in their load average read the same; any other difference still shows."""
+    a = "== hostname\ngpu-node-3\n== loadavg\n2.79 1.78 2.54 4/203 20\n== governor\n64 performance\n== end\n"
+    b = a.replace("2.79 1.78 2.54 4/203 20", "0.10 0.20 0.30 1/190 31")
+    assert stable(a) == stable(b) and "gpu-node-3" in stable(a)
+    assert stable(a) != stable(a.replace("64 performance", "64 powersave"))
 
 
 def fixes_of(name: str) -> list:

@@ -130,12 +130,15 @@ def test_no_planted_secret_in_any_artifact_of_a_simulated_run(tmp_path, env):
     r = cli("run", "--host", f"sim:{scenario}", "--symptom", "verify 30ms", "--baseline", "verify 20ms",
             "--bench", bench, "--llm", llm, "--reproduce-runs", "3", "--max-runs", "3", "--out", str(out), env=env)
     assert r.returncode in (0, 3), r.stderr[-2000:]      # 3 where a loaded machine leaves the GPU sample undecided
-    assert "[agent]" in r.stderr and "commands" in r.stdout and "restart the server" in r.stderr
+    # the console's plain lines carry the reasoning (phases, verdicts) and readable flag names, never their secrets
+    assert "[phase] experiment on" in r.stderr and "[verdict]" in r.stderr and "restart the server" in r.stderr
+    assert "--max-num-batched-tokens" in r.stderr and "commands" in r.stdout
     assert leaks((r.stdout + r.stderr).encode(), secrets) == []
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().split("\n") if line]
     kinds = {e["event"] for e in events}
     assert {"tool_result", "experiment", "llm_call", "conclusion"} <= kinds   # undo steps, an LLM exchange: all there
-    assert json.loads((out / "undo.json").read_text()) == []
+    journal = json.loads((out / "journal.json").read_text())   # the undo journal: every step it recorded is done
+    assert journal["steps"] and all(step["done"] for step in journal["steps"])
     assert (out / "checkpoints.sqlite").stat().st_size > 0
     assert check_folder(out, secrets) == {}
     # the grep can find: what the diagnosis needs is in the very same files, the SQLite one included
@@ -151,7 +154,8 @@ def test_no_planted_secret_in_any_artifact_of_a_simulated_run(tmp_path, env):
     assert "BENCH_API_TOKEN=[REDACTED] gpu-bench" in text      # the command as sent stays readable
 
     snap = tmp_path / "snap.json"
-    r = cli("snapshot", "--host", f"sim:{scenario}", "-o", str(snap), "--bench", bench, "--bench-runs", "1", env=env)
+    r = cli("snapshot", "--host", f"sim:{scenario}", "-o", str(snap), "--bench", bench, "--metric", "verify", "--bench-runs", "1",
+            env=env)   # a --bench of its own says what to read from it
     assert r.returncode == 0, r.stderr[-2000:]
     assert stat.S_IMODE(snap.stat().st_mode) == 0o600
     assert leaks(snap.read_bytes() + (r.stdout + r.stderr).encode(), secrets) == []
@@ -267,3 +271,17 @@ def test_refused_input_writes_nothing_and_bad_out_is_exit_2(tmp_path, env):
             "--out", str(tmp_path / "afile" / "run"), env=env)
     assert r.returncode == 2 and "--out" in r.stderr and "not a writable folder" in r.stderr
     assert not state.exists() or not any(state.rglob("*.json*"))
+
+
+def test_a_module_named_like_a_token_prefix_stays_readable():
+    """hf_transfer (a module of the hf-transfer package) is no Hugging Face token; a real-looking one still is."""
+    from tools.redact import redact_text
+    assert redact_text('"modules": ["hf_transfer"]') == '"modules": ["hf_transfer"]'
+    assert "hf_PlantedHfToken04abc" not in redact_text("token hf_PlantedHfToken04abc")
+
+
+def test_an_environment_entry_marked_with_a_plus_hides_its_whole_value():
+    """server_details prints each environ entry as `+NAME=value`: a secret value with spaces is hidden whole."""
+    from tools.redact import redact_text
+    out = redact_text("== environ\n+MY_SERVICE_PASSWORD=Planted pass phrase 22\n+PATH=/usr/bin\n")
+    assert "phrase" not in out and "+PATH=/usr/bin" in out

@@ -13,6 +13,7 @@ import re
 from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import ParseError, parser
+from .session import ansi_c_quote
 from .transport import q
 
 
@@ -87,11 +88,11 @@ class RestartServer(BaseModel):
         add = " ".join(q(f"{k}={v}") for k, v in sorted(self.set.items()))
         first = ":".join(self.path_first)
         log = f'"$HOME"{q(self.log[5:])}' if self.log.startswith("$HOME") else q(self.log)
-        want = q(cmdline_key(self.expect_argv or self.argv))
+        want = ansi_c_quote(cmdline_key(self.expect_argv or self.argv))  # printable: \x1f spelled out
         parts = ["same() { [ \"$(tr '\\0' '\\037' < /proc/$1/cmdline 2>/dev/null)\" = \"$2\" ]; }; "]
         if self.keep_if_running:
             k = int(self.keep_if_running)
-            parts.append(f"if same {k} {q(cmdline_key(self.argv))}; then echo \"running pid={k}\"; exit 0; fi; ")
+            parts.append(f"if same {k} {ansi_c_quote(cmdline_key(self.argv))}; then echo \"running pid={k}\"; exit 0; fi; ")
         if self.save_env:
             parts.append(f"(umask 077; cat /proc/{pid}/environ > {q(self.env_file)}) || exit 1; ")
         else:

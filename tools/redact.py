@@ -75,7 +75,7 @@ _PEM = re.compile(r"-----BEGIN ([A-Z0-9 ]*PRIVATE KEY[A-Z ]*)-----.*?(?:-----END
 _PEM_ESCAPED = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----(?:\\n|\\r|[A-Za-z0-9+/= \t\r\n])*"
                           r"(?:-----END [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----)?")
 _TOKENS = re.compile(r"\b(?:" + "|".join([
-    r"hf_[A-Za-z0-9]{8,}",
+    r"hf_(?=[a-z]*[A-Z0-9])[A-Za-z0-9]{8,}",   # a token mixes case or digits; a module name (hf_transfer) does not
     r"github_pat_[A-Za-z0-9_]{20,}",
     r"gh[pousr]_[A-Za-z0-9]{16,}",
     r"glpat-[A-Za-z0-9_-]{12,}",
@@ -105,7 +105,8 @@ _URL_QUERY = re.compile(r"([?&])([A-Za-z0-9_.-]+)=([^&\s'\"#<>]+)")
 
 # NAME=value (a line of an environment dump takes the rest of the line); --flag=value / --flag value
 _VALUE = r"(\"(?:[^\"\\]|\\.)*\"|'[^']*'|\$'(?:[^'\\]|\\.)*'|[^\s'\"]+)"
-_LINE_ASSIGN = re.compile(r"(?m)^(\s*(?:export\s+)?)([A-Za-z_][A-Za-z0-9_.-]*)=(.+)$")
+# (``+NAME=value``: server_details marks each entry of /proc/PID/environ with a leading ``+``)
+_LINE_ASSIGN = re.compile(r"(?m)^(\s*(?:export\s+)?\+?)([A-Za-z_][A-Za-z0-9_.-]*)=(.+)$")
 _ASSIGN = re.compile(r"(?<![\w./-])([A-Za-z_][A-Za-z0-9_.]*)=" + _VALUE)
 _FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][A-Za-z0-9_.-]*)(=|[^\S\n]+|[^\S\n]*\n)(?![-=])" + _VALUE)
 _KEYVAL = re.compile(r"(?<![\w.\"'-])([\"']?)([A-Za-z_][A-Za-z0-9_.-]*)\1(\s*:\s*)(\[REDACTED\]|\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s,}\]]+)")

@@ -410,11 +410,11 @@ class Lab:
         env_file, pid_file = f"/tmp/debugagent-{tag}.env", f"/tmp/debugagent-{tag}.pid"
         log = ctl.stdout or mutate.DEFAULT_LOG
         self.push_undo("remove_file", {"path": env_file}, f"remove the saved environment {env_file}")
-        self.push_undo("remove_file", {"path": pid_file}, f"remove {pid_file}")
         self.push_undo("restart_server", {"stop_pid_file": pid_file, "expect_argv": run.argv, "argv": srv.argv,
                                           "cwd": srv.cwd, "env_file": env_file, "keep_if_running": srv.pid, "log": log},
                        "restart the server as it was found (same command line, folder and environment); the process "
-                       f"the experiment started (its pid in {pid_file}, checked against its command line) is stopped first")
+                       f"the experiment started (its pid in {pid_file}, checked against its command line) is stopped first, "
+                       f"after any restart still under way there; {pid_file} is removed once the server runs as found")
         o = r.call("restart_server", {"pid": srv.pid, "expect_argv": srv.argv, "argv": run.argv, "cwd": run.cwd,
                                       "env_file": env_file, "unset": run.unset, "set": run.set, "path_first": run.path_first,
                                       "save_env": True, "pid_file": pid_file, "log": log},

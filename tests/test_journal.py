@@ -141,3 +141,63 @@ def test_a_dead_holder_on_this_machine_is_called_stale(tmp_path):
     with pytest.raises(HostLocked) as e:
         HostLock(HostFiles(t), "new").acquire()
     assert "no longer running here" in str(e.value) and "debugagent undo" in str(e.value)
+
+
+SLOW_STOP = ("import pathlib, signal, sys, time\n"
+             "stopping = pathlib.Path(sys.argv[1][6:] + '/stopping')\n"
+             "signal.signal(signal.SIGTERM, lambda *a: (stopping.touch(), time.sleep(1.5), sys.exit(0)))\n"
+             "while True: time.sleep(1)\n")
+
+
+def running_as(argv: list[str]) -> list[int]:
+    """The pids whose command line is exactly ``argv``."""
+    want = b"".join(a.encode() + b"\0" for a in argv)
+    found = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and (d / "cmdline").read_bytes() == want:
+                found.append(int(d.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_an_undo_restart_waits_for_an_interrupted_runs_restart_still_under_way(tmp_path):
+    """SIGTERM lands while the experiment's restart is still stopping the server (the host goes on with it):
+    the undo restart sent then waits for that restart to end, stops what it started, and starts the server as
+    found. Without the wait it saw the original still running, kept it, and the experiment's server stayed."""
+    import threading
+    import time
+
+    from tools.mutate import RestartServer
+    t = LocalTransport()
+    argv = [os.sys.executable, "-c", SLOW_STOP, f"--tag={tmp_path}"]
+    proc = subprocess.Popen(argv, env={"PATH": "/usr/bin:/bin", "MARK": "1"}, cwd=str(tmp_path), start_new_session=True)
+    reaper = threading.Thread(target=proc.wait, daemon=True)   # reaped as init would: no zombie that looks alive
+    reaper.start()
+    env_file, pid_file, log = str(tmp_path / "debugagent-t.env"), str(tmp_path / "debugagent-t.pid"), str(tmp_path / "log")
+    try:
+        time.sleep(0.5)
+        change = RestartServer(pid=proc.pid, argv=argv, cwd=str(tmp_path), env_file=env_file, unset=["MARK"],
+                               save_env=True, pid_file=pid_file, log=log)
+        undo = RestartServer(stop_pid_file=pid_file, expect_argv=argv, argv=argv, cwd=str(tmp_path), env_file=env_file,
+                             keep_if_running=proc.pid, log=log)
+        th = threading.Thread(target=lambda: t.run(change.command(), timeout=60))
+        th.start()
+        deadline = time.monotonic() + 10
+        while not (tmp_path / "stopping").exists():   # the restart is under way: the original is being stopped
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert reaper.is_alive()
+        r = t.run(undo.command(), timeout=60)
+        th.join()
+        assert r.ok and "started pid=" in r.stdout, r.stdout + r.stderr
+        pids = running_as(argv)
+        assert len(pids) == 1, pids                       # the experiment's server was stopped, not left beside it
+        env = dict(kv.split("=", 1) for kv in Path(f"/proc/{pids[0]}/environ").read_text().split("\0") if kv)
+        assert env.get("MARK") == "1"                     # the server as found, with its environment
+        assert not Path(pid_file).exists()
+    finally:
+        for pid in running_as(argv):
+            os.kill(pid, 9)
+        reaper.join()

@@ -31,7 +31,15 @@ INPUTS = {"server_details": {"pid": 7}, "gpu_sample_under_load": {"load": "gpu-b
           "git_worktree_remove": {"repo": "/r", "path": "/p"},
           "restart_server": {"pid": 7, "argv": ["x"], "cwd": "/", "env_file": "/e"},
           "set_power_limit": {"gpu": 0, "watts": 500}, "set_governor": {"governor": "performance"},
-          "git_worktree_checkout": {"path": "/p", "commit": "c"}, "remove_file": {"path": "/p"}}
+          "git_worktree_checkout": {"path": "/p", "commit": "c"}, "remove_file": {"path": "/p"},
+          "restart_hook": {"cmd": "systemctl restart x", "argv": ["x"], "cwd": "/"},
+          "overlay_install": {"python": "/usr/bin/python3", "wheel": "/w.whl", "overlay": "/tmp/debugagent-o"},
+          "remove_tree": {"path": "/tmp/debugagent-o"},
+          "pip_download": {"python": "/usr/bin/python3", "name": "n", "version": "1", "dest": "/d"},
+          "server_control": {"pid": 7}, "server_ready": {"pid": 7},
+          "import_roots": {"pid": 7, "python": "/usr/bin/python3", "cwd": "/", "repo": "/r", "modules": ["m"]},
+          "find_wheels": {"name": "n", "version": "1"},
+          "overlay_packages": {"python": "/usr/bin/python3", "overlay": "/tmp/debugagent-o"}}
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -56,6 +56,11 @@ class RestartServer(BaseModel):
     died at start, is never signalled, and pid 0 never is. With ``keep_if_running``, an
     undo finds the original server still running as ``argv`` and does nothing.
 
+    A restart that writes ``pid_file`` first notes ``busy SCRIPT_PID SERVER_PID`` there, then
+    the started pid the moment it exists; an undo reading it (``stop_pid_file``) first waits
+    while a restart of an interrupted run is still under way on the host, so it never races
+    one, and removes the file once the server runs as found.
+
     The environment is read on the host from ``env_file`` (NUL-separated, as
     ``/proc/PID/environ``), minus ``unset``, plus ``set``, with ``path_first`` placed first
     on ``PYTHONPATH``: secrets in it never leave the host. With ``save_env`` (the
@@ -89,18 +94,31 @@ class RestartServer(BaseModel):
         first = ":".join(self.path_first)
         log = f'"$HOME"{q(self.log[5:])}' if self.log.startswith("$HOME") else q(self.log)
         want = ansi_c_quote(cmdline_key(self.expect_argv or self.argv))  # printable: \x1f spelled out
-        parts = ["same() { [ \"$(tr '\\0' '\\037' < /proc/$1/cmdline 2>/dev/null)\" = \"$2\" ]; }; "]
+        # a caught (not ignored) HUP/INT/TERM: a dropped connection cannot stop the script half-way, and the
+        # server it starts still gets the default handlers
+        parts = ["trap : HUP INT TERM; same() { [ \"$(tr '\\0' '\\037' < /proc/$1/cmdline 2>/dev/null)\" = \"$2\" ]; }; "]
+        if self.stop_pid_file:
+            spf = q(self.stop_pid_file)
+            # an interrupted run's restart may still be running on the host ("busy SCRIPT_PID SERVER_PID" in the
+            # file): wait for it to end, so this one sees the host as that one left it
+            parts.append(f"for i in $(seq 1 {int(self.wait_s * 30)}); do read -r a b c < {spf} 2>/dev/null || break; "
+                         f"[ \"$a\" = busy ] && [ \"$b\" != $$ ] && kill -0 \"$b\" 2>/dev/null || break; sleep 0.1; done; ")
+        done = f"rm -f {q(self.stop_pid_file)}; " if self.stop_pid_file and self.stop_pid_file != self.pid_file else ""
         if self.keep_if_running:
             k = int(self.keep_if_running)
-            parts.append(f"if same {k} {ansi_c_quote(cmdline_key(self.argv))}; then echo \"running pid={k}\"; exit 0; fi; ")
+            parts.append(f"if same {k} {ansi_c_quote(cmdline_key(self.argv))}; then {done}echo \"running pid={k}\"; exit 0; fi; ")
+        if self.stop_pid_file:
+            parts.append(f"a=; b=; c=; read -r a b c < {spf} 2>/dev/null; [ \"$a\" = busy ] && a=$c; P=${{a//[^0-9]/}}; "
+                         "P=${P:-0}; ")
+        else:
+            parts.append(f"P={pid}; [ $P -gt 0 ] && ! same $P {want} && {{ echo \"pid $P is not the server any more\"; exit 1; }}; ")
+        if self.pid_file:
+            # from here on an undo knows a restart is under way, and which server it may stop
+            parts.append(f"(umask 077; echo \"busy $$ $P\" > {q(self.pid_file)}); ")
         if self.save_env:
             parts.append(f"(umask 077; cat /proc/{pid}/environ > {q(self.env_file)}) || exit 1; ")
         else:
             parts.append(f"[ -s {q(self.env_file)} ] || {{ echo 'the saved environment is missing'; exit 1; }}; ")
-        if self.stop_pid_file:
-            parts.append(f"P=$(cat {q(self.stop_pid_file)} 2>/dev/null); P=${{P//[^0-9]/}}; P=${{P:-0}}; ")
-        else:
-            parts.append(f"P={pid}; [ $P -gt 0 ] && ! same $P {want} && {{ echo \"pid $P is not the server any more\"; exit 1; }}; ")
         parts.append(
             f"mapfile -d '' E < {q(self.env_file)}; N=(); OLDPP=; for kv in \"${{E[@]}}\"; do keep=1; "
             f"[ \"${{kv%%=*}}\" = PYTHONPATH ] && OLDPP=${{kv#*=}}; "
@@ -115,11 +133,13 @@ class RestartServer(BaseModel):
             f"kill -0 $P 2>/dev/null && kill -9 $P; echo \"stopped pid=$P\"; else echo 'no process to stop'; fi; "
             f"L={log}; mkdir -p \"$(dirname \"$L\")\"; echo \"log=$L size=$(stat -c %s \"$L\" 2>/dev/null || echo 0)\"; "
             f"cd {q(self.cwd)} && {{ setsid nohup env -i \"${{N[@]}}\" {argv} >> \"$L\" 2>&1 < /dev/null & }}; "
-            f"new=$!; sleep 0.3; if kill -0 $new 2>/dev/null; then "
+            "new=$!; "
         )
         if self.pid_file:
+            # at once, before anything else: an undo after a crash still finds (and stops) what was started
             parts.append(f"(umask 077; echo $new > {q(self.pid_file)}); ")
-        parts.append("echo \"started pid=$new\"; else echo 'server exited at start:'; tail -5 \"$L\"; exit 1; fi")
+        parts.append(f"sleep 0.3; if kill -0 $new 2>/dev/null; then {done}echo \"started pid=$new\"; "
+                     "else echo 'server exited at start:'; tail -5 \"$L\"; exit 1; fi")
         return f"bash -c {q(''.join(parts))}"  # mapfile and arrays: bash, whatever the login shell is
 
 

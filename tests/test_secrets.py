@@ -285,3 +285,14 @@ def test_an_environment_entry_marked_with_a_plus_hides_its_whole_value():
     from tools.redact import redact_text
     out = redact_text("== environ\n+MY_SERVICE_PASSWORD=Planted pass phrase 22\n+PATH=/usr/bin\n")
     assert "phrase" not in out and "+PATH=/usr/bin" in out
+
+
+def test_switches_and_settings_about_secrets_keep_the_next_argument():
+    """`--auth-required`, `--enable-auth`, `AUTH_METHOD` are settings, not secrets: the argument (or the /proc
+    line) after them stays readable; the secret flags beside them are still redacted."""
+    from tools.redact import redact_argv, redact_text
+    assert redact_argv(["/process_api", "--auth-required", "440"]) == ["/process_api", "--auth-required", "440"]
+    assert redact_argv(["srv", "--enable-auth", "--port", "8000"])[-1] == "8000"
+    assert redact_argv(["srv", "--auth-token", "t0psecretvalue"])[-1] == "[REDACTED]"
+    table = "1 (process_api) S 0\t/process_api\x1f--auth-required\n440 (bash) S 1\tbash\x1f-c\x1fecho hi\n"
+    assert "440 (bash) S 1" in redact_text(table)

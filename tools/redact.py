@@ -43,7 +43,12 @@ SECRET_WORDS = frozenset({
 })
 # ... unless its last word says it names where the secret is, or something about it
 NOT_SECRET_LAST = frozenset({"file", "path", "dir", "name", "names", "type", "size", "len", "length", "id", "ids",
-                             "count", "format", "mode", "url_file", "env", "var", "header_name"})
+                             "count", "format", "mode", "url_file", "env", "var", "header_name",
+                             # settings about a secret, not the secret: `--auth-required`, `AUTH_METHOD`, `--auth-timeout`
+                             "required", "enabled", "disabled", "method", "timeout", "ttl", "level", "backend",
+                             "provider", "scheme", "strategy", "algorithm", "version"})
+# a switch (`--enable-auth`, `--no-auth`, `--use-token`) takes no value: the next argument is not its secret
+NOT_SECRET_FIRST = frozenset({"enable", "disable", "no", "use", "require", "allow", "skip", "with", "without"})
 NOT_SECRET_NAMES = frozenset({"tool", "key_id", "max_tokens", "hostkey", "host_key", "known_hosts"})
 
 # substrings without which no secret name can occur (SECRET_WORDS, lowercased)
@@ -65,7 +70,7 @@ def is_secret_name(name: str) -> bool:
     if not name or name.lower().lstrip("-") in NOT_SECRET_NAMES:
         return False
     words = name_words(name)
-    if not words or words[-1] in NOT_SECRET_LAST:
+    if not words or words[-1] in NOT_SECRET_LAST or (len(words) > 1 and words[0] in NOT_SECRET_FIRST):
         return False
     return any(w in SECRET_WORDS for w in words)
 

@@ -26,6 +26,7 @@ from tools.discovery import (
     is_debugagent,
     rank,
 )
+from tools.errors import TransportError
 from tools.gpu import GpuProcess, parse_compute_apps
 from tools.host import (
     Listener,
@@ -295,8 +296,12 @@ def test_own_processes_are_never_listed_even_when_they_match():
         holder = threading.Thread(target=t.run, args=(f"sleep 20; : {name}",), kwargs={"timeout": 30}, daemon=True)
         holder.start()
         deadline = time.monotonic() + 20
-        while not any(name in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
-                      for p in os.listdir("/proc") if p.isdigit() and Path(f"/proc/{p}/cmdline").exists()):
+        def cmdline(p: str) -> str:
+            try:
+                return Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
+            except OSError:   # it ended between the listing and the read
+                return ""
+        while not any(name in cmdline(p) for p in os.listdir("/proc") if p.isdigit()):
             assert time.monotonic() < deadline
             time.sleep(0.05)
         d = discover(Runner(t), DiscoveryInput(server_pattern=name))
@@ -368,8 +373,12 @@ def test_over_ssh_session_shells_are_own_and_the_server_is_found(servers, tmp_pa
         t = SSHTransport.from_spec(f"{getpass.getuser()}@127.0.0.1:{sshd.port}", identity_file=str(sshd.identity),
                                    known_hosts=str(sshd.known_hosts))
         try:
-            holder = threading.Thread(target=t.run, args=(f"bash -c 'sleep 15; : {name}'",), kwargs={"timeout": 30},
-                                      daemon=True)
+            def hold():
+                try:
+                    t.run(f"bash -c 'sleep 15; : {name}'", timeout=30)
+                except TransportError:   # the connection is closed under it at the end of the test
+                    pass
+            holder = threading.Thread(target=hold, daemon=True)
             holder.start()
             deadline = time.monotonic() + 20
             while t.run(f"pgrep -f -- ': {name}' >/dev/null").exit_code != 0:  # the holder's shell is up
@@ -380,6 +389,8 @@ def test_over_ssh_session_shells_are_own_and_the_server_is_found(servers, tmp_pa
             t.close()
     finally:
         sshd.stop()
+    holder.join(timeout=30)
+    assert not holder.is_alive()
     assert d.server is not None and d.server.pid == info["pid"] and d.server.workers == info["workers"]
     assert d.others == []
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from agent.journal import parse_host_journals, parse_journal, parse_lock_reply
@@ -93,6 +93,9 @@ def test_events_written_are_read_back_exactly(values, tmp_path_factory):
 
 @settings(max_examples=40, deadline=None)
 @given(data=st.binary(max_size=3000), cap=st.integers(min_value=1, max_value=300), cut=st.integers(1, 97))
+@example(data=b"abcdef", cap=5, cut=1)        # the cap passed by one byte fed alone
+@example(data=b"abcdefghijklmnop", cap=5, cut=2)
+@example(data=b"ab" + b"x" * 40 + b"yz", cap=4, cut=13)  # one chunk longer than the cap
 def test_output_cap_keeps_start_and_end(data, cap, cut):
     """Fed in any chunks, the cap gives the whole stream up to ``cap`` bytes, else its first and last halves."""
     c = Capped(cap)

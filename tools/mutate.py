@@ -114,7 +114,9 @@ class RestartServer(BaseModel):
             parts.append(f"P={pid}; [ $P -gt 0 ] && ! same $P {want} && {{ echo \"pid $P is not the server any more\"; exit 1; }}; ")
         if self.pid_file:
             # from here on an undo knows a restart is under way, and which server it may stop
-            parts.append(f"(umask 077; echo \"busy $$ $P\" > {q(self.pid_file)}); ")
+            # (written whole and renamed: a reader never sees the file empty half-way through a write)
+            parts.append(f"(umask 077; echo \"busy $$ $P\" > {q(self.pid_file)}.$$ && mv -f {q(self.pid_file)}.$$ "
+                         f"{q(self.pid_file)}); ")
         if self.save_env:
             parts.append(f"(umask 077; cat /proc/{pid}/environ > {q(self.env_file)}) || exit 1; ")
         else:
@@ -135,10 +137,14 @@ class RestartServer(BaseModel):
             f"cd {q(self.cwd)} && {{ setsid nohup env -i \"${{N[@]}}\" {argv} >> \"$L\" 2>&1 < /dev/null & }}; "
             "new=$!; "
         )
+        note = ""
         if self.pid_file:
-            # at once, before anything else: an undo after a crash still finds (and stops) what was started
-            parts.append(f"(umask 077; echo $new > {q(self.pid_file)}); ")
-        parts.append(f"sleep 0.3; if kill -0 $new 2>/dev/null; then {done}echo \"started pid=$new\"; "
+            pf = q(self.pid_file)
+            # at once, before anything else: an undo after a crash still finds (and stops) what was started; still
+            # "busy" while the new process may not yet have become the server (setsid, nohup and env exec in turn)
+            parts.append(f"(umask 077; echo \"busy $$ $new\" > {pf}.$$ && mv -f {pf}.$$ {pf}); ")
+            note = f"(umask 077; echo $new > {pf}.$$ && mv -f {pf}.$$ {pf}); "
+        parts.append(f"sleep 0.3; {note}if kill -0 $new 2>/dev/null; then {done}echo \"started pid=$new\"; "
                      "else echo 'server exited at start:'; tail -5 \"$L\"; exit 1; fi")
         return f"bash -c {q(''.join(parts))}"  # mapfile and arrays: bash, whatever the login shell is
 

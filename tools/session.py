@@ -89,8 +89,12 @@ class Capped:
             part = data if len(data) <= room else data[:room]
             self.chunks.append(part)
             self.kept += len(part)
-        if self.total > self.limit:
-            self.end += data[-self.limit:]
+        # ``end`` is always a contiguous suffix of the stream, at least ``limit`` bytes long once
+        # the stream is (the bytes fed before the cap was passed included)
+        if len(data) >= self.limit:
+            self.end = bytearray(data[-self.limit:])
+        else:
+            self.end += data
             if len(self.end) > 2 * self.limit:
                 del self.end[: len(self.end) - self.limit]
 

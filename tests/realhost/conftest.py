@@ -235,8 +235,10 @@ class Host:
         (self.dir / "bench.py").write_text(BENCH)
         sup = self.dir / "supervisord"
         self.cmd_file.write_text("exec " + " ".join(shlex.quote(a) for a in self.argv()) + "\n")
-        sup.write_text(f"#!/bin/bash\ncd '{self.cwd}'\nwhile true; do eval \"$(cat '{self.cmd_file}')\" >> '{self.log}' 2>&1 "
-                       f"< /dev/null & echo $! > '{self.dir / 'supervised.pid'}'; wait $!; sleep 0.2; done\n")
+        # the child notes its own pid before it execs the server (the file never names a server already gone), and
+        # bash's own ``_`` is kept out of the server's environment, as a real supervisor's would be
+        sup.write_text(f"#!/bin/bash\ncd '{self.cwd}'\nwhile true; do (echo $BASHPID > '{self.dir / 'supervised.pid'}'; "
+                       f"c=$(cat '{self.cmd_file}'); eval \"exec env -u _ ${{c#exec }}\") >> '{self.log}' 2>&1 < /dev/null & wait $!; sleep 0.2; done\n")
         sup.chmod(0o755)
         self.supervisor = subprocess.Popen([str(sup)], env=self.server_env(), stdin=subprocess.DEVNULL,
                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -247,9 +249,11 @@ class Host:
         return self.dir / "supervised.cmd"
 
     def hook(self) -> str:
-        """A restart hook for the supervisor: the command line to run next, then stop the server (it restarts it)."""
-        return (f"printf 'exec %s\\n' \"$DEBUGAGENT_ARGV\" > {shlex.quote(str(self.cmd_file))} && "
-                f"kill $(cat {shlex.quote(str(self.dir / 'supervised.pid'))})")
+        """A restart hook for the supervisor: the command line to run next, then stop the server and wait until the
+        supervisor has started the next one (as ``systemctl restart`` returns once the unit is started again)."""
+        pf = shlex.quote(str(self.dir / 'supervised.pid'))
+        return (f"old=$(cat {pf}) && printf 'exec %s\\n' \"$DEBUGAGENT_ARGV\" > {shlex.quote(str(self.cmd_file))} && "
+                f"kill $old && for i in $(seq 1 200); do [ \"$(cat {pf})\" != \"$old\" ] && exit 0; sleep 0.05; done; exit 1")
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + 60

@@ -260,7 +260,7 @@ class Lab:
 
     def _check_connection(self, r: Runner) -> None:
         """A connection re-made mid-experiment: stop, so the host is restored before anything else."""
-        now = getattr(r.transport, "reconnects", 0)
+        now = r.transport.reconnects
         if now != self._reconnects:
             self._reconnects = now
             raise ConnectionLost("the connection was lost and re-made during the experiment; the host is "
@@ -342,7 +342,7 @@ class Lab:
     # ------------------------------------------------------------ kinds
     def run(self, hyp: str, spec: dict[str, Any], facts: dict[str, Any], bad: list[float], regression: float) -> dict[str, Any]:
         r = self.runner_for(hyp)
-        self._reconnects = getattr(r.transport, "reconnects", 0)
+        self._reconnects = r.transport.reconnects
         self._started = None
         kind = spec["kind"]
         body = {"code_revert": self._code, "server_restart": self._server, "restore_baseline_flags": self._server,

@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from tools.errors import DebugAgentError, UsageError
 from tools.redact import redact
-from tools.transport import q
+from tools.transport import Transport, q
 
 HOST_DIR = '"${XDG_CACHE_HOME:-$HOME/.cache}"/debugagent'
 LOCK = "host.lock"
@@ -171,7 +171,7 @@ class HostFiles:
     """The journal's and the lock's files on the host, reached through the transport (not the
     transcript: they are bookkeeping, and a replay must not depend on them)."""
 
-    def __init__(self, transport: Any) -> None:
+    def __init__(self, transport: Transport) -> None:
         self.transport = transport
 
     def _run(self, command: str) -> Any:
@@ -201,17 +201,14 @@ class HostFiles:
         self._run(unlock_command(run_id))
 
 
-def host_instance(transport: Any) -> str:
+def host_instance(transport: Transport) -> str:
     """What dies with the transport: a simulated host's sandbox folder ("" for a real host)."""
-    sim = getattr(transport, "sim", None)
-    return str(getattr(sim, "base", "")) if sim is not None else ""
+    return transport.instance
 
 
-def host_side(transport: Any) -> HostFiles | None:
+def host_side(transport: Transport) -> HostFiles | None:
     """Where the host copy lives; None for a replay (there is no host)."""
-    if str(getattr(transport, "host", "")).startswith("replay:"):
-        return None
-    return HostFiles(transport)
+    return HostFiles(transport) if transport.live else None
 
 
 # ---------------------------------------------------------------- the journal

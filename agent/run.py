@@ -217,13 +217,12 @@ def _investigate(opts: RunOptions, folder: Path, resume: bool, transport: Any, p
         if isinstance(exc, OSError):
             raise TransportError(str(exc), host=transport.host) from exc
         raise
-    if hasattr(transport, "on_event"):
-        transport.on_event = lambda kind, text: transcript.emit("error", kind=kind, message=text)
+    transport.on_event = lambda kind, text: transcript.emit("error", kind=kind, message=text)
     advisor = None
     if opts.llm:
         from .llm import Advisor
         advisor = Advisor(opts.llm, opts.llm_model)
-    sim = opts.host.startswith("sim:")
+    sim = transport.sandbox
     ctx = Ctx(transport=transport, transcript=transcript, playbook=playbook, run_id=run_id, undo=undo, symptom=symptom,
               baseline=baseline, baseline_snapshot=base_snap, allow_mutations=opts.allow_mutations or sim,
               confirm=make_confirm(), advisor=advisor,

@@ -170,7 +170,7 @@ class InterruptAt(BaseTransport):
 
     def __init__(self, inner: BaseTransport, marker: str, nth: int) -> None:
         self.inner, self.marker, self.nth = inner, marker, nth
-        self.host = inner.host
+        self.host, self.sandbox, self.instance = inner.host, inner.sandbox, inner.instance
         self.seen = 0
         self.armed = True
 

@@ -12,7 +12,7 @@ import pytest
 from agent.playbook import load_playbook
 from agent.replay import replay_events, replay_run
 from agent.transcript import read_events
-from tools.errors import RecordingError, ReplayMiss
+from tools.errors import RecordingError, ReplayMiss, UnknownCommand
 from tools.replay import ReplayTransport
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,7 +113,9 @@ def test_playbook_authors_helpers(tmp_path):
     path = b.write(tmp_path / "rec")
     ev = read_events(path / "events.jsonl")
     assert [e["event"] for e in ev] == ["run_started", "tool_call", "tool_result", "conclusion"]
-    t = FakeTransport(lambda cmd: "box\n" if cmd == "hostname" else (_ for _ in ()).throw(KeyError(cmd)))
-    assert t.run("hostname").stdout == "box\n" and t.run("ls").exit_code == 127
+    t = FakeTransport({"hostname": "box\n"})
+    assert t.run("hostname").stdout == "box\n"
+    with pytest.raises(UnknownCommand):
+        t.run("ls")
     assert load_playbook(None).name == "gpu-inference-regression"
     assert replay_run(str(KEPT[0]), out=str(tmp_path / "r")) == 0

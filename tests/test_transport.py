@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import ast
 import time
+from pathlib import Path
 
-from tools.transport import FakeTransport, LocalTransport
+import pytest
+
+from tools.errors import UnknownCommand
+from tools.replay import ReplayTransport
+from tools.transport import BaseTransport, FakeTransport, LocalTransport, Transport
+
+AGENT = Path(__file__).resolve().parents[1] / "agent"
 
 
 def test_nonzero_exit_is_data():
@@ -43,15 +51,25 @@ def test_both_streams_are_read_together():
 
 
 def test_fake_transport_refuses_unknown_commands():
-    """The fake answers from its handler and refuses what it does not know."""
+    """The fake answers from its handler and raises UnknownCommand, naming it, for what it does not know."""
     def handler(cmd: str):
         if cmd == "hostname":
             return "box\n"
         raise KeyError(cmd)
     t = FakeTransport(handler)
     assert t.run("hostname").stdout == "box\n"
-    assert t.run("rm -rf /").exit_code == 127
+    with pytest.raises(UnknownCommand) as e:
+        t.run("rm -rf /")
+    assert e.value.command == "rm -rf /" and "'rm -rf /'" in str(e.value) and e.value.host == "fake"
     assert t.calls == ["hostname", "rm -rf /"]
+
+
+def test_fake_transport_answers_from_a_mapping():
+    """A mapping of command to answer drives the fake; a command it lacks is refused, never answered."""
+    t = FakeTransport({"hostname": "box\n", "false": ("", "no\n", 1)}, host="box")
+    assert t.run("hostname").stdout == "box\n" and t.run("false").exit_code == 1
+    with pytest.raises(UnknownCommand, match="uptime"):
+        t.run("uptime")
 
 
 def test_run_many_keeps_order_and_runs_concurrently():
@@ -79,3 +97,36 @@ def test_find_servers_finds_a_process_and_never_itself():
     finally:
         p.kill()
         p.wait()
+
+
+def test_every_transport_declares_the_protocol():
+    """Local, fake and replay transports carry every capability the agent reads, with honest defaults."""
+    replay = ReplayTransport([{"event": "run_started", "host": "sim:x"}])
+    for t in (LocalTransport(), FakeTransport({}), replay):
+        assert isinstance(t, Transport)
+        assert (t.reconnects, t.instance, t.sandbox) == (0, "", False)
+    assert LocalTransport().live and not replay.live and not LocalTransport().supports_retry
+    heard = []
+    t = LocalTransport()
+    t.on_event("reconnected", "nobody listens")   # the default sink takes the event and drops it
+    t.on_event = lambda kind, text: heard.append(kind)
+    t.on_event("hung", "x")
+    assert heard == ["hung"] and BaseTransport.on_event("k", "t") is None
+
+
+def _probes_on_a_transport(source: str, name: str) -> list[str]:
+    """``getattr``/``hasattr`` calls in ``source`` whose object is spelled with "transport"."""
+    found = []
+    for node in ast.walk(ast.parse(source, name)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr") \
+                and node.args and "transport" in ast.unparse(node.args[0]).lower():
+            found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_agent_reads_transport_capabilities_only_from_the_protocol():
+    """No getattr/hasattr on a transport in agent/: every capability it uses is declared on the protocol."""
+    sample = "n = getattr(r.transport, 'reconnects', 0)\nif hasattr(transport, 'on_event'):\n    pass\ngetattr(self, 'x')\n"
+    assert len(_probes_on_a_transport(sample, "sample.py")) == 2   # the check sees what it looks for
+    found = [hit for f in sorted(AGENT.glob("*.py")) for hit in _probes_on_a_transport(f.read_text(), f.name)]
+    assert found == []

@@ -12,9 +12,8 @@
     │   ├── AuthError                no key was accepted
     │   └── HostKeyError             unknown or changed host key
     ├── ReplayMiss                   a replay was asked a command it never recorded -> exit 5
+    ├── UnknownCommand               a fake transport was asked a command it has no answer for
     ├── RestoreError                 the host could not be fully restored  -> exit 6
-    ├── CommandTimeout               one command ran past its timeout (a finding, raised
-    │                                only when a caller asks for it)
     └── ParseError                   a command's output did not have the expected shape
 
 Every class carries the fields a caller needs (host, command, file, field), and its
@@ -116,14 +115,14 @@ class RestoreError(DebugAgentError):
         super().__init__(message, fix=fix)
 
 
-class CommandTimeout(DebugAgentError):
-    """Raised when a command ran past its timeout and the caller asked for an exception."""
+class UnknownCommand(DebugAgentError):
+    """Raised by ``FakeTransport`` for a command its handler has no answer for: it never runs anything."""
 
-    def __init__(self, message: str, *, host: str, command: str, timeout_s: float) -> None:
+    def __init__(self, command: str, *, host: str) -> None:
         self.host = host
         self.command = command
-        self.timeout_s = timeout_s
-        super().__init__(message)
+        super().__init__(f"fake host {host}: no answer for the command {command!r}",
+                         fix="declare the answer this test needs in the handler (or the mapping) given to FakeTransport")
 
 
 class ParseError(DebugAgentError):

@@ -148,7 +148,7 @@ class Runner:
                                     "display": self.transport.display(shown), "why": why})
         t = timeout or TIMEOUTS.get(tool, 60.0) * self.timeout_scale
         start = time.monotonic()
-        kw = {"retry": tool not in MUTATIONS} if getattr(self.transport, "supports_retry", False) else {}
+        kw = {"retry": tool not in MUTATIONS} if self.transport.supports_retry else {}
         result = self.transport.run(command, timeout=t, **kw)
         output: Any = None
         error = None

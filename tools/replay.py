@@ -66,6 +66,7 @@ def check_events(events: list[dict[str, Any]], file: str) -> None:
 
 class ReplayTransport(BaseTransport):
     max_parallel = 1  # replay in a deterministic order
+    live = False      # there is no host: nothing is kept on one
 
     def __init__(self, events: list[dict[str, Any]], file: str = "events.jsonl") -> None:
         self.host = "replay:" + str(events[0].get("host", "?"))

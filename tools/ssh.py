@@ -41,7 +41,6 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -383,7 +382,6 @@ class SSHTransport(BaseTransport):
         self.connect_timeout = connect_timeout
         self.proxyjump = proxyjump
         self.host = label or f"{user}@{host}" + (f":{port}" if port != 22 else "")
-        self.on_event: Callable[[str, str], None] = lambda kind, text: None
         self._client: paramiko.SSHClient | None = None
         self._jump: SSHTransport | None = None
         self._lock = threading.RLock()   # _maintain holds it while its liveness probe runs a command

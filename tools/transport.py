@@ -2,8 +2,15 @@
 
 A non-zero exit status is data, never an exception: the tool that sent the command
 decides what it means. Transports: ``LocalTransport`` (this machine), ``SimTransport``
-(``tools.sim``), ``SSHTransport`` (``tools.ssh``), ``ReplayTransport`` and
-``RecordingTransport`` (``tools.replay``), and ``FakeTransport`` driven by a function.
+(``tools.sim``), ``SSHTransport`` (``tools.ssh``), ``ReplayTransport`` (``tools.replay``),
+and ``FakeTransport`` driven by a function.
+
+Everything the agent asks of a transport is declared on the protocol, with the defaults
+of ``BaseTransport``: whether a command may be sent again after a lost connection
+(``supports_retry``), how often the connection was re-made (``reconnects``), where it
+reports what happened to the connection (``on_event``), whether the host is a sandbox
+that allows changes without consent (``sandbox``) and what dies with it (``instance``),
+and whether there is a host at all (``live``: False for a replay).
 """
 
 from __future__ import annotations
@@ -14,12 +21,13 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
+from .errors import UnknownCommand
 from .session import Capped  # standard library only, shared with the SSH transport
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -50,11 +58,33 @@ class CommandResult(BaseModel):
         return "\n".join(text.splitlines()[-n:])
 
 
+EventSink = Callable[[str, str], None]
+
+
+def ignore_event(kind: str, text: str) -> None:
+    """The default ``on_event``: nobody listens."""
+
+
 @runtime_checkable
 class Transport(Protocol):
-    """Runs shell commands on one host."""
+    """Runs shell commands on one host.
+
+    ``supports_retry``: ``run`` takes ``retry=False`` for a command that must not be sent twice
+    (a mutation), and by default sends a read-only command again after re-making a lost connection.
+    ``reconnects``: how many times the connection was re-made (an experiment that sees it change
+    restores the host first). ``on_event(kind, text)``: settable; hears about the connection
+    (``reconnected``, ``unreachable``, ``hung``, ``sessions``). ``sandbox``: the host is a simulated
+    one, where experiments need no consent. ``instance``: what dies with the transport (a sandbox's
+    folder; "" for a real host). ``live``: commands reach a host (False when answered from a recording).
+    """
 
     host: str
+    supports_retry: bool
+    reconnects: int
+    on_event: EventSink
+    sandbox: bool
+    instance: str
+    live: bool
 
     def run(self, command: str, *, timeout: float = DEFAULT_TIMEOUT_S, max_output: int = DEFAULT_MAX_OUTPUT) -> CommandResult: ...
 
@@ -66,10 +96,16 @@ class Transport(Protocol):
 
 
 class BaseTransport:
-    """Shared behaviour: context manager, concurrent ``run_many``, display line."""
+    """Shared behaviour: the protocol's defaults, context manager, concurrent ``run_many``, display line."""
 
     host: str = "?"
     max_parallel: int = 8
+    supports_retry: bool = False
+    reconnects: int = 0
+    on_event: EventSink = staticmethod(ignore_event)
+    sandbox: bool = False
+    instance: str = ""
+    live: bool = True
 
     def run(self, command: str, *, timeout: float = DEFAULT_TIMEOUT_S, max_output: int = DEFAULT_MAX_OUTPUT) -> CommandResult:
         raise NotImplementedError
@@ -187,19 +223,21 @@ class LocalTransport(BaseTransport):
         return command
 
 
-Handler = Callable[[str], "CommandResult | tuple[str, str, int] | str"]
+Answer = "CommandResult | tuple[str, str, int] | str"
+Handler = Callable[[str], Answer]
 
 
 class FakeTransport(BaseTransport):
-    """A transport driven by a plain function, for tests and playbook authors.
+    """A transport driven by a plain function (or a mapping), for tests and playbook authors.
 
     The handler gets the command and returns a ``CommandResult``, a ``(stdout, stderr,
-    exit_code)`` tuple or a string (stdout, exit 0). Raising ``KeyError`` means "no
-    answer for this command": the fake then refuses it, it never runs anything.
+    exit_code)`` tuple or a string (stdout, exit 0); a mapping maps each command to such an
+    answer. A command with no answer (the handler raises ``KeyError``, the mapping lacks it)
+    raises ``UnknownCommand`` naming it: the fake never runs anything, and never makes up a reply.
     """
 
-    def __init__(self, handler: Handler, host: str = "fake") -> None:
-        self.handler = handler
+    def __init__(self, handler: Handler | Mapping[str, Answer], host: str = "fake") -> None:
+        self.handler: Handler = handler.__getitem__ if isinstance(handler, Mapping) else handler
         self.host = host
         self.calls: list[str] = []
         self._lock = threading.Lock()
@@ -210,7 +248,7 @@ class FakeTransport(BaseTransport):
         try:
             answer = self.handler(command)
         except KeyError:
-            return CommandResult(command=command, host=self.host, stderr=f"fake host: no answer for {command!r}", exit_code=127)
+            raise UnknownCommand(command, host=self.host) from None
         if isinstance(answer, CommandResult):
             return answer
         if isinstance(answer, str):

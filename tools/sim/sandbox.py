@@ -598,6 +598,7 @@ class SimTransport(BaseTransport):
     """``--host sim:NAME`` / ``sim:PATH.yaml`` / ``sim:NAME@good``: a simulated host."""
 
     max_parallel = 8
+    sandbox = True   # experiments need no consent: the host dies with the transport
 
     def __init__(self, spec: str) -> None:
         ref = spec[4:] if spec.startswith("sim:") else spec
@@ -619,6 +620,11 @@ class SimTransport(BaseTransport):
 
     def run(self, command: str, *, timeout: float = DEFAULT_TIMEOUT_S, max_output: int = DEFAULT_MAX_OUTPUT) -> CommandResult:
         return self.sim.exec(command, timeout=timeout, max_output=max_output, host=self.host)
+
+    @property
+    def instance(self) -> str:  # type: ignore[override]
+        """The sandbox's folder: its changes die with it."""
+        return str(self.sim.base)
 
     def display(self, command: str) -> str:
         return ssh_line(f"{self.user}@{self.hostname}", command)

@@ -27,7 +27,6 @@ EVENT_REASON_BITS: dict[int, str] = {
     0x80: "hw_power_brake_slowdown",
     0x100: "display_clock_setting",
 }
-REASON_BY_NAME = {v: k for k, v in EVENT_REASON_BITS.items()}
 # How ``nvidia-smi -q`` spells each reason.
 Q_REASON_NAMES = {
     "Idle": "gpu_idle",
@@ -111,40 +110,47 @@ def decode_reasons(mask: int) -> list[str]:
     return [name for bit, name in EVENT_REASON_BITS.items() if mask & bit]
 
 
-class GpuState(BaseModel):
+class GpuBase(BaseModel):
+    """What every GPU model holds (the CSV query, ``nvidia-smi -q``, a snapshot): the name, the power
+    limits, the PCIe link and the active clock event reasons; ``None`` where it was not read."""
+
+    name: str = ""
+    power_limit: float | None = None
+    power_limit_max: float | None = None
+    pcie_gen: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width: int | None = None
+    pcie_width_max: int | None = None
+    event_reasons: list[str] = Field(default_factory=list)
+
+
+class GpuReading(GpuBase):
+    """A GPU read at one moment: ``GpuBase`` and the clocks, power draw and temperature."""
+
+    sm_clock: int | None = None
+    sm_clock_max: int | None = None
+    mem_clock: int | None = None
+    power_draw: float | None = None
+    temperature: int | None = None
+
+
+class GpuState(GpuReading):
     """One GPU as ``nvidia-smi --query-gpu`` reports it; ``None`` where it said [N/A]."""
 
     model_config = ConfigDict(extra="forbid")
 
     index: int
-    name: str = ""
     uuid: str = ""
     bus_id: str = ""
     driver_version: str = ""
     pstate: str = ""
-    sm_clock: int | None = None
-    sm_clock_max: int | None = None
-    mem_clock: int | None = None
     mem_clock_max: int | None = None
-    power_draw: float | None = None
-    power_limit: float | None = None
-    power_limit_max: float | None = None
-    temperature: int | None = None
     utilization: int | None = None
     memory_used: int | None = None
     memory_total: int | None = None
-    pcie_gen: int | None = None
-    pcie_gen_max: int | None = None
-    pcie_width: int | None = None
-    pcie_width_max: int | None = None
     event_reasons_mask: int | None = None
-    event_reasons: list[str] = Field(default_factory=list)
     persistence: str = ""
     ecc: str = ""
-
-    @property
-    def idle(self) -> bool:
-        return "gpu_idle" in self.event_reasons or (self.utilization == 0)
 
 
 def _value(field: str, raw: str) -> object:
@@ -268,20 +274,12 @@ def parse_q_tree(text: str) -> dict:
     return root
 
 
-class GpuDetails(BaseModel):
+class GpuDetails(GpuBase):
     """What ``nvidia-smi -q`` adds to the CSV query, per GPU."""
 
     bus_id: str
-    name: str = ""
-    event_reasons: list[str] = Field(default_factory=list)
     reasons_section: str = ""
-    power_limit: float | None = None
     power_limit_default: float | None = None
-    power_limit_max: float | None = None
-    pcie_gen: int | None = None
-    pcie_gen_max: int | None = None
-    pcie_width: int | None = None
-    pcie_width_max: int | None = None
     reset_required: bool | None = None
     ecc_errors_uncorrectable: int | None = None
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
-import statistics
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -479,30 +478,6 @@ def parse_python_packages(text: str) -> PackageSet:
         raise ParseError(f"malformed JSON: {exc}", tool="python_packages", excerpt=line[:120]) from exc
 
 
-@parser("pip_list")
-def parse_pip_list(text: str) -> dict[str, str]:
-    """Parse ``pip list`` (the two-column table) into {name: version}."""
-    out: dict[str, str] = {}
-    started = False
-    for ln in split_lines(text):
-        if re.match(r"^-{3,}\s+-{3,}", ln):
-            started = True
-            continue
-        if not started:
-            continue
-        parts = ln.split()
-        if len(parts) < 2:
-            if parts:
-                raise ParseError("a row with one column", tool="pip_list", excerpt=ln)
-            continue
-        if parts[0].startswith("$") or parts[0] == "Name:":
-            break
-        out[parts[0]] = parts[1]
-    if not started:
-        raise ParseError("no `Package Version` table", tool="pip_list", excerpt=text[:80])
-    return out
-
-
 # ---------------------------------------------------------------- git
 class GitState(BaseModel):
     """Input of ``git_state``: HEAD, branch, dirty files, recent commits and the reflog."""
@@ -681,18 +656,6 @@ def parse_bench(text: str, metric: str, regex: str | None = None) -> tuple[float
         raise ParseError(f"no `{metric}=VALUE UNIT` in the benchmark's output", tool="bench", excerpt=text[-160:])
     value, unit = matches[-1]
     return float(value), (unit or None)
-
-
-class Samples(BaseModel):
-    values: list[float]
-
-    @property
-    def mean(self) -> float:
-        return statistics.fmean(self.values)
-
-    @property
-    def stdev(self) -> float:
-        return statistics.stdev(self.values) if len(self.values) > 1 else 0.0
 
 
 # ---------------------------------------------------------------- driver files

@@ -122,14 +122,12 @@ Observer = Callable[[str, dict[str, Any]], None]
 class Runner:
     """Sends typed tool calls over a transport and reports each to ``observer``."""
 
-    def __init__(self, transport: Transport, observer: Observer | None = None, timeout_scale: float = 1.0,
-                 ids: Any = None) -> None:
+    def __init__(self, transport: Transport, observer: Observer | None = None, ids: Any = None) -> None:
         self.transport = transport
         self.observer = observer or (lambda event, data: None)
         self.count = 0
         self._ids = ids  # a shared itertools.count when several runners share one transcript
         self._lock = threading.Lock()
-        self.timeout_scale = timeout_scale
 
     def command_of(self, tool: str, inp: BaseModel) -> str:
         return inp.command()  # type: ignore[attr-defined]
@@ -146,7 +144,7 @@ class Runner:
         data_in = inp.model_dump(mode="json")
         self.observer("tool_call", {"call_id": call_id, "tool": tool, "input": data_in, "command": command,
                                     "display": self.transport.display(shown), "why": why})
-        t = timeout or TIMEOUTS.get(tool, 60.0) * self.timeout_scale
+        t = timeout or TIMEOUTS.get(tool, 60.0)
         start = time.monotonic()
         kw = {"retry": tool not in MUTATIONS} if self.transport.supports_retry else {}
         result = self.transport.run(command, timeout=t, **kw)

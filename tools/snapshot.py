@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 from .discovery import Discovery, DiscoveryInput, finish, resolve
 from .discovery import calls as discovery_calls
 from .errors import UsageError
+from .gpu import GpuReading
 from .host import GitInfo, HostFacts, PackageSet, ServerInfo
 from .redact import redact
 from .registry import Runner
@@ -25,21 +26,8 @@ from .registry import Runner
 SNAPSHOT_VERSION = 1
 
 
-class GpuFacts(BaseModel):
+class GpuFacts(GpuReading):
     index: int
-    name: str = ""
-    sm_clock: int | None = None
-    sm_clock_max: int | None = None
-    mem_clock: int | None = None
-    power_draw: float | None = None
-    power_limit: float | None = None
-    power_limit_max: float | None = None
-    temperature: int | None = None
-    pcie_gen: int | None = None
-    pcie_gen_max: int | None = None
-    pcie_width: int | None = None
-    pcie_width_max: int | None = None
-    event_reasons: list[str] = Field(default_factory=list)
     reset_required: bool | None = None
     under_load: bool = False
 

@@ -31,7 +31,8 @@ from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from tools.errors import PlaybookError, load_yaml_mapping, resolve_yaml_ref
+from tools.errors import PlaybookError
+from tools.yamlfile import load_yaml_mapping, resolve_yaml_ref
 
 Verdict = Literal["ruled_out", "confirmed", "suspect", "inconclusive"]
 CHECKS = ("host_info", "gpu_query", "gpu_q", "gpu_processes", "gpu_sample_under_load", "find_servers", "server_details",

@@ -20,7 +20,7 @@ import pytest
 
 from tools.registry import Runner
 from tools.sim import load_scenario
-from tools.sim.serve import SSHD, start, start_sshd
+from tools.sim.serve import SSHD, remote_command, start, start_sshd
 from tools.snapshot import collect, diff
 from tools.ssh import SSHTransport
 
@@ -239,9 +239,7 @@ def test_second_concurrent_run_is_refused(tmp_path):
 
 
 def restart_sshd(s) -> None:
-    remote = Path(__import__("tools.sim.remote", fromlist=["x"]).__file__)
-    force = f"{sys.executable} -S {remote} {s.sim.base} {s.sim.state['hostname']}"
-    s.proc = start_sshd(s.folder, s.port, force_command=force).proc
+    s.proc = start_sshd(s.folder, s.port, force_command=remote_command(s.sim)).proc
 
 
 def sshd_tree(s) -> list[int]:

@@ -6,7 +6,8 @@ under BASE, exactly as ``SimHost.exec`` does. On a sealed host it replaces itsel
 and stderr are bash's own (the shell sessions of ``tools/session.py`` included); with no
 command (an interactive login) it starts an interactive bash there. On a host that is not
 sealed it runs bash on the rewritten command and removes the sandbox folder from what it
-prints. Standard library only.
+prints. Standard library only: ``serve.remote_command`` runs it without site-packages, with
+``tools/`` on ``PYTHONPATH`` for ``session`` (its own folder is on the path as the script's).
 """
 
 from __future__ import annotations
@@ -16,10 +17,8 @@ import subprocess
 import sys
 import threading
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from session import SESSION_COMMAND, frame, parse_frame  # noqa: E402
-from shell import SimShell, StreamUnrewrite  # noqa: E402
+from session import SESSION_COMMAND, frame, parse_frame  # tools/session.py: tools/ is on PYTHONPATH
+from shell import SimShell, StreamUnrewrite  # tools/sim/shell.py, beside this script
 
 
 def pump(src, dst, sandbox: str) -> None:

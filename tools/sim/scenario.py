@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ..errors import ScenarioError, describe_validation, load_yaml_mapping, resolve_yaml_ref
+from ..errors import ScenarioError
+from ..yamlfile import describe_validation, load_yaml_mapping, resolve_yaml_ref
 
 HYPOTHESIS_IDS = (
     "code_change", "gpu_clocks", "pcie_link", "gpu_contention", "serving_config",

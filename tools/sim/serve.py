@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import UsageError
+from ..transport import q
 from .sandbox import SimHost
 from .scenario import load_scenario
 
@@ -130,6 +131,14 @@ def start_sshd(d: Path, port: int = 0, *, force_command: str | None = None, max_
                 host_key_line=line)
 
 
+def remote_command(sim: SimHost) -> str:
+    """sshd's ForceCommand for ``sim``: ``remote.py`` under ``python -S`` (no site-packages: the standard
+    library only), with ``tools/`` on ``PYTHONPATH`` so that it finds ``session``."""
+    here = Path(__file__).resolve().parent
+    return (f"PYTHONPATH={q(here.parent)} {q(sys.executable)} -S {q(here / 'remote.py')} {q(sim.base)} "
+            f"{q(sim.state['hostname'])}")
+
+
 def start(spec: str, port: int = 0, *, folder: Path | None = None, max_sessions: int = 64) -> Served:
     """Lay out the simulated host and start a private sshd for it; returns when it listens."""
     if not Path(SSHD).is_file():
@@ -139,10 +148,8 @@ def start(spec: str, port: int = 0, *, folder: Path | None = None, max_sessions:
     if ref.endswith("@good"):
         ref, which = ref[:-5], "good"
     sim = SimHost(load_scenario(ref), which)
-    remote = Path(__file__).resolve().parent / "remote.py"
-    force = f"{sys.executable} -S {remote} {sim.base} {sim.state['hostname']}"
     try:
-        sshd = start_sshd(folder or (sim.base / "sshd"), port, force_command=force, max_sessions=max_sessions)
+        sshd = start_sshd(folder or (sim.base / "sshd"), port, force_command=remote_command(sim), max_sessions=max_sessions)
     except BaseException:
         sim.close()
         raise

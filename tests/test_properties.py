@@ -46,11 +46,11 @@ INPUTS = {"server_details": {"pid": 7}, "gpu_sample_under_load": {"load": "gpu-b
 @given(text=host_text, code=st.sampled_from([0, 0, 1, 124]))
 def test_every_parser_returns_or_raises_parse_error(text, code):
     """Whatever a host prints, each tool's parser gives a typed output or a ParseError, never anything else."""
-    for tool, (model, parse) in TOOLS.items():
-        inp = model.model_validate(INPUTS.get(tool, {}))
+    for tool, row in TOOLS.items():
+        inp = row.input.model_validate(INPUTS.get(tool, {}))
         r = CommandResult(command="c", host="h", stdout=text, stderr=text[::-1], exit_code=code)
         try:
-            out = parse(inp, r)
+            out = row.read(inp, r)
         except ParseError:
             continue
         assert out is not None, tool

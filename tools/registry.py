@@ -1,7 +1,8 @@
 """The typed tools by name, and the runner that sends them and parses what comes back.
 
-A tool is ``(Input model, parser)``: the input builds the exact command; the parser
-turns the ``CommandResult`` into a typed output or raises ``ParseError``. The runner
+A tool is one row of ``TOOLS``: its input model builds the exact command; its parser
+turns the ``CommandResult`` into a typed output or raises ``ParseError``; the row also
+holds its timeout and whether it changes the host. The runner
 reports every call to an observer (the transcript), runs independent calls
 concurrently, and never lets a parse failure escape as a traceback.
 """
@@ -12,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -45,6 +47,9 @@ class Done(BaseModel):
     detail: str = ""
 
 
+Parser = Callable[[Any, CommandResult], BaseModel]
+
+
 def _need_ok(r: CommandResult, tool: str) -> None:
     if r.timed_out:
         raise ParseError(f"cut at its timeout after {r.duration_ms / 1000:.1f} s", tool=tool)
@@ -52,50 +57,71 @@ def _need_ok(r: CommandResult, tool: str) -> None:
         raise ParseError(f"exit {r.exit_code}: {r.tail(2) or 'no output'}", tool=tool)
 
 
-def _ok(fn: Callable[[Any, CommandResult], BaseModel], tool: str) -> Callable[[Any, CommandResult], BaseModel]:
-    def wrapped(inp: Any, r: CommandResult) -> BaseModel:
-        _need_ok(r, tool)
-        return fn(inp, r)
-    return wrapped
+@dataclass(frozen=True)
+class Tool:
+    """One typed tool, one row: its name, its input model (whose ``command()`` is the exact command it
+    sends), the parser of what came back, its timeout, and whether it changes the host (experiments
+    only, each with its undo; never sent twice). A ``checked`` tool's failing or cut command is an
+    error before its parser sees it; an unchecked parser reads whatever came back."""
+
+    name: str
+    input: type[BaseModel]
+    parse: Parser
+    timeout: float = 60.0
+    mutates: bool = False
+    checked: bool = True
+
+    def read(self, inp: Any, r: CommandResult) -> BaseModel:
+        """The typed output of ``r``, or ``ParseError``."""
+        if self.checked:
+            _need_ok(r, self.name)
+        return self.parse(inp, r)
 
 
-TOOLS: dict[str, tuple[type[BaseModel], Callable[[Any, CommandResult], BaseModel]]] = {
-    "host_info": (host.HostInfo, _ok(lambda i, r: host.parse_host_info(r.stdout), "host_info")),
-    "gpu_query": (gpu.GpuQuery, _ok(lambda i, r: GpuList(gpus=gpu.parse_query_csv(r.stdout)), "gpu_query")),
-    "gpu_q": (gpu.GpuQ, _ok(lambda i, r: gpu.parse_q(r.stdout), "gpu_q")),
-    "gpu_processes": (gpu.GpuProcesses, _ok(lambda i, r: GpuProcessList(processes=gpu.parse_compute_apps(r.stdout)), "gpu_processes")),
-    "gpu_sample_under_load": (gpu.GpuSampleUnderLoad, lambda i, r: gpu.parse_load_samples(r.stdout)),
-    "find_servers": (host.FindServers, _ok(lambda i, r: ProcessList(processes=host.parse_find_servers(r.stdout)), "find_servers")),
-    "process_table": (host.ProcessTableInput, _ok(lambda i, r: host.parse_process_table(r.stdout), "process_table")),
-    "server_details": (host.ServerDetails, _ok(lambda i, r: host.parse_server_details(i.pid, r.stdout), "server_details")),
-    "python_packages": (host.PythonPackages, _ok(lambda i, r: host.parse_python_packages(r.stdout), "python_packages")),
-    "git_state": (host.GitState, _ok(lambda i, r: host.parse_git_state(i.repo, r.stdout), "git_state")),
-    "git_range": (host.GitRange, _ok(lambda i, r: host.parse_git_range(r.stdout), "git_range")),
-    "driver_files": (host.DriverFiles, _ok(lambda i, r: host.parse_driver_files(r.stdout), "driver_files")),
-    "bench": (host.Bench, _ok(lambda i, r: BenchValue(**dict(zip(("value", "unit"), host.parse_bench(r.stdout, i.metric, i.regex), strict=True))), "bench")),
+def _done(lines: int = 1) -> Parser:
+    """A mutation's output: it ran, and its last ``lines`` lines."""
+    return lambda i, r: Done(detail=r.tail(lines))
+
+
+def _bench_value(i: host.Bench, r: CommandResult) -> BenchValue:
+    value, unit = host.parse_bench(r.stdout, i.metric, i.regex)
+    return BenchValue(value=value, unit=unit)
+
+
+TOOLS: dict[str, Tool] = {t.name: t for t in (
+    Tool("host_info", host.HostInfo, lambda i, r: host.parse_host_info(r.stdout)),
+    Tool("gpu_query", gpu.GpuQuery, lambda i, r: GpuList(gpus=gpu.parse_query_csv(r.stdout))),
+    Tool("gpu_q", gpu.GpuQ, lambda i, r: gpu.parse_q(r.stdout)),
+    Tool("gpu_processes", gpu.GpuProcesses, lambda i, r: GpuProcessList(processes=gpu.parse_compute_apps(r.stdout))),
+    Tool("gpu_sample_under_load", gpu.GpuSampleUnderLoad, lambda i, r: gpu.parse_load_samples(r.stdout), timeout=120.0,
+         checked=False),
+    Tool("find_servers", host.FindServers, lambda i, r: ProcessList(processes=host.parse_find_servers(r.stdout))),
+    Tool("process_table", host.ProcessTableInput, lambda i, r: host.parse_process_table(r.stdout)),
+    Tool("server_details", host.ServerDetails, lambda i, r: host.parse_server_details(i.pid, r.stdout)),
+    Tool("python_packages", host.PythonPackages, lambda i, r: host.parse_python_packages(r.stdout), timeout=120.0),
+    Tool("git_state", host.GitState, lambda i, r: host.parse_git_state(i.repo, r.stdout)),
+    Tool("git_range", host.GitRange, lambda i, r: host.parse_git_range(r.stdout)),
+    Tool("driver_files", host.DriverFiles, lambda i, r: host.parse_driver_files(r.stdout)),
+    Tool("bench", host.Bench, _bench_value, timeout=900.0),
     # mutations: experiments only, each with its undo
-    "git_worktree_add": (mutate.WorktreeAdd, _ok(lambda i, r: Done(detail=r.tail(1)), "git_worktree_add")),
-    "git_worktree_remove": (mutate.WorktreeRemove, _ok(lambda i, r: Done(detail=r.tail(1)), "git_worktree_remove")),
-    "restart_server": (mutate.RestartServer, _ok(lambda i, r: mutate.parse_restart(r.stdout), "restart_server")),
-    "set_power_limit": (mutate.SetPowerLimit, _ok(lambda i, r: Done(detail=r.tail(1)), "set_power_limit")),
-    "set_governor": (mutate.SetGovernor, _ok(lambda i, r: Done(detail=r.tail(1)), "set_governor")),
-    "git_worktree_checkout": (mutate.WorktreeCheckout, _ok(lambda i, r: Done(detail=r.tail(1)), "git_worktree_checkout")),
-    "remove_file": (mutate.RemoveFile, _ok(lambda i, r: Done(detail=r.tail(1)), "remove_file")),
-    "restart_hook": (mutate.RestartHook, _ok(lambda i, r: Done(detail=r.tail(3)), "restart_hook")),
-    "overlay_install": (mutate.OverlayInstall, _ok(lambda i, r: Done(detail=r.tail(1)), "overlay_install")),
-    "remove_tree": (mutate.RemoveTree, _ok(lambda i, r: Done(detail=r.tail(1)), "remove_tree")),
-    "pip_download": (mutate.PipDownload, _ok(lambda i, r: mutate.parse_wheels(r.stdout), "pip_download")),
+    Tool("git_worktree_add", mutate.WorktreeAdd, _done(), mutates=True),
+    Tool("git_worktree_remove", mutate.WorktreeRemove, _done(), mutates=True),
+    Tool("restart_server", mutate.RestartServer, lambda i, r: mutate.parse_restart(r.stdout), timeout=300.0, mutates=True),
+    Tool("set_power_limit", mutate.SetPowerLimit, _done(), mutates=True),
+    Tool("set_governor", mutate.SetGovernor, _done(), mutates=True),
+    Tool("git_worktree_checkout", mutate.WorktreeCheckout, _done(), mutates=True),
+    Tool("remove_file", mutate.RemoveFile, _done(), mutates=True),
+    Tool("restart_hook", mutate.RestartHook, _done(3), timeout=600.0, mutates=True),
+    Tool("overlay_install", mutate.OverlayInstall, _done(), timeout=300.0, mutates=True),
+    Tool("remove_tree", mutate.RemoveTree, _done(), mutates=True),
+    Tool("pip_download", mutate.PipDownload, lambda i, r: mutate.parse_wheels(r.stdout), timeout=120.0, mutates=True),
     # read-only checks experiments make before they act
-    "server_control": (mutate.ServerControl, _ok(lambda i, r: mutate.parse_server_control(i.pid, r.stdout), "server_control")),
-    "import_roots": (mutate.ImportRoots, _ok(lambda i, r: mutate.parse_import_roots(r.stdout), "import_roots")),
-    "server_ready": (mutate.ServerReady, _ok(lambda i, r: mutate.parse_server_ready(r.stdout), "server_ready")),
-    "find_wheels": (mutate.FindWheels, _ok(lambda i, r: mutate.parse_wheels(r.stdout), "find_wheels")),
-    "overlay_packages": (mutate.OverlayPackages, _ok(lambda i, r: host.parse_python_packages(r.stdout), "overlay_packages")),
-}
-MUTATIONS = {"git_worktree_add", "git_worktree_remove", "restart_server", "set_power_limit", "set_governor",
-             "git_worktree_checkout", "remove_file", "restart_hook", "overlay_install", "remove_tree", "pip_download"}
-TIMEOUTS = {"python_packages": 120.0, "gpu_sample_under_load": 120.0, "bench": 900.0, "restart_server": 300.0,
-            "restart_hook": 600.0, "overlay_install": 300.0, "pip_download": 120.0, "overlay_packages": 120.0}
+    Tool("server_control", mutate.ServerControl, lambda i, r: mutate.parse_server_control(i.pid, r.stdout)),
+    Tool("import_roots", mutate.ImportRoots, lambda i, r: mutate.parse_import_roots(r.stdout)),
+    Tool("server_ready", mutate.ServerReady, lambda i, r: mutate.parse_server_ready(r.stdout)),
+    Tool("find_wheels", mutate.FindWheels, lambda i, r: mutate.parse_wheels(r.stdout)),
+    Tool("overlay_packages", mutate.OverlayPackages, lambda i, r: host.parse_python_packages(r.stdout), timeout=120.0),
+)}
 
 
 class Outcome(BaseModel):
@@ -133,9 +159,9 @@ class Runner:
         return inp.command()  # type: ignore[attr-defined]
 
     def call(self, tool: str, inp: BaseModel | dict[str, Any] | None = None, *, why: str = "", timeout: float | None = None) -> Outcome:
-        model, parse = TOOLS[tool]
+        row = TOOLS[tool]
         if not isinstance(inp, BaseModel):
-            inp = model.model_validate(inp or {})
+            inp = row.input.model_validate(inp or {})
         with self._lock:
             self.count += 1
             call_id = next(self._ids) if self._ids is not None else self.count
@@ -144,14 +170,14 @@ class Runner:
         data_in = inp.model_dump(mode="json")
         self.observer("tool_call", {"call_id": call_id, "tool": tool, "input": data_in, "command": command,
                                     "display": self.transport.display(shown), "why": why})
-        t = timeout or TIMEOUTS.get(tool, 60.0)
+        t = timeout or row.timeout
         start = time.monotonic()
-        kw = {"retry": tool not in MUTATIONS} if self.transport.supports_retry else {}
+        kw = {"retry": not row.mutates} if self.transport.supports_retry else {}
         result = self.transport.run(command, timeout=t, **kw)
         output: Any = None
         error = None
         try:
-            output = parse(inp, result)
+            output = row.read(inp, result)
         except ParseError as exc:
             error = str(exc)
         self.observer("tool_result", {

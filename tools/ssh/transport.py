@@ -1,44 +1,9 @@
-"""SSH transport (paramiko): one connection per host, concurrent channels, faults survived.
-
-What it does, and why (measured on loopback with OpenSSH 9.2 and paramiko 5.1):
-
-* ``TCP_NODELAY`` on the socket: a default ``exec_command`` of ``true`` costs ~44 ms
-  because Nagle's algorithm meets delayed ACKs; with NODELAY it costs ~2.6 ms.
-* At most ``max_channels`` (8) sessions at once: OpenSSH's default ``MaxSessions 10``
-  refuses the 11th channel.
-* stdout and stderr are read together, and before the exit status: reading one stream,
-  or waiting for the exit status first, deadlocks once a stream fills the window.
-* Commands run in pooled shell sessions (tools/session.py): a long-lived ``bash`` per
-  channel takes one framed command at a time, so a command costs a subshell instead of
-  sshd's fork, session set-up and shell start (``true``: ~0.8 ms instead of ~3 ms; a login
-  shell's rc files are read once per session, not per command). Where the host has no
-  bash, each command gets its own ``exec`` channel, as ``ssh host cmd`` would.
-* A command cut at its timeout is really ended on the host: its session's process group
-  is killed and the session is never reused; output is decoded with replacement
-  characters, never a crash.
-* Every channel is closed explicitly (paramiko's threaded ``exec_command`` race).
-* paramiko's own re-key after 512 MiB stalled and killed the connection: its threshold is
-  raised, and the connection is renewed between commands after ``renew_after`` bytes.
-* paramiko's keepalive does not notice a hung peer: before a command on a connection that
-  has been idle, a cheap ``true`` with a short timeout checks it.
-* A dropped connection is re-made with backoff and a read-only command is retried; the
-  caller hears about it through ``on_event`` (the transcript says so).
-* Host keys are checked against known_hosts as OpenSSH checks them (tools/known_hosts.py:
-  patterns, negations, hashed names, ``[host]:port``, ``@revoked``, ``@cert-authority``);
-  unknown keys are refused unless ``accept_new`` (OpenSSH's accept-new: one line appended
-  under a lock, nothing rewritten); a changed or revoked key is always refused.
-
-paramiko's exceptions are translated in one place, ``translate``.
-"""
+"""``SSHTransport``: one paramiko connection per host, commands in pooled shell sessions or on their
+own channels, the connection re-made when lost (see the package's docstring for what and why)."""
 
 from __future__ import annotations
 
-import fcntl
-import getpass
-import os
-import shutil
 import socket
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -46,12 +11,11 @@ from typing import Any
 
 import paramiko
 from paramiko import ssh_exception as px
-from paramiko.buffered_pipe import BufferedPipe, PipeTimeout
 
-from . import known_hosts
-from .errors import AuthError, ConnectError, HostKeyError, TransportError, UsageError
-from .session import SESSION_COMMAND, Capped, EndMark, frame, new_nonce
-from .transport import (
+from .. import known_hosts
+from ..errors import AuthError, ConnectError, TransportError, UsageError
+from ..session import SESSION_COMMAND, Capped, EndMark, frame, new_nonce
+from ..transport import (
     DEFAULT_MAX_OUTPUT,
     DEFAULT_TIMEOUT_S,
     TIMEOUT_EXIT,
@@ -60,303 +24,10 @@ from .transport import (
     decode,
     ssh_line,
 )
-
-# every paramiko exception class -> ours (a test checks none is missing)
-EXCEPTION_MAP: dict[type[BaseException], type[TransportError]] = {
-    px.BadHostKeyException: HostKeyError,
-    px.AuthenticationException: AuthError,
-    px.BadAuthenticationType: AuthError,
-    px.PartialAuthentication: AuthError,
-    px.PasswordRequiredException: AuthError,
-    px.UnableToAuthenticate: AuthError,
-    px.ChannelException: ConnectError,
-    px.ConfigParseError: ConnectError,
-    px.CouldNotCanonicalize: ConnectError,
-    px.IncompatiblePeer: ConnectError,
-    px.MessageOrderError: ConnectError,
-    px.NoValidConnectionsError: ConnectError,
-    px.ProxyCommandFailure: ConnectError,
-    px.SSHException: ConnectError,
-}
-FIXES = {
-    AuthError: "give the private key with -i/--identity-file KEY, or load it into ssh-agent (ssh-add KEY); check the user",
-    ConnectError: "check the address and port, that sshd runs there, and the network path (--connect-timeout)",
-}
-
-
-class HostKeyRefused(Exception):
-    """The host key is not trusted: ``status`` is ``unknown``, ``changed`` or ``revoked`` (known_hosts.check)."""
-
-    def __init__(self, host: str, key: paramiko.PKey, verdict: known_hosts.Verdict) -> None:
-        self.host, self.key, self.verdict = host, key, verdict
-        super().__init__(host)
-
-
-def translate(exc: BaseException, host: str) -> TransportError:
-    """paramiko, socket and OS errors -> the project's transport errors."""
-    if isinstance(exc, TransportError):
-        return exc
-    if isinstance(exc, HostKeyRefused):
-        return host_key_error(exc, host)
-    if isinstance(exc, px.BadHostKeyException):
-        return HostKeyError(f"{host}: the host key CHANGED (got {exc.key.get_name()} {exc.key.fingerprint}, known "
-                            f"{exc.expected_key.fingerprint}); refused: this may be an attack, or the host was reinstalled",
-                            host=host, fix="if the change is expected, remove the old line: ssh-keygen -R HOST")
-    if type(exc) is px.SSHException and "authentication" in str(exc).lower():
-        # paramiko's plain SSHException for "No authentication methods available": no key was offered at all
-        return AuthError(f"{host}: no key was offered that the host accepts ({exc}): none given with -i/--identity-file, "
-                         "none in ssh-agent and none in ~/.ssh", host=host, fix=FIXES[AuthError])
-    for cls in type(exc).__mro__:
-        if cls in EXCEPTION_MAP:
-            ours = EXCEPTION_MAP[cls]
-            return ours(f"{host}: {type(exc).__name__}: {exc}", host=host, fix=FIXES.get(ours))
-    if isinstance(exc, socket.gaierror):
-        return ConnectError(f"{host}: cannot resolve the name ({exc.strerror})", host=host, fix=FIXES[ConnectError])
-    if isinstance(exc, TimeoutError | socket.timeout):
-        return ConnectError(f"{host}: timed out", host=host, fix=FIXES[ConnectError])
-    if isinstance(exc, ConnectionRefusedError):
-        return ConnectError(f"{host}: connection refused", host=host, fix=FIXES[ConnectError])
-    if isinstance(exc, OSError | EOFError):
-        return ConnectError(f"{host}: {type(exc).__name__}: {exc}", host=host, fix=FIXES[ConnectError])
-    return ConnectError(f"{host}: {type(exc).__name__}: {exc}", host=host)
-
-
-# ---------------------------------------------------------------- known_hosts
-def host_key_error(exc: HostKeyRefused, host: str) -> HostKeyError:
-    v, key = exc.verdict, exc.key
-    got = f"{key.get_name()} {key.fingerprint}"
-    where = f"{v.path}:{v.entry.line}" if v.path and v.entry else str(v.path)
-    if v.status == "revoked":
-        return HostKeyError(f"{host}: the host key {got} is REVOKED (@revoked in {where}); refused", host=host,
-                            fix="the key must never be trusted again: find out why it was revoked; the host needs a new key")
-    if v.status == "changed":
-        return HostKeyError(f"{host}: the host key CHANGED (got {got}; {where} holds another key for this host); "
-                            "refused: this may be an attack, or the host was reinstalled", host=host,
-                            fix="if the change is expected, remove the old line: ssh-keygen -R HOST")
-    return HostKeyError(f"{host}: unknown host key {got}; refused", host=host,
-                        fix="check the fingerprint, then pass --accept-new-host-key to record it "
-                            "(or add it to known_hosts: ssh-keygen -R / ssh-keyscan)")
-
-
-class Policy(paramiko.MissingHostKeyPolicy):
-    """Every host key is decided here, as OpenSSH decides it (tools/known_hosts.py): the client's
-    own host-key table is left empty, so paramiko asks about every key. An unknown key is refused,
-    or with accept_new appended as one line under a lock; a changed or revoked key always refused."""
-
-    def __init__(self, path: Path, accept_new: bool, host: str, port: int) -> None:
-        self.path, self.accept_new, self.host, self.port = path, accept_new, host, port
-        self.added: str | None = None
-
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        name = known_hosts.lookup_name(self.host, self.port)
-        entries = known_hosts.load(self.path)
-        cert = getattr(key, "public_blob", None)
-        if cert is not None and cert.key_type.endswith("-cert-v01@openssh.com"):
-            decided = known_hosts.check_cert(entries, self.host, self.port, cert.key_blob, key.asbytes())
-            if decided is not None and decided.status == "ok":
-                return
-            if decided is not None:
-                raise HostKeyRefused(name, key, known_hosts.Verdict(decided.status, decided.entry, self.path))
-        # a plain key, or a certificate no known authority vouches for: its plain key decides (as ssh)
-        verdict = known_hosts.verify(entries, self.host, self.port, key.get_name(), key.asbytes())
-        verdict = known_hosts.Verdict(verdict.status, verdict.entry, self.path)
-        if verdict.status == "ok":
-            return
-        if verdict.status != "unknown" or not self.accept_new:
-            raise HostKeyRefused(name, key, verdict)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        line = f"{name} {key.get_name()} {key.get_base64()}\n"
-        with open(self.path, "a") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            f.write(line)
-            fcntl.flock(f, fcntl.LOCK_UN)
-        self.added = line.strip()
-
-
-def fast_transport(sock: Any, known_types: list[str] | None = None, certs: bool = False, **kw: Any) -> paramiko.Transport:
-    """A paramiko Transport that prefers AES-GCM (one AEAD pass: ~20% faster on 1 MB here) when
-    the server offers it, and falls back to paramiko's usual order otherwise. Host key types
-    known_hosts holds for the host come first (OpenSSH orders them so too)."""
-    t = paramiko.Transport(sock, **kw)
-    opts = t.get_security_options()
-    gcm = tuple(c for c in opts.ciphers if "gcm" in c)
-    opts.ciphers = gcm + tuple(c for c in opts.ciphers if c not in gcm)
-    if known_types:
-        algs = [a for k in known_types for a in (["rsa-sha2-512", "rsa-sha2-256"] if k == "ssh-rsa" else [k])]
-        first = [a for a in algs if a in opts.key_types]
-        opts.key_types = tuple(first + [a for a in opts.key_types if a not in first])
-    if certs:   # a known authority signs this host's certificates: ask for one first
-        cert_types = [f"{a}-cert-v01@openssh.com" for a in opts.key_types if "cert" not in a]
-        opts.key_types = tuple(cert_types) + tuple(a for a in opts.key_types if a not in cert_types)
-    return t
-
-
-# ---------------------------------------------------------------- config
-def resolve(spec: str, identity_file: str | None) -> dict[str, Any]:
-    """``user@host[:port]`` or an ~/.ssh/config alias -> host, port, user, identities, proxyjump.
-
-    ``ssh -G`` (OpenSSH's own resolution, Include and all) when the client is installed;
-    paramiko's SSHConfig otherwise.
-    """
-    user = None
-    rest = spec
-    if "@" in rest:
-        user, rest = rest.rsplit("@", 1)
-    port = None
-    if rest.startswith("["):
-        host, _, p = rest[1:].partition("]")
-        port = int(p[1:]) if p.startswith(":") else None
-    elif rest.count(":") == 1:
-        host, p = rest.split(":")
-        if not p.isdigit():
-            raise UsageError(f"--host {spec!r}: port `{p}` is not a number", fix="write user@host:PORT")
-        port = int(p)
-    else:
-        host = rest
-    cfg: dict[str, Any] = {}
-    ssh = shutil.which("ssh")
-    config = Path.home() / ".ssh" / "config"
-    if ssh and config.is_file():
-        r = subprocess.run([ssh, "-F", str(config), "-G", host], capture_output=True, text=True, timeout=10)
-        if r.returncode == 0:
-            for line in r.stdout.splitlines():
-                k, _, v = line.partition(" ")
-                if k in ("identityfile",):
-                    cfg.setdefault(k, []).append(v)
-                else:
-                    cfg[k] = v
-    elif Path.home().joinpath(".ssh", "config").is_file():
-        c = paramiko.SSHConfig.from_path(str(Path.home() / ".ssh" / "config")).lookup(host)
-        cfg = {k: v for k, v in c.items()}
-    hostname = cfg.get("hostname", host)
-    ids = [os.path.expanduser(i) for i in cfg.get("identityfile", []) if os.path.isfile(os.path.expanduser(i))]
-    if identity_file:
-        if not os.path.isfile(identity_file):
-            raise UsageError(f"--identity-file {identity_file}: no such file", fix="give the path of a private key")
-        ids = [identity_file]
-    jump = cfg.get("proxyjump")
-    return {"host": hostname, "port": port or int(cfg.get("port", 22)), "user": user or cfg.get("user") or getpass.getuser(),
-            "identities": ids, "proxyjump": None if jump in (None, "none") else jump, "explicit_identity": bool(identity_file)}
-
-
-class ShellEnded(EOFError):
-    """A shell session ended while a command ran in it (the connection itself may be fine)."""
-
-
-class ShellUnusable(Exception):
-    """A shell session was gone before a command was sent to it: sending it elsewhere is safe."""
-
-
-class ChunkPipe(BufferedPipe):
-    """paramiko's channel buffer keeping the bytes it is fed as they came (no array copies):
-    a read of everything buffered costs at most one join. Same interface and locking as the
-    base class, whose lock, condition, event and closed flag it uses.
-
-    Its event (what a reader sleeps on) is set only when a chunk ends a line (every end mark
-    does, tools/session.py) or ``wake_bytes`` are waiting, and at EOF: a reader wakes a few
-    times per MB instead of once per 32 KiB packet, which on a busy host is CPU the remote
-    command gets back. ``wake_bytes`` stays well under the window so the stream never stalls.
-    """
-
-    def __init__(self, wake_bytes: int = 0) -> None:
-        super().__init__()
-        self._chunks: list[bytes] = []
-        self._size = 0
-        self.wake_bytes = wake_bytes
-
-    def set_event(self, event: threading.Event) -> None:
-        with self._lock:
-            self._event = event
-            if self._closed or self._size:
-                event.set()
-            else:
-                event.clear()
-
-    def feed(self, data: bytes) -> None:
-        with self._lock:
-            self._chunks.append(bytes(data))
-            self._size += len(data)
-            if self._event is not None and (self._size >= self.wake_bytes or data.endswith(b"\n")):
-                self._event.set()
-            self._cv.notify_all()
-
-    def read_ready(self) -> bool:
-        with self._lock:
-            return self._size > 0
-
-    def _take(self, nbytes: int) -> bytes:
-        if self._size <= nbytes:
-            chunks, self._chunks, self._size = self._chunks, [], 0
-            if self._event is not None and not self._closed:
-                self._event.clear()
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        out, got = [], 0
-        while got < nbytes:
-            c = self._chunks[0]
-            if got + len(c) <= nbytes:
-                out.append(self._chunks.pop(0))
-                got += len(c)
-            else:
-                out.append(c[: nbytes - got])
-                self._chunks[0] = c[nbytes - got:]
-                got = nbytes
-        self._size -= got
-        return b"".join(out)
-
-    def read(self, nbytes: int, timeout: float | None = None) -> bytes:
-        with self._lock:
-            if not self._size:
-                if self._closed:
-                    return b""
-                if timeout == 0.0:
-                    raise PipeTimeout()
-                end = None if timeout is None else time.monotonic() + timeout
-                while not self._size and not self._closed:
-                    left = None if end is None else end - time.monotonic()
-                    if left is not None and left <= 0:
-                        raise PipeTimeout()
-                    self._cv.wait(left)
-                if not self._size:
-                    return b""
-            return self._take(nbytes)
-
-    def empty(self) -> bytes:
-        with self._lock:
-            return self._take(self._size)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return self._size
-
-
-def watch(chan: paramiko.Channel) -> threading.Event:
-    """One Event set by either stream's buffer (see ChunkPipe) and at EOF: cheaper than fileno()'s pipes."""
-    ev = threading.Event()
-    chan.in_buffer.set_event(ev)
-    chan.in_stderr_buffer.set_event(ev)
-    return ev
-
-
-class _Shell:
-    """One long-lived ``bash`` on its own channel (tools/session.py); one command at a time."""
-
-    def __init__(self, chan: paramiko.Channel, transport: paramiko.Transport) -> None:
-        self.chan = chan
-        self.transport = transport
-        self.pid: int | None = None
-        self.retire = False
-        self.ready = watch(chan)
-
-    def usable(self, transport: paramiko.Transport | None) -> bool:
-        c = self.chan
-        return (transport is self.transport and not (c.closed or c.eof_received or c.exit_status_ready())
-                and not c.recv_ready() and not c.recv_stderr_ready())
-
-    def close(self) -> None:
-        try:
-            self.chan.close()
-        except Exception:  # noqa: BLE001 - closing a dead channel
-            pass
+from .config import resolve
+from .exceptions import translate
+from .hostkeys import Policy, fast_transport
+from .pipe import ChunkPipe, Shell, ShellEnded, ShellUnusable, watch
 
 
 class SSHTransport(BaseTransport):
@@ -389,7 +60,7 @@ class SSHTransport(BaseTransport):
         self._active = 0
         self._received = 0
         self._last_used = 0.0
-        self._idle: list[_Shell] = []
+        self._idle: list[Shell] = []
         self.sessions: bool | None = None   # shell sessions: None until tried, False where the host has no bash
         self.reconnects = 0
         self.connect()
@@ -598,7 +269,7 @@ class SSHTransport(BaseTransport):
                     self._last_used = time.monotonic()
 
     # ------------------------------------------------------------ shell sessions
-    def _shell(self, t: paramiko.Transport) -> _Shell | None:
+    def _shell(self, t: paramiko.Transport) -> Shell | None:
         """An idle shell of this connection, or a new one; None where the host cannot run one."""
         with self._lock:
             while self._idle:
@@ -606,7 +277,7 @@ class SSHTransport(BaseTransport):
                 if shell.usable(t):
                     return shell
                 shell.close()
-        shell = _Shell(self._open(t, SESSION_COMMAND), t)
+        shell = Shell(self._open(t, SESSION_COMMAND), t)
         try:
             # whatever the login shell's rc files print lands here, before the pid, and goes no further
             out, _, code, _, timed_out = self._frame(shell, 'printf \'\\n%s\' "$$"', time.monotonic() + self.connect_timeout,
@@ -625,7 +296,7 @@ class SSHTransport(BaseTransport):
         self.sessions = True
         return shell
 
-    def _exec_in(self, shell: _Shell, command: str, timeout: float,
+    def _exec_in(self, shell: Shell, command: str, timeout: float,
                  max_output: int) -> tuple[bytes, bytes, int, bool, bool, int | None]:
         start = time.monotonic()
         clean = False
@@ -643,7 +314,7 @@ class SSHTransport(BaseTransport):
                 shell.close()
         return out, err, code, truncated, timed_out, shell.pid
 
-    def _frame(self, shell: _Shell, command: str, deadline: float, cap: int) -> tuple[bytes, bytes, int, bool, bool]:
+    def _frame(self, shell: Shell, command: str, deadline: float, cap: int) -> tuple[bytes, bytes, int, bool, bool]:
         """Sends one frame (see tools/session.py) and reads both streams to their end marks."""
         chan = shell.chan
         nonce = new_nonce()

@@ -1,0 +1,61 @@
+"""``--host`` for SSH: ``user@host[:port]`` or an ~/.ssh/config alias, resolved as OpenSSH resolves it."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import paramiko
+
+from ..errors import UsageError
+
+
+def resolve(spec: str, identity_file: str | None) -> dict[str, Any]:
+    """``user@host[:port]`` or an ~/.ssh/config alias -> host, port, user, identities, proxyjump.
+
+    ``ssh -G`` (OpenSSH's own resolution, Include and all) when the client is installed;
+    paramiko's SSHConfig otherwise.
+    """
+    user = None
+    rest = spec
+    if "@" in rest:
+        user, rest = rest.rsplit("@", 1)
+    port = None
+    if rest.startswith("["):
+        host, _, p = rest[1:].partition("]")
+        port = int(p[1:]) if p.startswith(":") else None
+    elif rest.count(":") == 1:
+        host, p = rest.split(":")
+        if not p.isdigit():
+            raise UsageError(f"--host {spec!r}: port `{p}` is not a number", fix="write user@host:PORT")
+        port = int(p)
+    else:
+        host = rest
+    cfg: dict[str, Any] = {}
+    ssh = shutil.which("ssh")
+    config = Path.home() / ".ssh" / "config"
+    if ssh and config.is_file():
+        r = subprocess.run([ssh, "-F", str(config), "-G", host], capture_output=True, text=True, timeout=10)
+        if r.returncode == 0:
+            for line in r.stdout.splitlines():
+                k, _, v = line.partition(" ")
+                if k in ("identityfile",):
+                    cfg.setdefault(k, []).append(v)
+                else:
+                    cfg[k] = v
+    elif Path.home().joinpath(".ssh", "config").is_file():
+        c = paramiko.SSHConfig.from_path(str(Path.home() / ".ssh" / "config")).lookup(host)
+        cfg = {k: v for k, v in c.items()}
+    hostname = cfg.get("hostname", host)
+    ids = [os.path.expanduser(i) for i in cfg.get("identityfile", []) if os.path.isfile(os.path.expanduser(i))]
+    if identity_file:
+        if not os.path.isfile(identity_file):
+            raise UsageError(f"--identity-file {identity_file}: no such file", fix="give the path of a private key")
+        ids = [identity_file]
+    jump = cfg.get("proxyjump")
+    return {"host": hostname, "port": port or int(cfg.get("port", 22)), "user": user or cfg.get("user") or getpass.getuser(),
+            "identities": ids, "proxyjump": None if jump in (None, "none") else jump, "explicit_identity": bool(identity_file)}

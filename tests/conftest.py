@@ -1,4 +1,5 @@
-"""Fixtures shared by the suite: vectors, simulated hosts, an isolated environment."""
+"""Fixtures shared by the suite: vectors, an isolated environment, and the shipped fixtures
+(``debugagent_testing.fixtures``: simulated hosts, replays) that playbook authors use too."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
+
+pytest_plugins = ["debugagent_testing.fixtures"]   # sim_host, replay_recording: the fixtures we ship
 
 ROOT = Path(__file__).resolve().parents[1]
 VECTORS = Path(os.environ.get("DEBUGAGENT_VECTORS", ROOT.parent / "shared" / "vectors" / "h200"))
@@ -35,19 +38,3 @@ def _isolated(monkeypatch, tmp_path):
     (tmp_path / "home").mkdir()
     for k in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "SSH_AUTH_SOCK"):
         monkeypatch.delenv(k, raising=False)
-
-
-@pytest.fixture
-def sim():
-    """Open simulated hosts by spec; every one is torn down after the test."""
-    from tools.sim import SimTransport
-    opened = []
-
-    def make(spec: str) -> SimTransport:
-        t = SimTransport(spec)
-        opened.append(t)
-        return t
-
-    yield make
-    for t in opened:
-        t.close()

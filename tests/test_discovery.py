@@ -344,10 +344,10 @@ def test_cli_snapshot_bad_overrides_exit_2():
 
 
 # ---------------------------------------------------------------- simulated hosts
-def test_sim_pattern_and_gpu_fallback_agree_and_tenant_by_pid(sim):
+def test_sim_pattern_and_gpu_fallback_agree_and_tenant_by_pid(sim_host):
     """On a simulated host, the pattern and nvidia-smi's compute processes lead to the same server pid;
     the other GPU process is a tenant."""
-    t = sim("sim:gpu-contention")
+    t = sim_host("sim:gpu-contention")
     by_pattern = discover(Runner(t))
     by_gpu = discover(Runner(t), DiscoveryInput(server_pattern=token()))
     assert by_pattern.process.found_by == "pattern" and by_gpu.process.found_by == "gpu"

@@ -117,7 +117,7 @@ def test_every_command_is_pasteable_as_run(quick):
     assert sent <= shown
 
 
-def test_pasted_heredoc_gives_the_same_output(quick, quick_state, sim, monkeypatch):
+def test_pasted_heredoc_gives_the_same_output(quick, quick_state, sim_host, monkeypatch):
     """The long package probe, pasted as its heredoc, reaches the host as the same command and prints what the run recorded."""
     _, md, events = quick
     monkeypatch.setenv("XDG_STATE_HOME", str(quick_state))   # the same user's salt: the same build bytes as in the run
@@ -125,7 +125,7 @@ def test_pasted_heredoc_gives_the_same_output(quick, quick_state, sim, monkeypat
     block = re.search(r"```bash\nssh root@gpu-node-3 (\"\$\(cat <<'EOF'\n.*?\nEOF\n\)\")\n```", md, flags=re.S).group(1)
     # what the local shell makes of the pasted argument is the command the host runs
     command = subprocess.run(["bash", "-c", f"printf %s {block}"], capture_output=True, text=True, check=True).stdout
-    host = sim("sim:eagle3-flashinfer-rebuilt")
+    host = sim_host("sim:eagle3-flashinfer-rebuilt")
     got = host.run(command)
     assert got.exit_code == 0
     assert json.loads(got.stdout)["packages"] == json.loads(rec["stdout"])["packages"]

@@ -119,3 +119,10 @@ def test_playbook_authors_helpers(tmp_path):
         t.run("ls")
     assert load_playbook(None).name == "gpu-inference-regression"
     assert replay_run(str(KEPT[0]), out=str(tmp_path / "r")) == 0
+
+
+def test_shipped_replay_fixture(replay_recording):
+    """The shipped `replay_recording` fixture (loaded through pytest_plugins) replays a kept run to its conclusion."""
+    res = replay_recording(KEPT[0])
+    assert res["same"], res["diff"]
+    assert res["commands"] > 0 and res["unused_results"] == 0

@@ -61,9 +61,9 @@ def test_malformed_yaml_names_the_line():
         parse_scenario("version: 1\nname: [unclosed\n", "x.yaml")
 
 
-def test_sandbox_answers_at_scenario_paths(sim):
+def test_sandbox_answers_at_scenario_paths(sim_host):
     """The seed's checks answer as on the real host: version, missing __version__, server argv, env."""
-    t = sim(f"sim:{SEED}")
+    t = sim_host(f"sim:{SEED}")
     r = t.run("/root/ml-env/bin/python3 -c 'import sgl_kernel; print(\"sgl_kernel:\", sgl_kernel.__version__)'")
     assert r.stdout == "sgl_kernel: 0.3.21\n"
     r = t.run("ls /root/sglang; cd /root/sglang && git log --oneline -3; "
@@ -76,17 +76,17 @@ def test_sandbox_answers_at_scenario_paths(sim):
     assert "/tmp" not in r.stdout
 
 
-def test_nothing_readable_reveals_the_answer(sim):
+def test_nothing_readable_reveals_the_answer(sim_host):
     """No file under the sandbox's roots names the expected cause, factors or effects."""
-    t = sim(f"sim:{SEED}")
+    t = sim_host(f"sim:{SEED}")
     r = t.run("grep -rIl -e root_cause -e 'factors:' -e 'effect:' -e compiled_dependency /root /etc 2>/dev/null | "
               "grep -v -e '/\\.git/' || true")
     assert r.stdout.strip() == ""
 
 
-def test_gpus_idle_unless_benchmark_runs(sim):
+def test_gpus_idle_unless_benchmark_runs(sim_host):
     """Idle GPUs show 345 MHz, the idle reason and PCIe gen 1; under the benchmark, the scenario's values."""
-    t = sim("sim:power-capped")
+    t = sim_host("sim:power-capped")
     runner = Runner(t)
     idle = runner.call("gpu_query").output.gpus[0]
     assert (idle.sm_clock, idle.pcie_gen, idle.event_reasons) == (345, 1, ["gpu_idle"])
@@ -94,9 +94,9 @@ def test_gpus_idle_unless_benchmark_runs(sim):
     assert (load.sm_clock, load.pcie_gen, load.event_reasons, load.power_limit) == (1545, 5, ["sw_power_cap"], 450.0)
 
 
-def test_benchmark_follows_state_and_is_noisy(sim):
+def test_benchmark_follows_state_and_is_noisy(sim_host):
     """The benchmark prints METRIC=VALUE UNIT near base + effects, and changes when the state does."""
-    t = sim("sim:launch-blocking")
+    t = sim_host("sim:launch-blocking")
     runner = Runner(t)
     vals = [runner.call("bench", {"cmd": "gpu-bench", "metric": "verify"}).output.value for _ in range(4)]
     assert all(25 < v < 35 for v in vals) and len(set(vals)) == 4
@@ -110,26 +110,26 @@ def test_benchmark_follows_state_and_is_noisy(sim):
     t.run(f"rm -f /tmp/da-{pid}.env")
 
 
-def test_old_driver_speaks_throttle_reasons(sim):
+def test_old_driver_speaks_throttle_reasons(sim_host):
     """A scenario on a 525 driver prints the older "Clocks Throttle Reasons" names."""
-    t = sim("sim:thermal-throttle-old-driver")
+    t = sim_host("sim:thermal-throttle-old-driver")
     assert "Clocks Throttle Reasons" in t.run("nvidia-smi -q").stdout
     assert "clocks_throttle_reasons.active" in t.run(
         "nvidia-smi --query-gpu=index,clocks_throttle_reasons.active --format=csv").stdout
 
 
-def test_command_timeout_on_sim(sim):
+def test_command_timeout_on_sim(sim_host):
     """A command that hangs on a simulated host is cut at its timeout."""
-    r = sim(f"sim:{SEED}").run("sleep 20", timeout=0.5)
+    r = sim_host(f"sim:{SEED}").run("sleep 20", timeout=0.5)
     assert r.timed_out and r.exit_code == 124
 
 
 @pytest.mark.parametrize("name", builtin_names())
-def test_snapshot_diff_equals_factors(sim, name):
+def test_snapshot_diff_equals_factors(sim_host, name):
     """snapshot of sim:X@good and sim:X, then diff: exactly the scenario's factors."""
     sc = load_scenario(name)
-    good = collect(Runner(sim(f"sim:{name}@good")))
-    bad = collect(Runner(sim(f"sim:{name}")))
+    good = collect(Runner(sim_host(f"sim:{name}@good")))
+    bad = collect(Runner(sim_host(f"sim:{name}")))
     assert good.errors == [] and bad.errors == []
     # a snapshot fingerprints the host; a changed client workload (bench.args) is not on it
     assert sorted(c.path for c in diff(good, bad)) == sorted(f.path for f in sc.factors if not f.path.startswith("bench."))

@@ -49,10 +49,10 @@ def wait_up(t, pid: int) -> None:
     raise AssertionError(f"server {pid} did not come up: {t.run('tail -5 /tmp/debugagent-server.log').stdout}")
 
 
-def test_code_revert_needs_a_restart_from_the_worktree(sim):
+def test_code_revert_needs_a_restart_from_the_worktree(sim_host):
     """With the benchmark merely run in a worktree the regression stays; restarting the server from the
     worktree (first on PYTHONPATH, cwd inside) recovers it, and bisecting that way finds the culprit."""
-    t = sim("sim:code-regression-bisect")
+    t = sim_host("sim:code-regression-bisect")
     r = Runner(t)
     sc = t.scenario
     labels = t.sim.labels
@@ -81,10 +81,10 @@ def test_code_revert_needs_a_restart_from_the_worktree(sim):
     assert commits[hi] == culprit
 
 
-def test_package_reinstall_takes_effect_on_restart(sim):
+def test_package_reinstall_takes_effect_on_restart(sim_host):
     """pip installs the baseline wheel from the wheelhouse; the running server keeps what it imported
     until it is restarted."""
-    t = sim("sim:flashinfer-wheelhouse")
+    t = sim_host("sim:flashinfer-wheelhouse")
     r = Runner(t)
     before = bench(r)
     assert before > 27
@@ -96,10 +96,10 @@ def test_package_reinstall_takes_effect_on_restart(sim):
     assert bench(r) < 23
 
 
-def test_console_script_server_and_worker_environment(sim):
+def test_console_script_server_and_worker_environment(sim_host):
     """`vllm serve` runs as a console-script launcher; its worker has its own environment, and the
     benchmark follows the worker's."""
-    t = sim("sim:vllm-console-worker")
+    t = sim_host("sim:vllm-console-worker")
     r = Runner(t)
     procs = r.call("find_servers").output.processes
     assert len(procs) == 1 and procs[0].argv[:3] == ["/opt/venv/bin/python3", "/opt/venv/bin/vllm", "serve"]
@@ -121,19 +121,19 @@ def test_console_script_server_and_worker_environment(sim):
     assert slow > 15 and fast < 13
 
 
-def test_no_host_profile_and_a_large_environment(sim):
+def test_no_host_profile_and_a_large_environment(sim_host):
     """A scenario may omit the host profile; the environment holds 200+ distributions, many sharing one
     install time."""
-    t = sim("sim:no-host-profile")
+    t = sim_host("sim:no-host-profile")
     assert t.run("cat /etc/debugagent/host.json").exit_code != 0
     out = t.run("cd /root/ml-env/lib/python3.11/site-packages && ls -d *.dist-info | wc -l; "
                 "stat -c %Y *.dist-info | sort | uniq -c | sort -rn | head -1").stdout.split()
     assert int(out[0]) >= 200 and int(out[1]) >= 150
 
 
-def test_locked_clocks(sim):
+def test_locked_clocks(sim_host):
     """`nvidia-smi -lgc` caps the SM clock under load; `-rgc` resets it; the benchmark follows."""
-    t = sim(f"sim:{Path(__file__).parent / 'scenarios' / 'clocks-locked.yaml'}")
+    t = sim_host(f"sim:{Path(__file__).parent / 'scenarios' / 'clocks-locked.yaml'}")
     r = Runner(t)
     load = r.call("gpu_sample_under_load", {"load": "gpu-bench", "seconds": 0.6}).output
     assert load.loaded and load.per_gpu()[0].sm_clock == 1305
@@ -143,10 +143,10 @@ def test_locked_clocks(sim):
     assert bench(r) > slow + 12
 
 
-def test_under_load_reading_is_decided_by_the_service(sim):
+def test_under_load_reading_is_decided_by_the_service(sim_host):
     """While a benchmark is in its work, nvidia-smi reads the loaded values, whatever the machine's load:
     the GPU service runs the workload, so it knows."""
-    t = sim("sim:power-capped")
+    t = sim_host("sim:power-capped")
     for _ in range(3):
         load = Runner(t).call("gpu_sample_under_load", {"load": "gpu-bench", "seconds": 0.4}).output
         assert load.loaded, "the sampler samples again until it has caught the load"
@@ -184,10 +184,10 @@ def leaks(run, sc_name: str, source: str, salt_free: bytes | None) -> list[str]:
 
 
 @pytest.mark.parametrize("name", builtin_names())
-def test_sealed_host_reveals_nothing(sim, name):
+def test_sealed_host_reveals_nothing(sim_host, name):
     """From a shell on a sealed host: the stand-ins, ps, env, find /, every /proc/*/cmdline and environ,
     /proc/PID/root and the mounts name no factor, effect, expect or scenario path."""
-    t = sim(f"sim:{name}")
+    t = sim_host(f"sim:{name}")
     assert t.sim.sealed
     sc = t.scenario
     first = next(iter(sc.host.packages.items()))
@@ -244,12 +244,12 @@ def test_bare_number_version_says_quote_it():
         parse_scenario(text, "x.yaml")
 
 
-def test_script_server_runs(sim, tmp_path):
+def test_script_server_runs(sim_host, tmp_path):
     """A `cmd` that runs a script (not `python -m`) starts and serves."""
     p = tmp_path / "script.yaml"
     p.write_text((builtin_dir() / "container-torch-layer.yaml").read_text().replace(
         "cmd: /root/ml-env/bin/python3 -m sglang.launch_server", "cmd: /root/ml-env/bin/python3 /root/serve.py"))
-    t = sim(f"sim:{p}")
+    t = sim_host(f"sim:{p}")
     procs = Runner(t).call("find_servers", {"pattern": r"serve\.py"}).output.processes
     assert procs and procs[0].argv[:2] == ["/root/ml-env/bin/python3", "/root/serve.py"]
     assert re.search(r"decode=\d", t.run("gpu-bench").stdout)

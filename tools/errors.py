@@ -4,8 +4,9 @@
 
     DebugAgentError                  (exit 1 unless a subclass says otherwise)
     ├── UsageError                   bad input: flags, symptom, file       -> exit 2
-    │   ├── ScenarioError            a scenario file breaks format v1      -> exit 2
-    │   ├── PlaybookError            a playbook breaks its schema          -> exit 2
+    │   ├── FileError                a user's YAML file, naming file and field
+    │   │   ├── ScenarioError        a scenario file breaks format v1      -> exit 2
+    │   │   └── PlaybookError        a playbook breaks its schema          -> exit 2
     │   └── RecordingError           a recording is tampered or truncated  -> exit 2
     ├── TransportError               the host cannot be used               -> exit 4
     │   ├── ConnectError             TCP / DNS / refused / unreachable
@@ -40,24 +41,28 @@ class UsageError(DebugAgentError):
     exit_code = 2
 
 
-class ScenarioError(UsageError):
+class FileError(UsageError):
+    """A user's YAML file that cannot be used; the message names the file (as a ``kind``) and the field."""
+
+    kind = "file"
+
+    def __init__(self, message: str, *, file: str = "", field: str = "", fix: str | None = None) -> None:
+        self.file = file
+        self.field = field
+        where = f"{self.kind} `{file}`" + (f", {field}" if field else "")
+        super().__init__(f"{where}: {message}", fix=fix)
+
+
+class ScenarioError(FileError):
     """Raised when a scenario file is missing, malformed or breaks format v1."""
 
-    def __init__(self, message: str, *, file: str = "", field: str = "", fix: str | None = None) -> None:
-        self.file = file
-        self.field = field
-        where = f"scenario `{file}`" + (f", {field}" if field else "")
-        super().__init__(f"{where}: {message}", fix=fix)
+    kind = "scenario"
 
 
-class PlaybookError(UsageError):
+class PlaybookError(FileError):
     """Raised when a playbook file breaks its schema (unknown key, bad edge, bad rule)."""
 
-    def __init__(self, message: str, *, file: str = "", field: str = "", fix: str | None = None) -> None:
-        self.file = file
-        self.field = field
-        where = f"playbook `{file}`" + (f", {field}" if field else "")
-        super().__init__(f"{where}: {message}", fix=fix)
+    kind = "playbook"
 
 
 class RecordingError(UsageError):

@@ -289,15 +289,16 @@ class ServerInfo(BaseModel):
 
 
 @parser("flags")
-def parse_flags(args: list[str]) -> dict[str, str | bool]:
-    """``--tp 8 --disable-cuda-graph --x=y`` -> {tp: '8', disable-cuda-graph: True, x: 'y'}."""
+def parse_flags(args: list[str], *, dashes: bool = True) -> dict[str, str | bool]:
+    """``--tp 8 --disable-cuda-graph --x=y`` -> {tp: '8', disable-cuda-graph: True, x: 'y'}; with ``dashes``,
+    ``--mem_fraction`` is read as ``mem-fraction`` (argparse servers take both spellings)."""
     flags: dict[str, str | bool] = {}
     i = 0
     while i < len(args):
         a = args[i]
         if a.startswith("--") and len(a) > 2:
             name, eq, val = a[2:].partition("=")
-            name = name.replace("_", "-")
+            name = name.replace("_", "-") if dashes else name
             if eq:
                 flags[name] = val
             elif i + 1 < len(args) and not args[i + 1].startswith("--"):

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import yaml
 
-from .errors import PlaybookError, ScenarioError
+from .errors import FileError
 
 
-def load_yaml_mapping(text: str, file: str, error: type[ScenarioError] | type[PlaybookError], example: str) -> dict:
+def load_yaml_mapping(text: str, file: str, error: type[FileError], example: str) -> dict:
     """YAML text -> a mapping, or ``error`` naming the file and the line."""
     try:
         data = yaml.safe_load(text)
@@ -35,7 +35,7 @@ def describe_validation(exc: Exception) -> tuple[str, str]:
     return loc, msg
 
 
-def resolve_yaml_ref(ref: str, folder: Path, error: type[ScenarioError] | type[PlaybookError], what: str,
+def resolve_yaml_ref(ref: str, folder: Path, error: type[FileError], what: str,
                      list_cmd: str) -> Path:
     """A path to a ``.yaml`` file, or the name of a built-in one in ``folder``; ``error`` names what is wrong."""
     if ref.endswith((".yaml", ".yml")) or "/" in ref:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..host import parse_flags
 from .scenario import Scenario
 from .standin import nvsmi, so_bytes
 
@@ -60,25 +61,6 @@ class Proc:
         except OSError:
             return {}
         return dict(e.decode(errors="replace").split("=", 1) for e in raw.split(b"\0") if b"=" in e)
-
-
-def parse_flags(argv: list[str]) -> dict[str, Any]:
-    """``--k v`` / ``--k=v`` / ``--flag`` (True) of a command line."""
-    flags: dict[str, Any] = {}
-    i = 0
-    while i < len(argv):
-        a = argv[i]
-        if a.startswith("--"):
-            k, eq, v = a[2:].partition("=")
-            if eq:
-                flags[k] = v
-            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-                flags[k] = argv[i + 1]
-                i += 1
-            else:
-                flags[k] = True
-        i += 1
-    return flags
 
 
 def same(a: object, b: object) -> bool:
@@ -240,7 +222,7 @@ class Controller:
             commits = self.scenario.host.repo.commits if self.scenario.host.repo else []
             return commits[srv.code].sha if 0 <= srv.code < len(commits) else None
         if parts[0] == "server" and parts[1] == "args":
-            return parse_flags(srv.argv(self.strip)[1:]).get(parts[2])
+            return parse_flags(srv.argv(self.strip)[1:], dashes=False).get(parts[2])
         if parts[0] == "server" and parts[1] == "env":
             return (worker or srv).env().get(parts[2])
         if parts[0] == "gpus":
@@ -253,7 +235,7 @@ class Controller:
         if path == "driver.version":
             return self.host["driver"]["version"]
         if parts[0] == "bench":
-            return parse_flags(client).get(parts[2])
+            return parse_flags(client, dashes=False).get(parts[2])
         return None
 
     def active(self, f: Any, cur: Any) -> bool:

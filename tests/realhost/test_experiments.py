@@ -208,6 +208,35 @@ def test_flag_and_env_var_each_measured_by_a_restart(realhost, tmp_path):
     assert tmp_leftovers(o["run_id"]) == []
 
 
+def test_a_restart_that_recovers_by_itself_blames_nothing(realhost, tmp_path):
+    """The server slows down once it has served 150 requests (whatever its flags), and --disable-cuda-graph costs
+    nothing here. The restart without the flag is fast again, but so is the server as found once the undo restarts
+    it: the control after the undo keeps the flag from being blamed for what any restart recovers."""
+    h = realhost("drift")
+    h.cwd = h.dir / "srv"
+    h.write_code(h.cwd, slow_after=150, flag_ms=0.0)
+    h.flags = ["--disable-cuda-graph"]
+    h.start()
+    fresh = h.baseline(3)
+    while h.baseline(1) < fresh + 6.0:   # it has been up a while: the slowdown has set in
+        pass
+    bad = h.baseline(3)
+    before = found_state(h)
+
+    o = h.run("--symptom", f"latency {bad:.2f} ms", "--baseline", f"latency {fresh:.2f} ms", out=tmp_path / "run")
+    report(o, "drift")
+
+    restarts = tools_called(o, "restart_server")
+    assert restarts, "no experiment restarted the server: the case did not test the control"
+    texts = [e.get("text") or "" for e in o["events"] if e["event"] == "experiment" and e.get("phase") == "result"]
+    assert any("control: the server as found, restarted" in t for t in texts), texts
+    assert not any(c["hypothesis"] == "serving_config" for c in o["root_causes"] or []), o["summary"]
+    assert o["exit"] != 0, o["summary"]
+    after = found_state(h)
+    assert same_but_pid(before, after) and "--disable-cuda-graph" in after["argv"]
+    assert tmp_leftovers(o["run_id"]) == []
+
+
 def test_supervised_server_is_not_killed_and_the_hook_is_named(realhost, tmp_path):
     """A server whose parent is a supervisor is refused a kill; the message names --restart-cmd; nothing changes."""
     h = realhost("sup")

@@ -231,6 +231,7 @@ class Lab:
         self.bench_runs = 0
         self._reconnects = 0
         self._runs_at_start = 0
+        self._found_again: dict[str, Any] | None = None
         self._started: dict[str, Any] | None = None  # the server this experiment started: how to start it again
         self.discovery: Any = None  # the run's discovery input (its overrides, the server found earlier); set by the graph
 
@@ -339,6 +340,8 @@ class Lab:
                 self.emit("error", kind="undo", message=f"undo failed: {step.text}: {o.error}")
                 return [f"{s.text}" + (f": {s.error}" if s.error else "") for s in self.undo.pending()]
             self.undo.mark_done(step)
+            if isinstance(o.output, mutate.Restarted) and o.output.pid:   # the server as found, started again
+                self._found_again = {"pid": o.output.pid, "log": o.output.log}
         return []
 
     def push_undo(self, tool: str, inp: dict[str, Any], text: str) -> None:
@@ -354,6 +357,7 @@ class Lab:
         r = self.runner_for(hyp)
         self._reconnects = getattr(r.transport, "reconnects", 0)
         self._started = None
+        self._found_again: dict[str, Any] | None = None
         self._runs_at_start = self.bench_runs
         kind = spec["kind"]
         body = {"code_revert": self._code, "server_restart": self._server, "restore_baseline_flags": self._server,
@@ -405,6 +409,9 @@ class Lab:
                     f"(--max-runs {cap} left no runs for that control)"}
         self.emit("experiment", phase="plan", text=f"control: the server as found, restarted by the undo, is measured "
                   f"{n} times, so that what a plain restart recovers is not taken for the change's effect")
+        # the server the experiment started is gone (the undo stopped it): while the benchmark waits for the one
+        # the undo started, that one is watched instead (under a hook, none is: a supervisor may replace it)
+        self._started = self._found_again
         ctrl = [self._measured(r, facts.get("_bench_cwd"), f"control: the server as found, restarted (run {i + 1} of {n})")
                 for i in range(n)]
         said = f"control: the server as found, restarted, gives mean {statistics.fmean(ctrl):.4g} ({n} runs)"

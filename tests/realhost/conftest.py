@@ -49,6 +49,7 @@ except ImportError:
     kernel = lambda: None
 
 
+time.sleep(getattr(model, "START_S", 0.0))   # loading weights, warming up: a while before it listens
 slow_after = getattr(model, "SLOW_AFTER", 0)   # a server that slows down once it has served that many requests
 served = 0
 
@@ -98,6 +99,7 @@ STEP_MS = {step}
 EXTRA_MS = {extra}
 SLOW_AFTER = {slow_after}
 FLAG_MS = {flag_ms}
+START_S = {start_s}
 
 
 def step_ms():
@@ -225,12 +227,12 @@ class Host:
         return f"{sys.executable} {self.dir / 'bench.py'} {self.port}"
 
     def write_code(self, folder: Path, step: float = 10.0, extra: float = 0.0, slow_after: int = 0,
-                   flag_ms: float = 8.0) -> None:
+                   flag_ms: float = 8.0, start_s: float = 0.0) -> None:
         (folder / "infer").mkdir(parents=True, exist_ok=True)
         (folder / "infer" / "__init__.py").write_text("")
         (folder / "infer" / "serve.py").write_text(SERVE)
         (folder / "infer" / "model.py").write_text(MODEL.format(step=step, extra=extra, slow_after=slow_after,
-                                                                          flag_ms=flag_ms))
+                                                                          flag_ms=flag_ms, start_s=start_s))
 
     def start(self) -> None:
         (self.dir / "bench.py").write_text(BENCH)

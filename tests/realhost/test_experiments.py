@@ -183,10 +183,12 @@ def test_without_a_baseline_build_the_command_that_would_test_it_is_named(realho
 
 
 def test_flag_and_env_var_each_measured_by_a_restart(realhost, tmp_path):
-    """--disable-cuda-graph and CUDA_LAUNCH_BLOCKING=1 (numbers only): each restart without one recovers its share."""
+    """--disable-cuda-graph and CUDA_LAUNCH_BLOCKING=1 (numbers only): each restart without one recovers its share,
+    and beats the control (the server as found, restarted by the undo). The server takes 2 s to listen, as a GPU
+    server loading its weights does: the control waits for the one the undo started, not for the one it stopped."""
     h = realhost("flags")
     h.cwd = h.dir / "srv"
-    h.write_code(h.cwd)
+    h.write_code(h.cwd, start_s=2.0)
     h.start()
     base = h.baseline()
     h.flags = ["--disable-cuda-graph"]
@@ -202,6 +204,9 @@ def test_flag_and_env_var_each_measured_by_a_restart(realhost, tmp_path):
     assert o["exit"] == 0, o["summary"]
     assert set(causes) == {"serving_config", "env_var"}
     assert all(c["how"] == "experiment" and 0.25 < c["explains"] < 0.95 for c in causes.values())
+    texts = [e.get("text") or "" for e in o["events"] if e["event"] == "experiment" and e.get("phase") == "result"]
+    assert sum("the change beats it too" in t for t in texts) == 2, texts
+    h.wait_ready()
     after = found_state(h)
     assert same_but_pid(before, after) and "--disable-cuda-graph" in after["argv"]
     assert after["env"]["CUDA_LAUNCH_BLOCKING"] == "1"

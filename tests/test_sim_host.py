@@ -284,7 +284,7 @@ def test_unsealed_host_still_runs(tmp_path):
 
 
 # ---------------------------------------------------------------- the real machine stays outside
-def test_sealed_host_sees_no_listener_of_this_machine(sim):
+def test_sealed_host_sees_no_listener_of_this_machine(sim_host):
     """A TCP listener of this machine on 127.0.0.1 is not in the sealed host's process table, and the host's
     server and benchmark still work (they talk over the host's own loopback and its bound socket)."""
     import socket
@@ -293,7 +293,7 @@ def test_sealed_host_sees_no_listener_of_this_machine(sim):
     outside.listen()
     port = outside.getsockname()[1]
     try:
-        t = sim("sim:launch-blocking")
+        t = sim_host("sim:launch-blocking")
         table = Runner(t).call("process_table").output
         assert port not in {ln.port for ln in table.listeners}
         assert f":{port:04X} " not in t.run("cat /proc/net/tcp /proc/net/tcp6").stdout
@@ -305,21 +305,21 @@ def test_sealed_host_sees_no_listener_of_this_machine(sim):
         outside.close()
 
 
-def test_sealed_host_load_average_is_its_own(sim):
+def test_sealed_host_load_average_is_its_own(sim_host):
     """/proc/loadavg on a simulated host is the one the simulator defines (on every host, whatever this
     machine's load), and host_info reads it."""
     from tools.sim.sandbox import LOADAVG
-    a, b = sim("sim:launch-blocking"), sim("sim:governor-powersave")
+    a, b = sim_host("sim:launch-blocking"), sim_host("sim:governor-powersave")
     la, lb = (t.run("cat /proc/loadavg").stdout for t in (a, b))
     assert la == lb == LOADAVG and re.fullmatch(r"[0-9.]+ [0-9.]+ [0-9.]+ \d+/\d+ \d+\n", la)
     assert Runner(a).call("host_info").output.load1 == float(la.split()[0])
 
 
-def test_package_list_takes_nothing_from_this_python(sim):
+def test_package_list_takes_nothing_from_this_python(sim_host):
     """Every distribution a simulated host lists is the scenario's, the image's extras or the host's pip, at
     versions the simulator defines, never one read from the environment debugagent itself runs in."""
     from tools.sim.environment import PIP_VERSION, extra_distributions
-    t = sim("sim:launch-blocking")
+    t = sim_host("sim:launch-blocking")
     sc = t.scenario
     listed = {p.name: p.version for p in Runner(t).call("python_packages", {"python": sc.host.python}).output.packages}
     want = {d: s.version for d, s in sc.host.packages.items()}
@@ -330,10 +330,10 @@ def test_package_list_takes_nothing_from_this_python(sim):
     assert t.run(f"{sc.host.python} -m pip --version").stdout.startswith(f"pip {PIP_VERSION} ")
 
 
-def test_build_bytes_name_no_version_or_build(sim):
+def test_build_bytes_name_no_version_or_build(sim_host):
     """A compiled file looks like a shared object and carries no distribution name, version, build label or
     unsalted digest; two builds of one version differ, as real rebuilt files do."""
-    t = sim("sim:eagle3-flashinfer-rebuilt")
+    t = sim_host("sim:eagle3-flashinfer-rebuilt")
     site = "/root/ml-env/lib/python3.11/site-packages"
     head = t.run(f"od -An -tx1 -N20 -v {site}/flashinfer/_C.abi3.so | tr -d ' \\n'").stdout
     assert head.startswith("7f454c4602010100") and head[32:40] == "03003e00"  # ELF64 LE, ET_DYN, x86-64

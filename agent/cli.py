@@ -212,7 +212,8 @@ def diff_cmd(a: Annotated[str, typer.Argument(metavar="GOOD.json", help="snapsho
     from .playbook import load_playbook
     groups = load_playbook(playbook).group(diff(Snapshot.load(a), Snapshot.load(b)))
     if as_json:
-        print(json.dumps({h: [c.model_dump(mode="json") for c in cs] for h, cs in groups.items()}, indent=1))
+        print(json.dumps({h: [{**c.model_dump(mode="json"), "hypothesis": h} for c in cs] for h, cs in groups.items()},
+                         indent=1))
         return
     if not groups:
         out.print("no differences")

@@ -212,3 +212,20 @@ def test_unknown_thermal_reason_is_refused():
     bad = DEFAULT.read_text().replace("thermal_reasons: [sw_thermal_slowdown,", "thermal_reasons: [sw_thermal_slowdwn,")
     with pytest.raises(PlaybookError, match="unknown event reason `sw_thermal_slowdwn`; did you mean `sw_thermal_slowdown`"):
         parse_playbook(bad, "t.yaml")
+
+
+def test_cli_diff_groups_by_the_given_playbook(tmp_path):
+    """`debugagent diff --playbook` files each change under that playbook's hypotheses; no playbook claim: `other`."""
+    from tools.snapshot import Snapshot, dump
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(dump(Snapshot(host="h", cpu={"governor": "performance"}, driver={"version": "580.1", "cuda": "13.0"})))
+    b.write_text(dump(Snapshot(host="h", cpu={"governor": "powersave"}, driver={"version": "575.2", "cuda": "13.0"})))
+    pb = tmp_path / "cpu-only.yaml"
+    pb.write_text("version: 1\nname: cpu-only\nhypotheses:\n  - id: cpu_clocks\n    title: CPU\n"
+                  "    evidence: [cpu.governor]\n    rules: [{when: 'true', verdict: ruled_out, because: fine}]\n")
+    run = [sys.executable, "-m", "agent.cli", "diff", str(a), str(b), "--json"]
+    mine = yaml.safe_load(subprocess.run(run + ["--playbook", str(pb)], capture_output=True, text=True, check=True).stdout)
+    assert [c["path"] for c in mine["cpu_clocks"]] == ["cpu.governor"] and [c["path"] for c in mine[OTHER]] == ["driver.version"]
+    default = yaml.safe_load(subprocess.run(run, capture_output=True, text=True, check=True).stdout)
+    assert set(default) == {"host_cpu", "driver_cuda"} and default["host_cpu"][0]["b"] == "powersave"
+    assert default["host_cpu"][0]["hypothesis"] == "host_cpu"  # each change still names its group, as before

@@ -204,17 +204,21 @@ def snapshot(
 @app.command("diff")
 def diff_cmd(a: Annotated[str, typer.Argument(metavar="GOOD.json", help="snapshot of the good state")],
              b: Annotated[str, typer.Argument(metavar="BAD.json", help="snapshot of the bad state")],
-             as_json: Annotated[bool, typer.Option("--json", help="print one JSON object on stdout")] = False) -> None:
-    """What differs between two snapshots, grouped by hypothesis id."""
-    from tools.snapshot import Snapshot, diff, group
-    changes = diff(Snapshot.load(a), Snapshot.load(b))
+             as_json: Annotated[bool, typer.Option("--json", help="print one JSON object on stdout")] = False,
+             playbook: Annotated[str | None, typer.Option("--playbook", metavar="NAME|FILE", help="the playbook whose hypotheses' evidence files the changes (default: gpu-inference-regression)")] = None) -> None:
+    """What differs between two snapshots, grouped by hypothesis id (as the playbook's `evidence` says)."""
+    from tools.snapshot import Snapshot, diff
+
+    from .playbook import load_playbook
+    groups = load_playbook(playbook).group(diff(Snapshot.load(a), Snapshot.load(b)))
     if as_json:
-        print(json.dumps({h: [c.model_dump(mode="json") for c in cs] for h, cs in group(changes).items()}, indent=1))
+        print(json.dumps({h: [{**c.model_dump(mode="json"), "hypothesis": h} for c in cs] for h, cs in groups.items()},
+                         indent=1))
         return
-    if not changes:
+    if not groups:
         out.print("no differences")
         return
-    for hyp, cs in group(changes).items():
+    for hyp, cs in groups.items():
         out.print(f"[bold]{hyp}[/]")
         for c in cs:
             note = f"  ({c.note})" if c.note else ""

@@ -26,6 +26,7 @@ from tools.registry import Runner
 
 from .discovery import find_server
 from .journal import Journal
+from .playbook import restored
 from .stats import (
     AUTO_CAP,
     PROMISING,
@@ -181,7 +182,7 @@ def package_targets(facts: dict[str, Any], spec: dict[str, Any]) -> list[Package
     pk = facts.get("packages") or {}
     by_norm = {n.lower().replace("_", "-"): p for n, p in pk.items()}
     out: dict[str, PackageTarget] = {}
-    for c in (facts.get("diff") or {}).get("compiled_dependency", []):
+    for c in restored(spec, facts.get("changes") or []):
         parts = c["path"].split(".")
         if len(parts) < 3 or c.get("a") is None:
             continue  # a package the baseline did not have: nothing to put back
@@ -685,14 +686,14 @@ class Lab:
         set_env = {k: v for k, v in (spec.get("set_env") or {}).items() if k}
         unset_env = [v for v in (spec.get("unset_env") or []) if v]
         if spec["kind"] == "restore_baseline_flags":
-            for c in (facts.get("diff") or {}).get("serving_config", []):
+            for c in restored(spec, facts.get("changes") or []):
                 flag = c["path"][len("server.args."):]
                 if c["a"] is None:
                     unset_flags.append(flag)
                 else:
                     set_flags[flag] = c["a"]
         if spec["kind"] == "restore_baseline_env":
-            for c in (facts.get("diff") or {}).get("env_var", []):
+            for c in restored(spec, facts.get("changes") or []):
                 var = c["path"][len("server.env."):]
                 if c["a"] is None:
                     unset_env.append(var)

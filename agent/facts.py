@@ -6,12 +6,13 @@ Pure functions over snapshots; the rules only ever see this dictionary.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Collection
 from datetime import UTC, datetime
 from typing import Any
 
-from tools.snapshot import Snapshot, diff, group
+from tools.snapshot import Change, Snapshot, diff
 
-THERMAL = {"sw_thermal_slowdown", "hw_thermal_slowdown"}
+THERMAL = ("sw_thermal_slowdown", "hw_thermal_slowdown")  # when the playbook's knowledge.thermal_reasons is absent
 HW_SLOW = {"hw_slowdown", "hw_power_brake_slowdown"}
 MAX_LATER = 3  # late packages tested one by one, newest first
 LATER_S = 24 * 3600
@@ -23,7 +24,8 @@ def iso(ts: float | int | None) -> str | None:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def gpu_view(g: dict[str, Any]) -> dict[str, Any]:
+def gpu_view(g: dict[str, Any], thermal: Collection[str] = THERMAL) -> dict[str, Any]:
+    """One GPU as the rules see it; ``thermal``: the event reasons that mean a thermal slowdown."""
     reasons = list(g.get("event_reasons") or [])
     pl, plm = g.get("power_limit") or 0, g.get("power_limit_max") or 0
     gen, genm = g.get("pcie_gen"), g.get("pcie_gen_max")
@@ -31,7 +33,7 @@ def gpu_view(g: dict[str, Any]) -> dict[str, Any]:
     return {
         **g,
         "reasons": reasons,
-        "thermal": bool(THERMAL & set(reasons)),
+        "thermal": bool(set(thermal) & set(reasons)),
         "hw_slowdown": bool(HW_SLOW & set(reasons)),
         "power_capped": "sw_power_cap" in reasons,
         "limit_lowered": bool(plm and pl and pl < 0.95 * plm),
@@ -40,7 +42,9 @@ def gpu_view(g: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_facts(snap: Snapshot, *, baseline: Snapshot | None, regression: dict[str, Any] | None,
-                knowledge: dict[str, Any], symptom: dict[str, Any]) -> dict[str, Any]:
+                knowledge: dict[str, Any], symptom: dict[str, Any],
+                group: Callable[[list[Change]], dict[str, list[Change]]]) -> dict[str, Any]:
+    """``group`` files the baseline snapshot's changes under hypothesis ids (the playbook's ``Playbook.group``)."""
     server = snap.server.model_dump() if snap.server else None
     packages = {p.name: p.model_dump() for p in snap.packages.packages} if snap.packages else None
     env_installed_ts = None
@@ -94,14 +98,17 @@ def build_facts(snap: Snapshot, *, baseline: Snapshot | None, regression: dict[s
     hf = snap.host_facts
     host = {"governor": hf.governor if hf else None, "cores": hf.cores if hf else 0, "load1": hf.load1 if hf else 0.0,
             "hostname": hf.hostname if hf else ""} if hf else {"governor": None, "cores": 0, "load1": 0.0, "hostname": ""}
-    gpus = [gpu_view(g.model_dump()) for g in snap.gpus]
+    gpus = [gpu_view(g.model_dump(), knowledge.get("thermal_reasons", THERMAL)) for g in snap.gpus]
     # tenants by pid, never by name: a second server from the same binary is a tenant
     server_pids = {server["pid"], *(server.get("workers") or [])} if server else set()
     foreign = [p for p in snap.gpu_processes if p.get("pid") not in server_pids]
     d = None
+    changes: list[dict[str, Any]] = []
     base: dict[str, Any] = {}
     if baseline is not None:
-        d = {h: [c.model_dump(mode="json") for c in cs] for h, cs in group(diff(baseline, snap)).items()}
+        found = diff(baseline, snap)
+        changes = [c.model_dump(mode="json") for c in found]
+        d = {h: [c.model_dump(mode="json") for c in cs] for h, cs in group(found).items()}
         base = {"repo_head": baseline.repo.head if baseline.repo else None,
                 "flags": baseline.server.flags if baseline.server else {},
                 "env": baseline.server.env if baseline.server else {}}
@@ -109,6 +116,6 @@ def build_facts(snap: Snapshot, *, baseline: Snapshot | None, regression: dict[s
         "server": server, "packages": packages, "later_packages": later, "env_installed": iso(env_installed_ts),
         "repo": repo, "driver": drv, "host": host, "gpus": gpus,
         "gpus_loaded": bool(gpus) and all(g.get("under_load") for g in gpus),
-        "gpu_processes": foreign, "diff": d, "baseline": base, "regression": regression or {},
+        "gpu_processes": foreign, "diff": d, "changes": changes, "baseline": base, "regression": regression or {},
         "knowledge": knowledge, "symptom": symptom,
     }

@@ -24,7 +24,7 @@ from tools.errors import UsageError
 from tools.host import HostFacts, ServerInfo
 from tools.redact import redact
 from tools.registry import Runner
-from tools.snapshot import Snapshot, collect
+from tools.snapshot import OPTIONAL_PROBES, Snapshot, collect
 from tools.transport import BaseTransport
 
 from . import conclusion as concl
@@ -158,16 +158,26 @@ def discover(ctx: Ctx, s: State) -> State:
     return {"discovered": state}
 
 
+def _gathering(probes: set[str]) -> str:
+    """What the probe step says it collects: every probe, or those the playbook's checks name."""
+    left_out = [t for t in OPTIONAL_PROBES if t not in probes]
+    if not left_out:
+        return ("Gathering the cheap read-only evidence in one concurrent pass: GPU state (read while the benchmark "
+                "runs, since idle GPUs show low clocks and PCIe gen 1), driver, GPU tenants, packages with hashes of "
+                "their compiled files, and git state.")
+    return (f"Gathering the read-only evidence the playbook's checks name in one concurrent pass "
+            f"({', '.join(sorted(probes))}); left out, since no hypothesis checks them: {', '.join(left_out)}.")
+
+
 def probe(ctx: Ctx, s: State) -> State:
     d = s["discovered"]
     r = ctx.runner(None)
     facts = HostFacts.model_validate(d["host_facts"]) if d.get("host_facts") else None
     server = ServerInfo.model_validate(d["server"]) if d.get("server") else None
-    ctx.say("Gathering the cheap read-only evidence in one concurrent pass: GPU state (read while the benchmark runs, "
-            "since idle GPUs show low clocks and PCIe gen 1), driver, GPU tenants, packages with hashes of their "
-            "compiled files, and git state.")
+    probes = ctx.playbook.probes()
+    ctx.say(_gathering(probes))
     snap = collect(r, bench=_bench(ctx, d), python=d.get("python"), repo=d.get("repo"), known=(facts, server),
-                   metric=d.get("metric"))
+                   metric=d.get("metric"), probes=probes)
     regression, runs = (_reproduce(ctx, d) if _bench(ctx, d) else ({}, 0))
     return {"snapshot": snap.model_dump(mode="json"), "regression": regression, "bench_runs": runs}
 
@@ -236,7 +246,7 @@ def _facts(ctx: Ctx, s: State) -> dict[str, Any]:
     # redacted as a saved baseline snapshot and the checkpointed state are, so they compare alike
     snap = Snapshot.model_validate(redact(s["snapshot"]))
     f = build_facts(snap, baseline=ctx.baseline_snapshot, regression=s.get("regression"),
-                    knowledge=ctx.playbook.knowledge, symptom=ctx.symptom.model_dump())
+                    knowledge=ctx.playbook.knowledge, symptom=ctx.symptom.model_dump(), group=ctx.playbook.group)
     f["_bench_cwd"] = s["discovered"].get("repo")
     server = f.get("server") or {}
     pk = f.get("packages") or {}

@@ -1,9 +1,12 @@
 """Playbooks: YAML diagnostic trees, validated strictly, with rules in Jinja2's sandbox.
 
 A playbook lists hypotheses in the order they are worth checking. Each hypothesis names
-the checks it needs (typed tools), rules (``when`` expressions, as Ansible authors write
-them, evaluated in an immutable sandbox) that give a verdict with a ``because`` template
-citing the evidence, and the experiment a ``suspect`` verdict may lead to.
+the checks it needs (typed tools; the probe step collects what some hypothesis checks),
+its evidence (globs over the snapshot diff's paths: the playbook, not tools/, says which
+change bears on which hypothesis), its cost (orders experiments whose evidence is equally
+strong), rules (``when`` expressions, as Ansible authors write them, evaluated in an
+immutable sandbox) that give a verdict with a ``because`` template citing the evidence,
+and the experiment a ``suspect`` verdict may lead to.
 
 Rule semantics, read top to bottom: every matching ``suspect`` or ``confirmed`` rule
 counts (a hypothesis can have several suspects); the first matching ``ruled_out`` or
@@ -17,30 +20,87 @@ default. ``foreach`` evaluates a rule once per item of a list expression, bindin
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import hashlib
 import threading
 import time
 import typing
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from jinja2 import StrictUndefined, TemplateError, Undefined
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from tools.errors import PlaybookError
+from tools.gpu import EVENT_REASON_BITS
+from tools.snapshot import DIFF_PATHS, PLACEHOLDERS, Change
 from tools.yamlfile import load_yaml_mapping, resolve_yaml_ref
 
 Verdict = Literal["ruled_out", "confirmed", "suspect", "inconclusive"]
-CHECKS = ("host_info", "gpu_query", "gpu_q", "gpu_processes", "gpu_sample_under_load", "find_servers", "server_details",
-          "python_packages", "git_state", "driver_files")
+CHECKS = ("host_info", "gpu_query", "gpu_q", "gpu_processes", "gpu_sample_under_load", "find_servers", "process_table",
+          "server_details", "python_packages", "git_state", "driver_files")
+
+
+EDITABLE = "editable:"   # an evidence glob with this prefix matches only changes of packages installed editable
+OTHER = "other"          # where a change goes that no hypothesis claims as evidence
+
+
+def _glob_pattern(glob: str) -> tuple[str, tuple[str, ...]]:
+    """The glob without its qualifier, and the snapshot paths it may match."""
+    if glob.startswith(EDITABLE):
+        return glob[len(EDITABLE):], tuple(t for t in DIFF_PATHS if t.startswith("packages."))
+    return glob, DIFF_PATHS
+
+
+def glob_matches_some_path(glob: str, under: str = "") -> bool:
+    """Can ``glob`` match a path the snapshot diff reports (one under ``under``)? A placeholder segment of a
+    path (NAME, N) is tried as any of the glob's own segments, so ``packages.flashinfer*`` matches
+    ``packages.NAME.build``."""
+    pat, paths = _glob_pattern(glob)
+    fills = {*pat.split("."), "x", "0"}
+    return any(fnmatch.fnmatchcase(".".join(f if part in PLACEHOLDERS else part for part in t.split(".")), pat)
+               for t in paths if t.startswith(under) for f in fills)
+
+
+def _known_glob(glob: str) -> str:
+    if not glob_matches_some_path(glob):
+        shown = list(dict.fromkeys(".".join("*" if part in PLACEHOLDERS else part for part in t.split("."))
+                                   for t in DIFF_PATHS))
+        close = difflib.get_close_matches(_glob_pattern(glob)[0], shown, n=1, cutoff=0.5)
+        hint = f"; did you mean `{close[0]}`?" if close else f"; the paths: {', '.join(shown)}"
+        raise ValueError(f"evidence glob `{glob}` matches no snapshot path{hint}")
+    return glob
+
+
+EvidenceGlob = Annotated[str, AfterValidator(_known_glob)]
+
+
+def evidence_matches(glob: str, change: Change) -> bool:
+    """Does a change's path match an evidence glob (``*`` spans dots; ``editable:`` asks for an editable package)?"""
+    if glob.startswith(EDITABLE) and not change.editable:
+        return False
+    return fnmatch.fnmatchcase(change.path, _glob_pattern(glob)[0])
 
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+# The changes each restoring experiment can put back (its `paths` default)
+KIND_PATHS = {"restore_baseline_flags": ["server.args.*"], "restore_baseline_env": ["server.env.*"],
+              "package_restore": ["packages.*"]}
 
 
 class Experiment(Strict):
@@ -59,6 +119,7 @@ class Experiment(Strict):
     watts: str | None = None              # power_limit: watts (template)
     governor: str | None = None           # governor: value
     package: str | None = None            # package_restore: one distribution (template); default: every changed one
+    paths: list[EvidenceGlob] | None = None  # restore_baseline_*, package_restore: the changes to put back (default: KIND_PATHS)
 
     @field_validator("gpu", "watts", "to", "governor", mode="before")
     @classmethod
@@ -73,6 +134,15 @@ class Experiment(Strict):
         for name in need:
             if getattr(self, name) in (None, ""):
                 raise ValueError(f"experiment kind {self.kind} needs `{name}`")
+        if self.paths is not None:
+            if self.kind not in KIND_PATHS:
+                raise ValueError(f"`paths` applies to {', '.join(KIND_PATHS)}, not to {self.kind}")
+            if not self.paths:
+                raise ValueError("`paths: []` would put nothing back; name a glob or leave `paths` out (the whole area)")
+            under = KIND_PATHS[self.kind][0].removesuffix("*")
+            for g in self.paths:
+                if not glob_matches_some_path(g, under):
+                    raise ValueError(f"{self.kind} puts back changes under `{under}*`; `{g}` matches none of them")
         for name, conv, what in (("watts", float, "a number of watts, e.g. 700"), ("gpu", int, "a GPU index, e.g. 0")):
             v = getattr(self, name)
             if v is not None and "{{" not in v:
@@ -81,6 +151,20 @@ class Experiment(Strict):
                 except ValueError:
                     raise ValueError(f"`{name}: {v!r}` is not {what} (or a `{{{{ … }}}}` template)") from None
         return self
+
+
+def restored(spec: dict[str, Any], changes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The baseline changes a restoring experiment puts back: those in its kind's area that match its
+    ``paths`` globs (by default, the whole area), editable packages left out (a build cannot put back source)."""
+    area = KIND_PATHS[spec["kind"]]
+    globs = area if spec.get("paths") is None else spec["paths"]
+    under = area[0].removesuffix("*")
+    out = []
+    for c in changes:
+        ch = Change.model_validate(c)
+        if ch.path.startswith(under) and not ch.editable and any(evidence_matches(g, ch) for g in globs):
+            out.append(c)
+    return out
 
 
 class Rule(Strict):
@@ -96,6 +180,7 @@ class Hypothesis(Strict):
     title: str
     cost: int = 1
     checks: list[str] = Field(default_factory=list)
+    evidence: list[EvidenceGlob] = Field(default_factory=list)  # snapshot paths whose changes bear on it
     rules: list[Rule]
     next: str | None = None
 
@@ -118,6 +203,21 @@ class Playbook(Strict):
 
     source: str = Field(default="", exclude=True)
     digest: str = Field(default="", exclude=True)
+
+    @field_validator("knowledge")
+    @classmethod
+    def _thermal_reasons_known(cls, v: dict[str, Any]) -> dict[str, Any]:
+        """``thermal_reasons`` (read by the clocks rules as ``item.thermal``) names event reasons nvidia-smi reports."""
+        reasons = v.get("thermal_reasons", [])
+        known = sorted(set(EVENT_REASON_BITS.values()))
+        if not isinstance(reasons, list):
+            raise ValueError("thermal_reasons must be a list of event reasons, e.g. [sw_thermal_slowdown, hw_thermal_slowdown]")
+        for i, r in enumerate(reasons):
+            if r not in known:
+                close = difflib.get_close_matches(str(r), known, n=1)
+                hint = f"; did you mean `{close[0]}`?" if close else f"; known: {', '.join(known)}"
+                raise ValueError(f"thermal_reasons[{i}]: unknown event reason `{r}`{hint}")
+        return v
 
     @model_validator(mode="after")
     def _edges(self) -> Playbook:
@@ -149,6 +249,21 @@ class Playbook(Strict):
 
     def get(self, hid: str) -> Hypothesis:
         return next(h for h in self.hypotheses if h.id == hid)
+
+    def probes(self) -> set[str]:
+        """The read-only tools some hypothesis's ``checks`` name: what the probe step collects."""
+        return {c for h in self.hypotheses for c in h.checks}
+
+    def evidence_of(self, change: Change) -> str:
+        """The hypothesis a change is evidence of: the first listed whose ``evidence`` matches its path."""
+        return next((h.id for h in self.hypotheses if any(evidence_matches(g, change) for g in h.evidence)), OTHER)
+
+    def group(self, changes: list[Change]) -> dict[str, list[Change]]:
+        """Changes filed under the hypotheses they are evidence of, in the order the changes come."""
+        out: dict[str, list[Change]] = {}
+        for c in changes:
+            out.setdefault(self.evidence_of(c), []).append(c)
+        return out
 
 
 RULE_SECONDS = 2.0        # one rule, on one host's facts
@@ -364,7 +479,8 @@ def render_tree(pb: Playbook) -> str:
     lines = [f"{pb.name} (version {pb.version}): {pb.description.strip().splitlines()[0] if pb.description else ''}"]
     for i, hid in enumerate(pb.order(), 1):
         h = pb.get(hid)
-        lines.append(f"{i}. {h.id}: {h.title}  [cost {h.cost}; checks: {', '.join(h.checks) or '-'}]")
+        lines.append(f"{i}. {h.id}: {h.title}  [cost {h.cost}; checks: {', '.join(h.checks) or '-'}; "
+                     f"evidence: {', '.join(h.evidence) or '-'}]")
         for r in h.rules:
             exp = f"  -> experiment {r.experiment.kind}" if r.experiment else ""
             each = f" for each item in {r.foreach}" if r.foreach else ""

@@ -10,7 +10,6 @@ import pytest
 from tools.errors import ScenarioError
 from tools.registry import Runner
 from tools.sim import builtin_names, load_scenario, parse_scenario
-from tools.sim.scenario import HYPOTHESIS_IDS
 from tools.snapshot import collect, diff
 
 SEED = "eagle3-flashinfer-rebuilt"
@@ -21,13 +20,11 @@ def seed_text() -> str:
     return (builtin_dir() / f"{SEED}.yaml").read_text()
 
 
-def test_builtins_cover_every_hypothesis_and_no_regression():
-    """At least 10 built-in scenarios; every hypothesis id is some scenario's answer; one has none."""
+def test_builtins_are_many_and_one_has_no_regression():
+    """At least 10 built-in scenarios (tests/test_vocabulary.py checks their answers against the playbook); one has none."""
     names = builtin_names()
     assert len(names) >= 10
-    answers = {load_scenario(n).expect.root_cause for n in names}
-    assert set(HYPOTHESIS_IDS) <= answers
-    assert None in answers
+    assert None in {load_scenario(n).expect.root_cause for n in names}
 
 
 def test_unknown_key_names_file_and_field():

@@ -2,13 +2,15 @@
 
 Difference paths use the vocabulary of scenario factors (``packages.NAME.build``,
 ``repo.head``, ``server.args.FLAG``, ``server.env.VAR``, ``gpus.N.FIELD``,
-``gpu_processes``, ``cpu.governor``, ``driver.version``), and each is filed under the
-hypothesis id it bears on.
+``gpu_processes``, ``cpu.governor``, ``driver.version``); ``DIFF_PATHS`` lists every path
+the diff can report. A change is plain data (path, before and after, a note): which
+hypothesis it is evidence of is the playbook's to say, not this module's.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,8 @@ from .redact import redact
 from .registry import Runner
 
 SNAPSHOT_VERSION = 1
+# The read-only tools a caller may leave out of a snapshot (a playbook's `checks` choose them).
+OPTIONAL_PROBES = ("gpu_q", "driver_files", "python_packages", "git_state", "gpu_sample_under_load")
 
 
 class GpuFacts(GpuReading):
@@ -68,8 +72,12 @@ class Snapshot(BaseModel):
 def collect(runner: Runner, *, bench: str | None = None, python: str | None = None, repo: str | None = None,
             server_pattern: str | None = None, sample_seconds: float = 1.5,
             known: Discovery | tuple[HostFacts | None, ServerInfo | None] | None = None, bench_runs: int = 0,
-            metric: str | None = None, bench_regex: str | None = None) -> Snapshot:
+            metric: str | None = None, bench_regex: str | None = None,
+            probes: Collection[str] | None = None) -> Snapshot:
     """Gather the fingerprint in concurrent waves; record what failed instead of raising.
+
+    ``probes`` names the optional read-only tools to run (``OPTIONAL_PROBES``; None: all of them);
+    discovery's calls and ``gpu_query`` always run, since finding the server and the GPUs needs them.
 
     The server is found by ``tools.discovery`` (the same overrides as ``run``), in the
     same concurrent wave as the GPU reads. ``known`` passes a discovery already made (or,
@@ -80,29 +88,35 @@ def collect(runner: Runner, *, bench: str | None = None, python: str | None = No
     errors: list[str] = []
     inp = DiscoveryInput(server_pattern=server_pattern, python=python, repo=repo, bench=bench, metric=metric,
                          bench_regex=bench_regex)
-    calls: list[tuple[str, Any, str]] = [
-        ("gpu_query", None, "GPU clocks, power, PCIe, reasons (idle reading)"),
-        ("gpu_q", None, "driver and CUDA versions, clock reasons, reset state"),
-        ("driver_files", None, "the driver's kernel module and library, and when it was installed"),
-    ]
+
+    def want(tool: str) -> bool:
+        return probes is None or tool in probes
+
+    calls: list[tuple[str, Any, str]] = [("gpu_query", None, "GPU clocks, power, PCIe, reasons (idle reading)")]
+    if want("gpu_q"):
+        calls.append(("gpu_q", None, "driver and CUDA versions, clock reasons, reset state"))
+    if want("driver_files"):
+        calls.append(("driver_files", None, "the driver's kernel module and library, and when it was installed"))
+    fixed = len(calls)
     if known is None:
         calls += discovery_calls(inp)
     elif not isinstance(known, Discovery):
         calls.append(("gpu_processes", None, "processes holding GPU memory"))
     wave1 = runner.call_many(calls)
-    gq_o, q_o, df_o = wave1[:3]
+    by_tool = {o.tool: o for o in wave1[:fixed]}
+    gq_o, q_o, df_o = by_tool["gpu_query"], by_tool.get("gpu_q"), by_tool.get("driver_files")
     for o in wave1:
         if not o.ok:
             errors.append(o.error or "")
     if known is None:
-        host_o, table_o, gp_o = wave1[3:]
+        host_o, table_o, gp_o = wave1[fixed:]
         disc = finish(runner, inp, table_o, gp_o, host_o.output if host_o.ok else None)
         errors += [e for e in disc.errors if e not in errors]
     elif isinstance(known, Discovery):
         disc = known
     else:
         facts0, server0 = known
-        gp_o = wave1[3]
+        gp_o = wave1[fixed]
         values = resolve(inp, facts0, server0)
         disc = Discovery(server=server0, host_facts=facts0, gpu_processes=list(gp_o.output.processes) if gp_o.ok else [],
                          **{k: v for k, (v, _) in values.items()})
@@ -113,15 +127,15 @@ def collect(runner: Runner, *, bench: str | None = None, python: str | None = No
     python = python or disc.python
     repo = repo or disc.repo
     wave3: list[tuple[str, Any, str]] = []
-    if python:
+    if python and want("python_packages"):
         pk_in: dict[str, Any] = {"python": python}
         pp = server.env.get("PYTHONPATH", "") if server is not None else ""
         if server is not None and server.env and python == server.python and "[REDACTED]" not in pp:
             pk_in["pythonpath"] = pp   # the packages as the server sees them
         wave3.append(("python_packages", pk_in, "versions and compiled-file hashes"))
-    if repo:
+    if repo and want("git_state"):
         wave3.append(("git_state", {"repo": repo}, "HEAD, dirty files, reflog"))
-    if bench:
+    if bench and want("gpu_sample_under_load"):
         wave3.append(("gpu_sample_under_load", {"load": bench, "cwd": repo, "seconds": sample_seconds},
                       "clocks and PCIe read while the benchmark runs"))
     outs = {o.tool: o for o in runner.call_many(wave3)}
@@ -140,7 +154,7 @@ def collect(runner: Runner, *, bench: str | None = None, python: str | None = No
     packages = pk.output if pk and pk.ok else None
     gi = outs.get("git_state")
     git = gi.output if gi and gi.ok else None
-    if (gi is None or not gi.ok) and packages:
+    if (gi is None or not gi.ok) and packages and want("git_state"):
         editable = next((p.editable for p in packages.packages if p.editable and p.commit), None)
         if editable:
             gi = runner.call("git_state", {"repo": editable}, why="the editable package's checkout")
@@ -150,7 +164,7 @@ def collect(runner: Runner, *, bench: str | None = None, python: str | None = No
             errors.append(o.error or "")
     load = outs.get("gpu_sample_under_load")
     loaded = load.output.per_gpu() if load and load.ok else {}
-    details = {d.bus_id: d for d in q_o.output.gpus} if q_o.ok else {}
+    details = {d.bus_id: d for d in q_o.output.gpus} if q_o and q_o.ok else {}
     gpus = []
     for g in (gq_o.output.gpus if gq_o.ok else []):
         lg = loaded.get(g.index)
@@ -167,50 +181,42 @@ def collect(runner: Runner, *, bench: str | None = None, python: str | None = No
     return Snapshot(
         host=runner.transport.host, hostname=facts.hostname if facts else "",
         taken_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), commands=runner.count,
-        driver={"version": q_o.output.driver_version, "cuda": q_o.output.cuda_version} if q_o.ok else {},
+        driver={"version": q_o.output.driver_version, "cuda": q_o.output.cuda_version} if q_o and q_o.ok else {},
         gpus=gpus, gpu_processes=procs, server=server, python=python, packages=packages, repo=git,
         cpu={"governor": facts.governor, "cores": facts.cores, "kernel": facts.kernel} if facts else {},
         host_facts=facts, bench=({"cmd": bench, "metric": metric, "regex": bench_regex, "unit": unit, "runs": bench_runs,
                                    "samples": samples} if bench else {}),
         discovery=disc.model_copy(update={"server": None, "host_facts": None}),
-        driver_files=df_o.output.model_dump() if df_o.ok else {}, errors=[e for e in errors if e],
+        driver_files=df_o.output.model_dump() if df_o and df_o.ok else {}, errors=[e for e in errors if e],
     )
 
 
 # ---------------------------------------------------------------- diff
 class Change(BaseModel):
+    """One difference between two snapshots: ``a`` is the value before (the good snapshot), ``b`` after."""
+
     path: str
-    hypothesis: str
     a: Any = None
     b: Any = None
     note: str = ""
+    editable: bool = False  # a package installed editable (from a source checkout): its change is a change of source
 
 
 GPU_TOLERANCE = {"sm_clock": 0.03, "power_draw": 0.10, "mem_clock": 0.03}
 GPU_EXACT = ("name", "sm_clock_max", "power_limit", "power_limit_max", "pcie_gen", "pcie_gen_max", "pcie_width",
              "pcie_width_max", "event_reasons", "reset_required")
-
-
-def hypothesis_of(path: str, editable_names: set[str] = frozenset()) -> str:  # type: ignore[assignment]
-    head = path.split(".")[0]
-    if head == "packages":
-        return "code_change" if path.split(".")[1] in editable_names else "compiled_dependency"
-    if head == "repo":
-        return "code_change"
-    if path.startswith("server.args"):
-        return "serving_config"
-    if path.startswith("server.env"):
-        return "env_var"
-    if head == "gpus":
-        return "pcie_link" if ".pcie_" in path else "gpu_clocks"
-    return {"gpu_processes": "gpu_contention", "cpu": "host_cpu", "driver": "driver_cuda"}.get(head, "other")
+# Every path ``diff`` reports; NAME, FLAG, VAR and N stand for one path segment.
+DIFF_PATHS = ("packages.NAME.version", "packages.NAME.build", "repo.head", "repo.dirty", "server.args.FLAG",
+              "server.env.VAR", *(f"gpus.N.{f}" for f in (*GPU_EXACT, *GPU_TOLERANCE, "temperature")),
+              "gpu_processes", "cpu.governor", "driver.version", "driver.cuda")
+PLACEHOLDERS = ("NAME", "FLAG", "VAR", "N")
 
 
 def diff(a: Snapshot, b: Snapshot) -> list[Change]:
     out: list[Change] = []
 
-    def add(path: str, va: Any, vb: Any, note: str = "", editable: set[str] | None = None) -> None:
-        out.append(Change(path=path, hypothesis=hypothesis_of(path, editable or set()), a=va, b=vb, note=note))
+    def add(path: str, va: Any, vb: Any, note: str = "", editable: bool = False) -> None:
+        out.append(Change(path=path, a=va, b=vb, note=note, editable=editable))
 
     # packages
     pa = {p.name: p for p in (a.packages.packages if a.packages else [])}
@@ -220,12 +226,12 @@ def diff(a: Snapshot, b: Snapshot) -> list[Change]:
         x, y = pa.get(name), pb.get(name)
         if x is None or y is None:
             add(f"packages.{name}.version", x.version if x else None, y.version if y else None,
-                "installed" if x is None else "removed", editable)
+                "installed" if x is None else "removed", name in editable)
         elif x.version != y.version:
-            add(f"packages.{name}.version", x.version, y.version, "", editable)
+            add(f"packages.{name}.version", x.version, y.version, "", name in editable)
         elif x.build_hash != y.build_hash and not x.editable:
             add(f"packages.{name}.build", x.build_hash, y.build_hash,
-                f"same version {x.version}, different build (compiled files differ)", editable)
+                f"same version {x.version}, different build (compiled files differ)", name in editable)
     # repo
     if a.repo and b.repo and a.repo.head != b.repo.head:
         subj = {c.sha: c.subject for c in (a.repo.commits + b.repo.commits)}
@@ -272,13 +278,6 @@ def diff(a: Snapshot, b: Snapshot) -> list[Change]:
         add("driver.version", a.driver.get("version"), b.driver.get("version"))
     if a.driver.get("cuda") != b.driver.get("cuda"):
         add("driver.cuda", a.driver.get("cuda"), b.driver.get("cuda"))
-    return out
-
-
-def group(changes: list[Change]) -> dict[str, list[Change]]:
-    out: dict[str, list[Change]] = {}
-    for c in changes:
-        out.setdefault(c.hypothesis, []).append(c)
     return out
 
 

@@ -24,8 +24,11 @@ from tools.discovery import DiscoveryInput
 from tools.errors import DebugAgentError, RestoreError
 from tools.registry import Runner
 
+from .context import Overrides
 from .discovery import find_server
+from .facts import LabFacts
 from .journal import Journal
+from .results import ExperimentResult
 from .stats import AUTO_CAP, PROMISING, bisect_step, culprit_confidence, decide, pooled_sd, run_budget
 
 BISECT_STEP_MOST = 5
@@ -62,13 +65,13 @@ class LabSetup(BaseModel):
     ready_line: str | None = None
 
     @classmethod
-    def from_inputs(cls, overrides: dict[str, Any], profile: dict[str, Any] | None) -> LabSetup:
-        """Flags win over the host profile (``/etc/debugagent/host.json``)."""
+    def from_inputs(cls, overrides: Overrides, profile: dict[str, Any] | None) -> LabSetup:
+        """Flags (``context.Overrides``) win over the host profile (``/etc/debugagent/host.json``)."""
         pr = profile or {}
-        wh = [w for w in [overrides.get("wheelhouse"), pr.get("wheelhouse")] if w]
-        return cls(server_pattern=overrides.get("server_pattern"), python=overrides.get("python"),
-                   code_root=overrides.get("code_root") or pr.get("code_root"), wheelhouse=[str(w) for w in wh],
-                   restart_cmd=overrides.get("restart_cmd") or pr.get("restart_cmd"),
+        wh = [w for w in [overrides.wheelhouse, pr.get("wheelhouse")] if w]
+        return cls(server_pattern=overrides.server_pattern, python=overrides.python,
+                   code_root=overrides.code_root or pr.get("code_root"), wheelhouse=[str(w) for w in wh],
+                   restart_cmd=overrides.restart_cmd or pr.get("restart_cmd"),
                    health_url=pr.get("health_url"), ready_line=pr.get("ready_line"))
 
 
@@ -167,23 +170,23 @@ def plan_code_run(server: Any, imports: Any, repo: str, wt: str, code_root: str 
                     + f". It is restarted from the worktree with {':'.join(firsts) or 'its cwd'} first on PYTHONPATH")
 
 
-def package_targets(facts: dict[str, Any], spec: dict[str, Any]) -> list[PackageTarget]:
+def package_targets(facts: LabFacts, spec: dict[str, Any]) -> list[PackageTarget]:
     """The builds to put back: every compiled dependency that differs from the baseline snapshot, or ``spec['package']``."""
-    pk = facts.get("packages") or {}
-    by_norm = {n.lower().replace("_", "-"): p for n, p in pk.items()}
+    by_norm = {n.lower().replace("_", "-"): p for n, p in facts.packages.items()}
     out: dict[str, PackageTarget] = {}
-    for c in (facts.get("diff") or {}).get("compiled_dependency", []):
-        parts = c["path"].split(".")
-        if len(parts) < 3 or c.get("a") is None:
+    for c in facts.changed("compiled_dependency"):
+        parts = c.path.split(".")
+        if len(parts) < 3 or c.a is None:
             continue  # a package the baseline did not have: nothing to put back
         name, what = parts[1], parts[2]
-        cur = by_norm.get(name.lower().replace("_", "-")) or {}
-        t = out.get(name) or PackageTarget(name=name, version=cur.get("version") or "", current_version=cur.get("version"),
-                                           current_build=cur.get("build_hash"))
+        cur = by_norm.get(name.lower().replace("_", "-"))
+        t = out.get(name) or PackageTarget(name=name, version=cur.version if cur else "",
+                                           current_version=cur.version if cur else None,
+                                           current_build=cur.build_hash if cur else None)
         if what == "version":
-            t.version = str(c["a"])
+            t.version = str(c.a)
         elif what == "build":
-            t.build = str(c["a"])
+            t.build = str(c.a)
         out[name] = t
     want = (spec.get("package") or "").strip()
     if want:
@@ -193,8 +196,8 @@ def package_targets(facts: dict[str, Any], spec: dict[str, Any]) -> list[Package
         cur = by_norm.get(want.lower().replace("_", "-"))
         if cur is None:
             return []
-        return [PackageTarget(name=cur["name"], version=cur["version"], current_version=cur["version"],
-                              current_build=cur.get("build_hash"))]
+        return [PackageTarget(name=cur.name, version=cur.version, current_version=cur.version,
+                              current_build=cur.build_hash)]
     return list(out.values())
 
 
@@ -340,7 +343,8 @@ class Lab:
             raise ExperimentError(f"the undo step could not be journalled ({exc}); nothing was changed") from exc
 
     # ------------------------------------------------------------ kinds
-    def run(self, hyp: str, spec: dict[str, Any], facts: dict[str, Any], bad: list[float], regression: float) -> dict[str, Any]:
+    def run(self, hyp: str, spec: dict[str, Any], facts: LabFacts, bad: list[float],
+            regression: float | None) -> ExperimentResult:
         r = self.runner_for(hyp)
         self._reconnects = getattr(r.transport, "reconnects", 0)
         self._started = None
@@ -372,9 +376,9 @@ class Lab:
                                left=left)
         return result
 
-    def _result(self, spec: dict[str, Any], vals: list[float], d: Any, text: str, **extra: Any) -> dict[str, Any]:
-        return {"kind": spec["kind"], "title": spec.get("title", ""), "samples": vals, "mean": statistics.fmean(vals),
-                "share": round(d.share, 3), "significant": d.significant, "decision": d.text, "text": text, **extra}
+    def _result(self, spec: dict[str, Any], vals: list[float], d: Any, text: str, **extra: Any) -> ExperimentResult:
+        return ExperimentResult(kind=spec["kind"], title=spec.get("title", ""), samples=vals, mean=statistics.fmean(vals),
+                                share=round(d.share, 3), significant=d.significant, decision=d.text, text=text, **extra)
 
     # ------------------------------------------------------------ the server: find, check, restart, wait
     def _find_server(self, r: Runner) -> Any:
@@ -516,19 +520,19 @@ class Lab:
                    f"(waiting until {what}); give a longer --ready-timeout")
 
     # ------------------------------------------------------------ code
-    def _code_plan(self, r: Runner, repo: str, wt: str, facts: dict[str, Any]) -> tuple[Any, CodePlan]:
+    def _code_plan(self, r: Runner, repo: str, wt: str, facts: LabFacts) -> tuple[Any, CodePlan]:
         try:
             srv = self._find_server(r)
         except ExperimentError:
             srv = None
-        editable = [p["editable"] for p in (facts.get("packages") or {}).values() if p.get("editable")]
+        editable = [p.editable for p in facts.packages.values() if p.editable]
         imports = None
         python = (srv.python if srv else None) or self.setup.python
         if srv is not None and python:
             mods = [m for m in [srv.entry.split(".")[0] if srv.entry and not srv.entry.endswith(".py") else ""] if m]
-            for p in (facts.get("packages") or {}).values():
-                if p.get("editable"):
-                    mods += (p.get("modules") or [])[:1]
+            for p in facts.packages.values():
+                if p.editable:
+                    mods += p.modules[:1]
             mods = list(dict.fromkeys(m for m in mods if m))
             if mods:
                 o = r.call("import_roots", {"pid": srv.pid, "python": python, "cwd": srv.cwd or "/", "repo": repo,
@@ -537,8 +541,11 @@ class Lab:
                 imports = o.output if o.ok else None
         return srv, plan_code_run(srv, imports, repo, wt, self.setup.code_root, editable)
 
-    def _code(self, r: Runner, hyp: str, spec: dict[str, Any], facts: dict[str, Any], bad: list[float], regression: float) -> dict[str, Any]:
-        repo = facts["repo"]["path"]
+    def _code(self, r: Runner, hyp: str, spec: dict[str, Any], facts: LabFacts, bad: list[float],
+              regression: float | None) -> ExperimentResult:
+        repo = facts.repo_path
+        if not repo:
+            raise ExperimentError("no git checkout was found on the host, so there is no commit to revert")
         target = spec.get("to")
         if not target:
             raise ExperimentError("no commit to revert to")
@@ -551,7 +558,7 @@ class Lab:
                    why=f"a separate checkout of {target[:7]}; {repo} itself is left as it is")
         if not o.ok:
             raise ExperimentError(o.error or "git worktree add failed")
-        bench_cwd = map_path(self.measure_spec.cwd or facts.get("_bench_cwd"), repo, wt) or wt
+        bench_cwd = map_path(self.measure_spec.cwd, repo, wt) or wt
         if plan.mode == "server" and plan.run is not None:
             self._start(r, srv, plan.run, f"the code of {target[:7]} (worktree {wt})")
             where = "server restarted from the worktree"
@@ -572,9 +579,9 @@ class Lab:
                          + f": first bad commit {culprit['short']} \"{culprit['subject']}\"")
         return self._result(spec, vals, d, text, **extra)
 
-    def _bisect(self, r: Runner, wt: str, bench_cwd: str, facts: dict[str, Any], good_sha: str, bad: list[float],
+    def _bisect(self, r: Runner, wt: str, bench_cwd: str, facts: LabFacts, good_sha: str, bad: list[float],
                 good_vals: list[float], restart: bool):
-        o = r.call("git_range", {"repo": facts["repo"]["path"], "good": good_sha, "bad": facts["repo"]["head"]},
+        o = r.call("git_range", {"repo": facts.repo_path, "good": good_sha, "bad": facts.repo_head},
                    why="the commits to bisect, oldest first")
         if not o.ok:
             return None, []
@@ -619,36 +626,38 @@ class Lab:
         return dict(rng[hi], confidence=round(min(conf, step_conf), 4)), steps
 
     # ------------------------------------------------------------ flags and environment
-    def _server(self, r: Runner, hyp: str, spec: dict[str, Any], facts: dict[str, Any], bad: list[float], regression: float) -> dict[str, Any]:
+    def _server(self, r: Runner, hyp: str, spec: dict[str, Any], facts: LabFacts, bad: list[float],
+                regression: float | None) -> ExperimentResult:
         srv = self._find_server(r)
         set_flags = {k: v for k, v in (spec.get("set_flags") or {}).items() if k}
         unset_flags = [f for f in (spec.get("unset_flags") or []) if f]
         set_env = {k: v for k, v in (spec.get("set_env") or {}).items() if k}
         unset_env = [v for v in (spec.get("unset_env") or []) if v]
         if spec["kind"] == "restore_baseline_flags":
-            for c in (facts.get("diff") or {}).get("serving_config", []):
-                flag = c["path"][len("server.args."):]
-                if c["a"] is None:
+            for c in facts.changed("serving_config"):
+                flag = c.path[len("server.args."):]
+                if c.a is None:
                     unset_flags.append(flag)
                 else:
-                    set_flags[flag] = c["a"]
+                    set_flags[flag] = c.a
         if spec["kind"] == "restore_baseline_env":
-            for c in (facts.get("diff") or {}).get("env_var", []):
-                var = c["path"][len("server.env."):]
-                if c["a"] is None:
+            for c in facts.changed("env_var"):
+                var = c.path[len("server.env."):]
+                if c.a is None:
                     unset_env.append(var)
-                elif c["a"] != "[REDACTED]":
-                    set_env[var] = c["a"]
+                elif c.a != "[REDACTED]":
+                    set_env[var] = c.a
         argv = edit_argv(srv.argv, set_flags, unset_flags)
         change = "; ".join(filter(None, [
             " ".join(f"--{f} removed" for f in unset_flags), " ".join(f"--{k} {v}" for k, v in set_flags.items()),
             " ".join(f"{v} unset" for v in unset_env), " ".join(f"{k}={v}" for k, v in set_env.items())]))
         self._start(r, srv, ServerRun(argv=argv, cwd=srv.cwd, set=set_env, unset=unset_env), change)
-        vals, d = self.sample(r, facts.get("_bench_cwd"), bad, regression, why=f"the benchmark with {change}")
+        vals, d = self.sample(r, self.measure_spec.cwd, bad, regression, why=f"the benchmark with {change}")
         return self._result(spec, vals, d, f"with {change}: {d.text}", change=change)
 
     # ------------------------------------------------------------ packages
-    def _package(self, r: Runner, hyp: str, spec: dict[str, Any], facts: dict[str, Any], bad: list[float], regression: float) -> dict[str, Any]:
+    def _package(self, r: Runner, hyp: str, spec: dict[str, Any], facts: LabFacts, bad: list[float],
+                 regression: float | None) -> ExperimentResult:
         targets = package_targets(facts, spec)
         if not targets:
             raise ExperimentError("no installed package differs from the baseline in a way a build could put back")
@@ -656,7 +665,7 @@ class Lab:
             srv = self._find_server(r)
         except ExperimentError:
             srv = None
-        python = self.setup.python or (srv.python if srv else None) or (facts.get("server") or {}).get("python")
+        python = self.setup.python or (srv.python if srv else None) or facts.server_python
         if not python:
             raise ExperimentError("the server's Python is unknown, so no build can be installed for it (give --python)")
         root = f"/tmp/debugagent-overlay-{self.run_id}"
@@ -683,10 +692,10 @@ class Lab:
             f"{t.name} {t.version}" for t, _, _ in found) + f" first on PYTHONPATH ({root})"
         if srv is not None:
             self._start(r, srv, ServerRun(argv=list(srv.argv), cwd=srv.cwd, path_first=overlays), change)
-            vals, d = self.sample(r, facts.get("_bench_cwd"), bad, regression, why=f"the benchmark with {change}")
+            vals, d = self.sample(r, self.measure_spec.cwd, bad, regression, why=f"the benchmark with {change}")
         else:
             self.emit("experiment", phase="plan", text="no server process was found: the benchmark itself runs with the overlay first on PYTHONPATH")
-            vals, d = self.sample(r, facts.get("_bench_cwd"), bad, regression, why=f"the benchmark with {change}",
+            vals, d = self.sample(r, self.measure_spec.cwd, bad, regression, why=f"the benchmark with {change}",
                                   env={"PYTHONPATH": ":".join(overlays)})
         fix = "; ".join(f"{python} -m pip install --force-reinstall --no-deps {w}" for _, w, _ in found)
         text = f"with {change}: {d.text}"
@@ -725,23 +734,24 @@ class Lab:
         return None
 
     # ------------------------------------------------------------ power and governor
-    def _simple(self, r: Runner, hyp: str, spec: dict[str, Any], facts: dict[str, Any], bad: list[float], regression: float) -> dict[str, Any]:
+    def _simple(self, r: Runner, hyp: str, spec: dict[str, Any], facts: LabFacts, bad: list[float],
+                regression: float | None) -> ExperimentResult:
         if spec["kind"] == "power_limit":
             gpu = int(float(spec["gpu"]))
-            g = next(x for x in facts["gpus"] if x["index"] == gpu)
+            limit = facts.gpu(gpu).power_limit
             watts = float(spec["watts"])
-            self.push_undo("set_power_limit", {"gpu": gpu, "watts": g["power_limit"]},
-                           f"set GPU {gpu}'s power limit back to {g['power_limit']:.0f} W")
+            self.push_undo("set_power_limit", {"gpu": gpu, "watts": limit},
+                           f"set GPU {gpu}'s power limit back to {limit:.0f} W")
             o = r.call("set_power_limit", {"gpu": gpu, "watts": watts}, why=f"GPU {gpu} power limit {watts:.0f} W")
-            change = f"GPU {gpu} power limit {g['power_limit']:.0f} -> {watts:.0f} W"
+            change = f"GPU {gpu} power limit {limit:.0f} -> {watts:.0f} W"
         else:
-            old = facts["host"]["governor"]
+            old = facts.governor
             self.push_undo("set_governor", {"governor": old}, f"set the CPU governor back to {old}")
             o = r.call("set_governor", {"governor": spec["governor"]}, why=f"governor {spec['governor']}")
             change = f"CPU governor {old} -> {spec['governor']}"
         if not o.ok:
             raise ExperimentError(o.error or "the change failed")
-        vals, d = self.sample(r, facts.get("_bench_cwd"), bad, regression, why=f"the benchmark with {change}")
+        vals, d = self.sample(r, self.measure_spec.cwd, bad, regression, why=f"the benchmark with {change}")
         return self._result(spec, vals, d, f"with {change}: {d.text}", change=change)
 
 

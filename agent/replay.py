@@ -19,9 +19,10 @@ from tools.errors import RecordingError, ReplayMiss, UsageError
 from tools.replay import ReplayTransport
 from tools.snapshot import Snapshot
 
-from .graph import RECURSION_LIMIT, Ctx, build_graph
+from .graph import RECURSION_LIMIT, Ctx, Overrides, build_graph
 from .journal import Journal
 from .playbook import load_playbook
+from .state import conclusion_of
 from .symptom import parse_symptom
 from .transcript import Transcript, read_events, write_markdown
 
@@ -76,16 +77,16 @@ def replay_events(events: list[dict[str, Any]], *, playbook: str | None, out: Pa
     ctx = Ctx(transport=transport, transcript=transcript, playbook=pb, run_id=head["run_id"],
               undo=Journal(out / "journal.json", head["run_id"], transport.host), symptom=symptom, baseline=baseline, baseline_snapshot=snap,
               allow_mutations=True, advisor=advisor,
-              overrides={"bench": inputs.get("bench"), "repo": inputs.get("repo"), "python": inputs.get("python"),
-                         "server_pattern": inputs.get("server_pattern"), "bench_regex": inputs.get("bench_regex"),
-                         "reproduce_runs": inputs.get("reproduce_runs"), "max_runs": inputs.get("max_runs")})
+              overrides=Overrides(bench=inputs.get("bench"), repo=inputs.get("repo"), python=inputs.get("python"),
+                                  server_pattern=inputs.get("server_pattern"), bench_regex=inputs.get("bench_regex"),
+                                  reproduce_runs=inputs.get("reproduce_runs"), max_runs=inputs.get("max_runs")))
     t0 = time.monotonic()
     try:
-        state = build_graph(ctx).invoke({"inputs": {}}, {"recursion_limit": RECURSION_LIMIT})
+        state = build_graph(ctx).invoke({}, {"recursion_limit": RECURSION_LIMIT})
     finally:
         transcript.close()
     write_markdown(out)
-    conclusion = state.get("conclusion") or {}
+    conclusion = conclusion_of(state)
     a = outcome(recorded or {})
     b = outcome(conclusion)
     return {"same": a == b and recorded is not None, "recorded": a, "replayed": b, "diff": verdict_diff(a, b),

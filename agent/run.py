@@ -28,10 +28,11 @@ from tools.snapshot import Snapshot
 from . import __version__
 from .discovery import DiscoveryInput, check_input
 from .experiments import Lab, Measure
-from .graph import RECURSION_LIMIT, Ctx, build_graph
+from .graph import RECURSION_LIMIT, Ctx, Overrides, build_graph
 from .hosts import SSHOptions, open_transport
 from .journal import HostLock, HostLocked, Journal, host_instance, host_side, others_on_host
 from .playbook import load_playbook
+from .state import conclusion_of, to_jsonable
 from .symptom import check_pair, direction_flag, parse_symptom
 from .transcript import SCHEMA_VERSION, Transcript, read_events, write_markdown
 from .view import View, clip
@@ -227,11 +228,11 @@ def _investigate(opts: RunOptions, folder: Path, resume: bool, transport: Any, p
     ctx = Ctx(transport=transport, transcript=transcript, playbook=playbook, run_id=run_id, undo=undo, symptom=symptom,
               baseline=baseline, baseline_snapshot=base_snap, allow_mutations=opts.allow_mutations or sim,
               confirm=make_confirm(), advisor=advisor,
-              overrides={"bench": opts.bench, "repo": opts.repo, "python": opts.python,
-                         "server_pattern": opts.server_pattern, "bench_regex": opts.bench_regex,
-                         "reproduce_runs": opts.reproduce_runs, "max_runs": opts.max_runs,
-                         "code_root": opts.code_root, "wheelhouse": opts.wheelhouse, "restart_cmd": opts.restart_cmd,
-                         "ready_timeout_s": opts.ready_timeout})
+              overrides=Overrides(bench=opts.bench, repo=opts.repo, python=opts.python,
+                                  server_pattern=opts.server_pattern, bench_regex=opts.bench_regex,
+                                  reproduce_runs=opts.reproduce_runs, max_runs=opts.max_runs,
+                                  code_root=opts.code_root, wheelhouse=opts.wheelhouse, restart_cmd=opts.restart_cmd,
+                                  ready_timeout_s=opts.ready_timeout))
     conn = sqlite3.connect(str(private_file(folder / "checkpoints.sqlite")), check_same_thread=False)
     graph = build_graph(ctx, checkpointer=SqliteSaver(conn, serde=RedactingSerde(JsonPlusSerializer())))
     config = {"configurable": {"thread_id": run_id}, "recursion_limit": RECURSION_LIMIT}
@@ -244,7 +245,7 @@ def _investigate(opts: RunOptions, folder: Path, resume: bool, transport: Any, p
         with signals:
             try:
                 settle(ctx, transport)
-                state = graph.invoke(None if resume else {"inputs": {"symptom": opts.symptom}}, config)
+                state = graph.invoke(None if resume else {}, config)
             except KeyboardInterrupt as exc:
                 name = exc.args[0] if isinstance(exc, Interrupted) else "SIGINT"
                 left = restore(ctx)
@@ -286,7 +287,7 @@ def _investigate(opts: RunOptions, folder: Path, resume: bool, transport: Any, p
             except DebugAgentError:
                 pass
     transcript.close()
-    conclusion = state.get("conclusion") or {}
+    conclusion = conclusion_of(state)
     wall = time.monotonic() - started
     output = {k: conclusion.get(k) for k in ("schema", "root_cause", "root_causes", "suspects", "ruled_out",
                                              "inconclusive", "not_judged", "commands")}
@@ -361,7 +362,7 @@ class RedactingSerde:
         self.inner = inner
 
     def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
-        return self.inner.dumps_typed(redact(obj))
+        return self.inner.dumps_typed(redact(to_jsonable(obj)))
 
     def loads_typed(self, data: tuple[str, bytes]) -> Any:
         return self.inner.loads_typed(data)

@@ -90,9 +90,7 @@ def probe(ctx: Ctx, s: RunState) -> dict[str, Any]:
 def evaluate(ctx: Ctx, s: RunState) -> dict[str, Any]:
     """Every hypothesis' rules over the facts: its verdict on the evidence."""
     facts = steps.rule_facts(ctx, s)
-    hyps = vd.judge_all(ctx.playbook, facts)
-    steps.open_all(ctx, hyps)
-    return {"hyps": hyps, "facts": facts}
+    return {"hyps": steps.judge_all(ctx, facts), "facts": facts}
 
 
 def plan(ctx: Ctx, s: RunState) -> dict[str, Any]:

@@ -161,12 +161,16 @@ def emit_verdict(ctx: Ctx, hid: str, h: vd.Hyp, because: str) -> None:
     ctx.on_status("verdict", {"hypothesis": hid, "status": h.status})
 
 
-def open_all(ctx: Ctx, hyps: dict[str, vd.Hyp]) -> None:
-    """Each hypothesis opened in the transcript with its verdict on the evidence."""
+def judge_all(ctx: Ctx, facts: dict[str, Any]) -> dict[str, vd.Hyp]:
+    """Each hypothesis judged on the evidence (``verdicts.judge``) and opened in the transcript with its verdict,
+    one after the other (a rule that fails on these facts stops there)."""
+    hyps: dict[str, vd.Hyp] = {}
     for hid in ctx.playbook.order():
         hp = ctx.playbook.get(hid)
+        hyps[hid] = vd.judge(ctx.playbook, hid, facts)
         ctx.transcript.emit("hypothesis_opened", hypothesis=hid, title=hp.title, checks=list(hp.checks))
         emit_verdict(ctx, hid, hyps[hid], "; ".join(hyps[hid].because))
+    return hyps
 
 
 # ---------------------------------------------------------------- plan

@@ -111,11 +111,10 @@ def after_experiment(hid: str, h: Hyp, spec: dict[str, Any], res: ExperimentResu
     return h
 
 
-def judge_all(playbook: Playbook, facts: dict[str, Any]) -> dict[str, Hyp]:
-    """Every hypothesis' verdict on the evidence alone (its rules over the facts), in the playbook's order."""
+def judge(playbook: Playbook, hid: str, facts: dict[str, Any]) -> Hyp:
+    """A hypothesis' verdict on the evidence alone: its rules over the facts."""
     steps = playbook.knowledge.get("next_steps") or {}
-    return {hid: from_findings(evaluate(playbook.get(hid), facts, playbook.source), steps.get(hid))
-            for hid in playbook.order()}
+    return from_findings(evaluate(playbook.get(hid), facts, playbook.source), steps.get(hid))
 
 
 def explained(hyps: dict[str, Hyp]) -> tuple[float, tuple[float, float] | None]:

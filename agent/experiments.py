@@ -29,7 +29,16 @@ from .discovery import find_server
 from .facts import LabFacts
 from .journal import Journal
 from .results import ExperimentResult
-from .stats import AUTO_CAP, PROMISING, bisect_step, culprit_confidence, decide, pooled_sd, run_budget
+from .stats import (
+    AUTO_CAP,
+    PROMISING,
+    bisect_step,
+    culprit_confidence,
+    decide,
+    fresh_agrees,
+    pooled_sd,
+    run_budget,
+)
 
 BISECT_STEP_MOST = 5
 
@@ -224,6 +233,8 @@ class Lab:
         self.setup = setup or LabSetup()
         self.bench_runs = 0
         self._reconnects = 0
+        self._runs_at_start = 0
+        self._found_again: dict[str, Any] | None = None
         self._started: dict[str, Any] | None = None  # the server this experiment started: how to start it again
         self.discovery: Any = None  # the run's discovery input (its overrides, the server found earlier); set by the graph
 
@@ -332,6 +343,8 @@ class Lab:
                 self.emit("error", kind="undo", message=f"undo failed: {step.text}: {o.error}")
                 return [f"{s.text}" + (f": {s.error}" if s.error else "") for s in self.undo.pending()]
             self.undo.mark_done(step)
+            if isinstance(o.output, mutate.Restarted) and o.output.pid:   # the server as found, started again
+                self._found_again = {"pid": o.output.pid, "log": o.output.log}
         return []
 
     def push_undo(self, tool: str, inp: dict[str, Any], text: str) -> None:
@@ -348,6 +361,8 @@ class Lab:
         r = self.runner_for(hyp)
         self._reconnects = getattr(r.transport, "reconnects", 0)
         self._started = None
+        self._found_again: dict[str, Any] | None = None
+        self._runs_at_start = self.bench_runs
         kind = spec["kind"]
         body = {"code_revert": self._code, "server_restart": self._server, "restore_baseline_flags": self._server,
                 "restore_baseline_env": self._server, "power_limit": self._simple, "governor": self._simple,
@@ -374,7 +389,52 @@ class Lab:
         if left:
             raise RestoreError(f"the host could not be fully restored after the experiment; left: {'; '.join(left)}",
                                left=left)
+        if self._started is not None and result.significant:
+            result = self._control(r, facts, result, bad, regression)
         return result
+
+    CONTROL_RUNS = (3, 6)   # the fewest and the most runs of the restarted server as found
+
+    def _control(self, r: Runner, facts: LabFacts, result: ExperimentResult, bad: list[float],
+                 regression: float | None) -> ExperimentResult:
+        """A restart recovered the regression: was it the change, or the restart itself? A server that slows
+        down while it runs (a cache that grows, fragmented memory, a leak) is fast again after any restart, so
+        the experiment's server is compared with the server as found, restarted by the undo just now and
+        measured the same way. The change stays a cause if it also beats that control (one-sided, as the fresh
+        reference runs are checked); it is not a cause if the restart alone recovers the regression; else
+        undecided."""
+        vals = result.samples
+        n = max(self.CONTROL_RUNS[0], min(len(vals), self.CONTROL_RUNS[1]))
+        cap = self.measure_spec.max_runs or 0
+        if cap:   # --max-runs counts every benchmark run of the experiment, the control's included
+            n = min(n, cap - (self.bench_runs - self._runs_at_start))
+        if n < 2:
+            return result.model_copy(update={"text": f"{result.text}; not compared with a plain restart of the server "
+                                             f"as found (--max-runs {cap} left no runs for that control)"})
+        self.emit("experiment", phase="plan", text=f"control: the server as found, restarted by the undo, is measured "
+                  f"{n} times, so that what a plain restart recovers is not taken for the change's effect")
+        # the server the experiment started is gone (the undo stopped it): while the benchmark waits for the one
+        # the undo started, that one is watched instead (under a hook, none is: a supervisor may replace it)
+        self._started = self._found_again
+        ctrl = [self._measured(r, self.measure_spec.cwd, f"control: the server as found, restarted (run {i + 1} of {n})")
+                for i in range(n)]
+        said = f"control: the server as found, restarted, gives mean {statistics.fmean(ctrl):.4g} ({n} runs)"
+        if fresh_agrees(bad, ctrl, vals, self.lower):
+            return result.model_copy(update={"control": ctrl, "text": f"{result.text}; {said}: the change beats it "
+                                             "too, so the restart alone does not explain it"})
+        alone = decide(bad, ctrl, regression, self.lower, final=True)
+        d = decide(ctrl, vals, regression, self.lower, final=True)
+        if alone.significant:
+            d = d.model_copy(update={"outcome": "not_cause"})
+            why = (f"so the restart, not the change, recovered it (a plain restart recovers {alone.share:.0%} of the "
+                   "regression): the server slows down while it runs")
+        else:
+            d = d.model_copy(update={"outcome": "more"})
+            why = "so what the change adds to a plain restart is undecided"
+        self.last_decision = d   # the outcome and the share are the change's over the restarted server as found
+        return result.model_copy(update={"control": ctrl, "significant": False, "outcome": d.outcome,
+                                         "share": round(d.share, 3), "share_ci": None, "decision": why,
+                                         "text": f"{result.text}; {said}, {why}"})
 
     def _result(self, spec: dict[str, Any], vals: list[float], d: Any, text: str, **extra: Any) -> ExperimentResult:
         return ExperimentResult(kind=spec["kind"], title=spec.get("title", ""), samples=vals, mean=statistics.fmean(vals),

@@ -76,6 +76,7 @@ class ExperimentResult(BaseModel):
     change: str | None = None
     fix: str | None = None
     packages: list[dict[str, Any]] = Field(default_factory=list)
+    control: list[float] = Field(default_factory=list)   # the server as found, restarted: what a restart alone gives
 
     @property
     def decided(self) -> Outcome:

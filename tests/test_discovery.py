@@ -330,6 +330,29 @@ def test_cli_snapshot_local_records_server_and_samples_never_itself(servers, tmp
     assert f"server pid {info['pid']}" in r.stderr and "3 benchmark runs" in r.stderr
 
 
+def test_local_packages_are_the_servers_not_debugagents_own_path(servers, tmp_path):
+    """debugagent started with a PYTHONPATH of its own (as on a host where it runs from a folder of wheels): the
+    package listing of `--host local` is what the server imports (it has no PYTHONPATH), not debugagent's path."""
+    name = token()
+    info = servers.start(name)
+    site = tmp_path / "own-site"
+    meta = site / "onlyforme-1.0.dist-info"
+    meta.mkdir(parents=True)
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: onlyforme\nVersion: 1.0\n")
+    assert "PYTHONPATH" not in Path(f"/proc/{info['pid']}/environ").read_bytes().decode(errors="replace").split("\0")
+    out = tmp_path / "snap.json"
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    r = subprocess.run([sys.executable, "-m", "agent.cli", "snapshot", "--host", "local", "--server-pattern", name,
+                        "-o", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stderr
+    names = {p["name"] for p in json.loads(out.read_text())["packages"]["packages"]}
+    assert names and "onlyforme" not in names
+    # the shell's view, for contrast: the same Python run by the probe's shell lists it
+    seen = subprocess.run([sys.executable, "-c", "import importlib.metadata as m; print(m.version('onlyforme'))"],
+                          capture_output=True, text=True, env=env)
+    assert seen.stdout.strip() == "1.0"
+
+
 def test_cli_snapshot_bad_overrides_exit_2():
     """A bad --server-pattern, or --bench without --metric/--bench-regex, is refused before connecting."""
     def cli(*a: str) -> subprocess.CompletedProcess:

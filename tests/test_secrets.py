@@ -296,3 +296,35 @@ def test_switches_and_settings_about_secrets_keep_the_next_argument():
     assert redact_argv(["srv", "--auth-token", "t0psecretvalue"])[-1] == "[REDACTED]"
     table = "1 (process_api) S 0\t/process_api\x1f--auth-required\n440 (bash) S 1\tbash\x1f-c\x1fecho hi\n"
     assert "440 (bash) S 1" in redact_text(table)
+
+
+# ---------------------------------------------------------------- precision and recall on a corpus
+def _corpus():
+    sys.path.insert(0, str(ROOT / "tests"))
+    import redaction_corpus
+    return redaction_corpus
+
+
+def test_redaction_precision_and_recall_on_the_corpus():
+    """Over real host outputs and realistic process tables, environment dumps, pip lists, nvidia-smi
+    outputs and git logs (158 kB, no secret) and the same kinds of output with 135 fake secrets of real
+    shapes: nothing that is not a secret is changed (precision 1.0) and no secret leaves a trace (recall 1.0)."""
+    c = _corpus()
+    clean, planted = c.clean_docs(), c.planted_docs() + c.heldout_docs()
+    assert sum(len(d.text) for d in clean) > 20_000 and any(d.name.startswith("vectors:") for d in clean)
+    s = c.measure(lambda: Redactor().text, clean + planted)
+    assert s.secrets >= 130, s.secrets
+    assert s.misses == [] and s.wrong == [], (s.misses, s.wrong)
+    assert s.precision == 1.0 and s.recall == 1.0
+
+
+def test_the_corpus_measure_can_fail():
+    """The measure counts: a redactor that hides nothing misses every secret, one that hides every value
+    after `=` changes clean lines."""
+    import re as _re
+    c = _corpus()
+    planted = c.planted_docs()
+    none = c.measure(lambda: (lambda t: t), planted)
+    assert none.recall == 0.0 and none.precision == 1.0
+    eager = c.measure(lambda: (lambda t: _re.sub(r"=(\S+)", "=" + REDACTED, t)), c.clean_docs())
+    assert eager.false_positives > 50 and eager.precision == 0.0

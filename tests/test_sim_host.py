@@ -191,7 +191,7 @@ def test_sealed_host_reveals_nothing(sim, name):
     assert t.sim.sealed
     sc = t.scenario
     first = next(iter(sc.host.packages.items()))
-    unsalted = so_bytes(first[0], first[1].version, first[1].build)[8:40]
+    unsalted = so_bytes(first[0], first[1].version, first[1].build)[64:96]
     assert leaks(lambda c: (lambda r: r.stdout + r.stderr)(t.run(c, timeout=120)), name, sc.source, unsalted) == []
     assert t.run("ps -e | wc -l").stdout.strip() and "python" not in t.run("readlink /proc/1/exe").stdout
 
@@ -281,3 +281,73 @@ def test_unsealed_host_still_runs(tmp_path):
     finally:
         h.close()
     assert not (tmp_path / "h").exists()
+
+
+# ---------------------------------------------------------------- the real machine stays outside
+def test_sealed_host_sees_no_listener_of_this_machine(sim):
+    """A TCP listener of this machine on 127.0.0.1 is not in the sealed host's process table, and the host's
+    server and benchmark still work (they talk over the host's own loopback and its bound socket)."""
+    import socket
+    outside = socket.socket()
+    outside.bind(("127.0.0.1", 0))
+    outside.listen()
+    port = outside.getsockname()[1]
+    try:
+        t = sim("sim:launch-blocking")
+        table = Runner(t).call("process_table").output
+        assert port not in {ln.port for ln in table.listeners}
+        assert f":{port:04X} " not in t.run("cat /proc/net/tcp /proc/net/tcp6").stdout
+        assert re.search(r"verify=\d", t.run("gpu-bench").stdout)
+        up = t.run("python3 -c 'import socket; s = socket.socket(); s.bind((\"127.0.0.1\", 0)); s.listen(); "
+                   "c = socket.create_connection(s.getsockname()); print(\"loopback ok\")'")
+        assert "loopback ok" in up.stdout, up.stderr
+    finally:
+        outside.close()
+
+
+def test_sealed_host_load_average_is_its_own(sim):
+    """/proc/loadavg on a simulated host is the one the simulator defines (on every host, whatever this
+    machine's load), and host_info reads it."""
+    from tools.sim.sandbox import LOADAVG
+    a, b = sim("sim:launch-blocking"), sim("sim:governor-powersave")
+    la, lb = (t.run("cat /proc/loadavg").stdout for t in (a, b))
+    assert la == lb == LOADAVG and re.fullmatch(r"[0-9.]+ [0-9.]+ [0-9.]+ \d+/\d+ \d+\n", la)
+    assert Runner(a).call("host_info").output.load1 == float(la.split()[0])
+
+
+def test_package_list_takes_nothing_from_this_python(sim):
+    """Every distribution a simulated host lists is the scenario's, the image's extras or the host's pip, at
+    versions the simulator defines, never one read from the environment debugagent itself runs in."""
+    from tools.sim.environment import PIP_VERSION, extra_distributions
+    t = sim("sim:launch-blocking")
+    sc = t.scenario
+    listed = {p.name: p.version for p in Runner(t).call("python_packages", {"python": sc.host.python}).output.packages}
+    want = {d: s.version for d, s in sc.host.packages.items()}
+    skip = {re.sub(r"[-_.]+", "_", d).lower() for d in want}
+    want |= {d: v for d, v, _c in extra_distributions(sc.host.environment.extra, skip)}
+    want["pip"] = PIP_VERSION
+    assert listed == want
+    assert t.run(f"{sc.host.python} -m pip --version").stdout.startswith(f"pip {PIP_VERSION} ")
+
+
+def test_build_bytes_name_no_version_or_build(sim):
+    """A compiled file looks like a shared object and carries no distribution name, version, build label or
+    unsalted digest; two builds of one version differ, as real rebuilt files do."""
+    t = sim("sim:eagle3-flashinfer-rebuilt")
+    site = "/root/ml-env/lib/python3.11/site-packages"
+    head = t.run(f"od -An -tx1 -N20 -v {site}/flashinfer/_C.abi3.so | tr -d ' \\n'").stdout
+    assert head.startswith("7f454c4602010100") and head[32:40] == "03003e00"  # ELF64 LE, ET_DYN, x86-64
+    for dist, spec in t.scenario.host.packages.items():
+        if spec.editable:
+            continue
+        module = spec.module or dist.replace("-", "_")
+        data = t.run(f"od -An -tx1 -v {site}/{module}/_C.abi3.so | tr -d ' \\n'").stdout
+        strings = t.run(f"strings -n 3 {site}/{module}/_C.abi3.so 2>/dev/null || tr -c '[:print:]' '\\n' < "
+                        f"{site}/{module}/_C.abi3.so").stdout
+        for word in {dist, module, spec.version, spec.build or "", f"v{spec.version}"} - {""}:
+            assert word not in strings, (dist, word)
+        assert so_bytes(dist, spec.version, spec.build)[64:96].hex() not in data
+    from tools.sim.sandbox import host_salt
+    salt = host_salt("x")
+    assert so_bytes("a", "1.0", "b1", salt) != so_bytes("a", "1.0", "b2", salt)
+    assert len({len(so_bytes("a", "1.0", b, salt)) for b in ("b1", "b2", "b3", "b4")}) > 1

@@ -434,13 +434,21 @@ class PythonPackages(BaseModel):
     model_config = ConfigDict(extra="forbid")
     python: str
     import_check: list[str] = Field(default_factory=list)
+    # the server's own PYTHONPATH ("" where it has none), so that the listing is what the server imports, not
+    # what the shell running the probe would (a login shell's or debugagent's own); None: the shell's
+    pythonpath: str | None = None
+
+    def _env(self) -> str:
+        if self.pythonpath is None:
+            return ""
+        return "env -u PYTHONPATH " if self.pythonpath == "" else f"env PYTHONPATH={q(self.pythonpath)} "
 
     def command(self) -> str:
         args = " ".join(q(a) for a in self.import_check)
-        return f"{q(self.python)} -c {q(PACKAGES_SCRIPT.strip())}" + (f" {args}" if args else "")
+        return f"{self._env()}{q(self.python)} -c {q(PACKAGES_SCRIPT.strip())}" + (f" {args}" if args else "")
 
     def display_command(self) -> str:
-        return f"{self.python} -c '<list distributions, hash compiled files>'" + (
+        return f"{self._env()}{self.python} -c '<list distributions, hash compiled files>'" + (
             " " + " ".join(self.import_check) if self.import_check else "")
 
 

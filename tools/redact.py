@@ -17,6 +17,14 @@ What counts as a secret:
 * a value seen once under a secret name: the redactor remembers it (8 characters or
   more) and hides it wherever it shows up later (a ``ps`` line, a log).
 
+What is never a secret, whatever the name before it (``plain_value``): a switch's state
+(``PasswordAuthentication=no``), a word of prose after a flag named in a sentence (``Add
+--api-key support``), an absolute path under a standard folder (the file that holds the
+secret). Names about a secret rather than holding one (``SSH_AUTH_SOCK``, ``--key-dim``,
+``VLLM_KEY_CACHE_DTYPE``, ``public_key``) end in, or start with, a word that says so.
+``tests/redaction_corpus.py`` measures precision and recall over real host outputs and
+planted fake secrets (``bench/redaction`` prints them).
+
 ``redact`` walks JSON-like values (dicts, lists, tuples); ``redact_text`` takes text;
 ``redact_argv`` an argument vector. ``write_private`` and ``redacted_dump`` write files
 mode 0600 (folders 0700) after redaction.
@@ -40,20 +48,45 @@ SECRET_WORDS = frozenset({
     "token", "secret", "secrets", "password", "passwd", "passphrase", "key", "apikey", "accesskey",
     "secretkey", "privatekey", "authtoken", "accesstoken", "refreshtoken", "clientsecret", "credential",
     "credentials", "creds", "auth", "authorization", "cookie", "dsn", "webhook", "signature", "sig", "salt",
+    "session", "sessionid",
 })
 # ... unless its last word says it names where the secret is, or something about it
 NOT_SECRET_LAST = frozenset({"file", "path", "dir", "name", "names", "type", "size", "len", "length", "id", "ids",
                              "count", "format", "mode", "url_file", "env", "var", "header_name",
                              # settings about a secret, not the secret: `--auth-required`, `AUTH_METHOD`, `--auth-timeout`
                              "required", "enabled", "disabled", "method", "timeout", "ttl", "level", "backend",
-                             "provider", "scheme", "strategy", "algorithm", "version"})
+                             "provider", "scheme", "strategy", "algorithm", "version",
+                             # a setting or a socket, not the secret: `PasswordAuthentication`, `SSH_AUTH_SOCK`
+                             "authentication", "sock", "socket",
+                             # a dimension or a count: `--key-dim 128`, `--token-budget`
+                             "dim", "dims", "bits", "interval", "index", "idx", "budget", "limit", "ratio",
+                             "prefix", "policy", "dtype", "rate", "cache", "manager"})
 # a switch (`--enable-auth`, `--no-auth`, `--use-token`) takes no value: the next argument is not its secret
-NOT_SECRET_FIRST = frozenset({"enable", "disable", "no", "use", "require", "allow", "skip", "with", "without"})
-NOT_SECRET_NAMES = frozenset({"tool", "key_id", "max_tokens", "hostkey", "host_key", "known_hosts"})
+NOT_SECRET_FIRST = frozenset({"enable", "disable", "no", "use", "require", "allow", "skip", "with", "without",
+                              # half of a key pair that is published: `public_key`, `--public-key`
+                              "public"})
+NOT_SECRET_NAMES = frozenset({"tool", "key_id", "max_tokens", "hostkey", "host_key", "known_hosts", "pubkey",
+                              # names the file that holds the credentials (a path), by Google's convention
+                              "google_application_credentials"})
+# values that are never a secret, whatever the name before them: a switch's state, or a word of prose
+# after a flag named in a sentence (`Add --api-key support`)
+NOT_SECRET_VALUES = frozenset({"yes", "no", "true", "false", "on", "off", "none", "null", "enabled", "disabled",
+                               "support", "flag", "option", "argument", "parameter", "and", "or", "to", "for", "in",
+                               "is", "was", "the", "a", "an", "with", "when", "from", "handling", "parsing",
+                               "validation", "now", "not", "as", "of", "by", "at", "if", "it"})
+# an absolute path under a standard folder names where a secret is kept, not the secret
+_PATH_VALUE = re.compile(r"(?:~|/(?:etc|var|run|root|home|tmp|opt|usr|srv|mnt|data|workspace|models|secrets|dev|app|"
+                         r"cache|nfs|scratch))(?:/[\w.@:+-]+)+/?")
+
+
+def plain_value(value: str) -> bool:
+    """A value that is no secret under any name: a switch's state, a word of prose, a path to a file."""
+    v = value.strip().strip("'\"")
+    return v.lower() in NOT_SECRET_VALUES or bool(_PATH_VALUE.fullmatch(v))
 
 # substrings without which no secret name can occur (SECRET_WORDS, lowercased)
 _NAME_ANCHORS = ("token", "secret", "passw", "passphrase", "key", "cred", "auth", "cookie", "dsn", "webhook", "sig",
-                 "salt")
+                 "salt", "session")
 _HEADER_ANCHORS = ("authorization", "cookie", "api-key", "auth-token", "access-token", "private-token", "bearer",
                    "basic", "token")
 _WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
@@ -114,6 +147,8 @@ _VALUE = r"(\"(?:[^\"\\]|\\.)*\"|'[^']*'|\$'(?:[^'\\]|\\.)*'|[^\s'\"]+)"
 _LINE_ASSIGN = re.compile(r"(?m)^(\s*(?:export\s+)?\+?)([A-Za-z_][A-Za-z0-9_.-]*)=(.+)$")
 _ASSIGN = re.compile(r"(?<![\w./-])([A-Za-z_][A-Za-z0-9_.]*)=" + _VALUE)
 _FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][A-Za-z0-9_.-]*)(=|[^\S\n]+|[^\S\n]*\n)(?![-=])" + _VALUE)
+# an argument vector written as a JSON or Python list: `"--api-key", "VALUE"`
+_QUOTED_FLAG = re.compile(r"(?<=[\"'])(--?[A-Za-z][A-Za-z0-9_.-]*)([\"']\s*,\s*)(\"(?:[^\"\\]|\\.)*\"|'[^']*')")
 _KEYVAL = re.compile(r"(?<![\w.\"'-])([\"']?)([A-Za-z_][A-Za-z0-9_.-]*)\1(\s*:\s*)(\[REDACTED\]|\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s,}\]]+)")
 
 
@@ -167,11 +202,12 @@ class Redactor:
         if not any(w in low for w in _NAME_ANCHORS):
             return self._learned_re.sub(REDACTED, text) if self._learned_re is not None else text
         text = _LINE_ASSIGN.sub(self._line_assign, text)
-        text = _ASSIGN.sub(lambda m: m.group(0) if not is_secret_name(m.group(1))
+        text = _ASSIGN.sub(lambda m: m.group(0) if not is_secret_name(m.group(1)) or plain_value(m.group(2))
                            else f"{m.group(1)}={self._quoted(m.group(2))}", text)
         text = _FLAG.sub(self._flag, text)
+        text = _QUOTED_FLAG.sub(self._flag, text)
         text = _KEYVAL.sub(lambda m: m.group(0) if not is_secret_name(m.group(2)) or m.group(4).strip("\"'") == REDACTED
-                           else f"{m.group(1)}{m.group(2)}{m.group(1)}{m.group(3)}{self._quoted(m.group(4))}", text)
+                           or plain_value(m.group(4)) else f"{m.group(1)}{m.group(2)}{m.group(1)}{m.group(3)}{self._quoted(m.group(4))}", text)
         if self._learned_re is not None:
             text = self._learned_re.sub(REDACTED, text)
         return text
@@ -189,14 +225,14 @@ class Redactor:
 
     def _line_assign(self, m: re.Match[str]) -> str:
         """``NAME=value`` as a whole line (an environment dump): the value is the rest of the line."""
-        if not is_secret_name(m.group(2)) or m.group(3).strip("\"' ") == REDACTED:
+        if not is_secret_name(m.group(2)) or m.group(3).strip("\"' ") == REDACTED or plain_value(m.group(3)):
             return m.group(0)
         rest = m.group(3)
         return f"{m.group(1)}{m.group(2)}={self._quoted(rest.strip()) if rest.strip() else rest}"
 
     def _flag(self, m: re.Match[str]) -> str:
         name, sep, value = m.group(1), m.group(2), m.group(3)
-        if not is_secret_name(name) or value.startswith("-") or value.strip("\"'") == REDACTED:
+        if not is_secret_name(name) or value.startswith("-") or value.strip("\"'") == REDACTED or plain_value(value):
             return m.group(0)
         return f"{name}{sep}{self._quoted(value)}"
 
@@ -207,7 +243,7 @@ class Redactor:
         hide_next = False
         for a in argv:
             if hide_next and not (a.startswith("--") and len(a) > 2):
-                out.append(self._secret(a) if a else a)
+                out.append(self._secret(a) if a and not plain_value(a) else a)
                 hide_next = False
                 continue
             hide_next = False
@@ -215,7 +251,7 @@ class Redactor:
                 name, eq, value = a.partition("=")
                 if is_secret_name(name):
                     if eq:
-                        out.append(f"{name}={self._secret(value)}")
+                        out.append(f"{name}={self._secret(value)}" if not plain_value(value) else a)
                         continue
                     hide_next = True
                     out.append(a)
@@ -224,7 +260,8 @@ class Redactor:
         return out
 
     def env(self, env: dict[str, str]) -> dict[str, str]:
-        return {k: (self._secret(v) if is_secret_name(k) and v else self.text(v)) for k, v in env.items()}
+        return {k: (self._secret(v) if is_secret_name(k) and v and not plain_value(v) else self.text(v))
+                for k, v in env.items()}
 
     def value(self, obj: Any) -> Any:
         """Every string inside a JSON-like value; keys named like secrets hide their value."""
@@ -234,7 +271,7 @@ class Redactor:
             out = {}
             for k, v in obj.items():
                 if isinstance(k, str) and is_secret_name(k) and isinstance(v, str | int | float) and not isinstance(v, bool) \
-                        and v != "":
+                        and v != "" and not plain_value(str(v)):
                     out[k] = self._secret(str(v))
                 else:
                     out[k] = self.value(v)
@@ -270,7 +307,7 @@ def redact(obj: Any) -> Any:
 def redact_flags(flags: dict[str, Any]) -> dict[str, Any]:
     """Parsed ``--flag value`` pairs: a secret flag's value is hidden, the rest kept as it is."""
     return {k: (REDACTOR._secret(str(v)) if is_secret_name(k) and v is not True and v not in ("", None)
-                else REDACTOR.text(v) if isinstance(v, str) else v) for k, v in flags.items()}
+                and not plain_value(str(v)) else REDACTOR.text(v) if isinstance(v, str) else v) for k, v in flags.items()}
 
 
 # ---------------------------------------------------------------- private files

@@ -126,7 +126,11 @@ def collect(runner: Runner, *, bench: str | None = None, python: str | None = No
     repo = repo or disc.repo
     wave3: list[tuple[str, Any, str]] = []
     if python:
-        wave3.append(("python_packages", {"python": python}, "versions and compiled-file hashes"))
+        pk_in: dict[str, Any] = {"python": python}
+        pp = server.env.get("PYTHONPATH", "") if server is not None else ""
+        if server is not None and server.env and python == server.python and "[REDACTED]" not in pp:
+            pk_in["pythonpath"] = pp   # the packages as the server sees them
+        wave3.append(("python_packages", pk_in, "versions and compiled-file hashes"))
     if repo:
         wave3.append(("git_state", {"repo": repo}, "HEAD, dirty files, reflog"))
     if bench:

@@ -41,7 +41,7 @@ ap.add_argument("--port", type=int, required=True)
 ap.add_argument("--tag", default="")
 ap.add_argument("--disable-cuda-graph", action="store_true")
 a = ap.parse_args()
-cost_ms = model.step_ms() + (8.0 if a.disable_cuda_graph else 0.0) + (8.0 if os.environ.get("CUDA_LAUNCH_BLOCKING") == "1" else 0.0)
+cost_ms = model.step_ms() + (getattr(model, "FLAG_MS", 8.0) if a.disable_cuda_graph else 0.0) + (8.0 if os.environ.get("CUDA_LAUNCH_BLOCKING") == "1" else 0.0)
 try:
     import fastmod
     kernel = fastmod.step
@@ -49,10 +49,17 @@ except ImportError:
     kernel = lambda: None
 
 
+time.sleep(getattr(model, "START_S", 0.0))   # loading weights, warming up: a while before it listens
+slow_after = getattr(model, "SLOW_AFTER", 0)   # a server that slows down once it has served that many requests
+served = 0
+
+
 class H(BaseHTTPRequestHandler):
     def do_GET(self):
+        global served
         if self.path == "/generate":
-            time.sleep(cost_ms / 1000.0)
+            served += 1
+            time.sleep((cost_ms + (12.0 if slow_after and served > slow_after else 0.0)) / 1000.0)
             kernel()
         body = b"ok"
         self.send_response(200)
@@ -90,6 +97,9 @@ print(f"latency={statistics.median(lat):.3f} ms")
 MODEL = '''"""The model's step: what one request costs."""
 STEP_MS = {step}
 EXTRA_MS = {extra}
+SLOW_AFTER = {slow_after}
+FLAG_MS = {flag_ms}
+START_S = {start_s}
 
 
 def step_ms():
@@ -216,11 +226,13 @@ class Host:
     def bench_cmd(self) -> str:
         return f"{sys.executable} {self.dir / 'bench.py'} {self.port}"
 
-    def write_code(self, folder: Path, step: float = 10.0, extra: float = 0.0) -> None:
+    def write_code(self, folder: Path, step: float = 10.0, extra: float = 0.0, slow_after: int = 0,
+                   flag_ms: float = 8.0, start_s: float = 0.0) -> None:
         (folder / "infer").mkdir(parents=True, exist_ok=True)
         (folder / "infer" / "__init__.py").write_text("")
         (folder / "infer" / "serve.py").write_text(SERVE)
-        (folder / "infer" / "model.py").write_text(MODEL.format(step=step, extra=extra))
+        (folder / "infer" / "model.py").write_text(MODEL.format(step=step, extra=extra, slow_after=slow_after,
+                                                                          flag_ms=flag_ms, start_s=start_s))
 
     def start(self) -> None:
         (self.dir / "bench.py").write_text(BENCH)

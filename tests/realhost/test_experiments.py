@@ -183,10 +183,12 @@ def test_without_a_baseline_build_the_command_that_would_test_it_is_named(realho
 
 
 def test_flag_and_env_var_each_measured_by_a_restart(realhost, tmp_path):
-    """--disable-cuda-graph and CUDA_LAUNCH_BLOCKING=1 (numbers only): each restart without one recovers its share."""
+    """--disable-cuda-graph and CUDA_LAUNCH_BLOCKING=1 (numbers only): each restart without one recovers its share,
+    and beats the control (the server as found, restarted by the undo). The server takes 2 s to listen, as a GPU
+    server loading its weights does: the control waits for the one the undo started, not for the one it stopped."""
     h = realhost("flags")
     h.cwd = h.dir / "srv"
-    h.write_code(h.cwd)
+    h.write_code(h.cwd, start_s=2.0)
     h.start()
     base = h.baseline()
     h.flags = ["--disable-cuda-graph"]
@@ -202,9 +204,41 @@ def test_flag_and_env_var_each_measured_by_a_restart(realhost, tmp_path):
     assert o["exit"] == 0, o["summary"]
     assert set(causes) == {"serving_config", "env_var"}
     assert all(c["how"] == "experiment" and 0.25 < c["explains"] < 0.95 for c in causes.values())
+    texts = [e.get("text") or "" for e in o["events"] if e["event"] == "experiment" and e.get("phase") == "result"]
+    assert sum("the change beats it too" in t for t in texts) == 2, texts
+    h.wait_ready()
     after = found_state(h)
     assert same_but_pid(before, after) and "--disable-cuda-graph" in after["argv"]
     assert after["env"]["CUDA_LAUNCH_BLOCKING"] == "1"
+    assert tmp_leftovers(o["run_id"]) == []
+
+
+def test_a_restart_that_recovers_by_itself_blames_nothing(realhost, tmp_path):
+    """The server slows down once it has served 150 requests (whatever its flags), and --disable-cuda-graph costs
+    nothing here. The restart without the flag is fast again, but so is the server as found once the undo restarts
+    it: the control after the undo keeps the flag from being blamed for what any restart recovers."""
+    h = realhost("drift")
+    h.cwd = h.dir / "srv"
+    h.write_code(h.cwd, slow_after=150, flag_ms=0.0)
+    h.flags = ["--disable-cuda-graph"]
+    h.start()
+    fresh = h.baseline(3)
+    while h.baseline(1) < fresh + 6.0:   # it has been up a while: the slowdown has set in
+        pass
+    bad = h.baseline(3)
+    before = found_state(h)
+
+    o = h.run("--symptom", f"latency {bad:.2f} ms", "--baseline", f"latency {fresh:.2f} ms", out=tmp_path / "run")
+    report(o, "drift")
+
+    restarts = tools_called(o, "restart_server")
+    assert restarts, "no experiment restarted the server: the case did not test the control"
+    texts = [e.get("text") or "" for e in o["events"] if e["event"] == "experiment" and e.get("phase") == "result"]
+    assert any("control: the server as found, restarted" in t for t in texts), texts
+    assert not any(c["hypothesis"] == "serving_config" for c in o["root_causes"] or []), o["summary"]
+    assert o["exit"] != 0, o["summary"]
+    after = found_state(h)
+    assert same_but_pid(before, after) and "--disable-cuda-graph" in after["argv"]
     assert tmp_leftovers(o["run_id"]) == []
 
 

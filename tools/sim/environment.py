@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 
+PIP_VERSION = "24.0"  # the pip every simulated host lists (its code is this interpreter's own pip)
+
 NAMES = """
 absl-py accelerate aiohappyeyeballs aiohttp aiosignal airportsdb annotated-types anthropic antlr4-python3-runtime
 anyio argcomplete astor asttokens attrs audioread av bitsandbytes blake3 blobfile boto3 botocore build

@@ -53,12 +53,13 @@ from ..transport import (
 )
 from . import seal
 from .controller import Controller
-from .environment import extra_distributions
+from .environment import PIP_VERSION, extra_distributions
 from .scenario import Scenario, load_scenario
 from .shell import SimShell
 from .standin import so_bytes
 
 DEFAULT_INSTALLED = "2026-11-02T09:00:00+00:00"
+LOADAVG = "0.42 0.37 0.31 1/812 41235\n"  # /proc/loadavg of every simulated host, whatever this machine's load
 FIRST_COMMIT = 1763283600  # 2025-11-16T09:00Z
 GUEST = Path(__file__).resolve().parent / "guest"
 SERVICE_DIR = "/run/nvidia-gpu"
@@ -292,17 +293,33 @@ class SimHost:
             self._wheelhouse(h["wheelhouse"])
 
     def _pip(self, env_root: Path, site: Path) -> None:
-        """pip in the environment (this interpreter's own, pure Python), so experiments can reinstall."""
+        """pip in the environment (this interpreter's own code, pure Python), so experiments can reinstall. It
+        is the host's pip at the simulator's ``PIP_VERSION``: nothing of the environment debugagent runs in
+        (its pip's version) shows on a simulated host."""
         import pip  # noqa: PLC0415 - only where a host is laid out
         src = Path(pip.__file__).parent
         info = next(src.parent.glob("pip-*.dist-info"), None)
         when = _ts(DEFAULT_INSTALLED)
         # the package as hard links where the file system allows (no bytes copied); never a bind, whose
-        # source folder /proc/self/mountinfo would name. Its metadata is copied, dated as the image.
+        # source folder /proc/self/mountinfo would name. Its metadata is written, dated as the image.
         shutil.copytree(src, site / src.name, copy_function=_link_or_copy, ignore=shutil.ignore_patterns("__pycache__"))
+        init = site / src.name / "__init__.py"
+        text = init.read_text()
+        init.unlink()  # a hard link: the real pip's file stays as it is
+        init.write_text(re.sub(r'(?m)^__version__ = "[^"]*"', f'__version__ = "{PIP_VERSION}"', text, count=1))
         if info is not None:
-            shutil.copytree(info, site / info.name)
-            for f in [site / info.name, *(site / info.name).iterdir()]:
+            dst = site / f"pip-{PIP_VERSION}.dist-info"
+            dst.mkdir()
+            for f in info.iterdir():
+                if not f.is_file():
+                    continue
+                data = f.read_text(errors="replace")
+                if f.name == "METADATA":
+                    data = re.sub(r"(?m)^Version: .*$", f"Version: {PIP_VERSION}", data, count=1)
+                elif f.name == "RECORD":
+                    data = data.replace(f"{info.name}/", f"{dst.name}/")
+                (dst / f.name).write_text(data)
+            for f in [dst, *dst.iterdir()]:
                 os.utime(f, (when, when))
         launcher = f"#!{self.inside(self.state['python'])}\nimport sys\nfrom pip._internal.cli.main import main\nsys.exit(main())\n"
         for name in ("pip", "pip3"):
@@ -453,6 +470,7 @@ class SimHost:
             (d / "scaling_governor").write_text(cpu["governor"] + "\n")
             (d / "scaling_available_governors").write_text("performance powersave schedutil ondemand\n")
         drv = self.state["driver"]
+        (self.base / "proc-loadavg").write_text(LOADAVG)  # bound over /proc/loadavg: the host's, not this machine's
         d = self.base / "proc-driver-nvidia"
         d.mkdir(parents=True, exist_ok=True)
         (d / "version").write_text(
@@ -461,7 +479,7 @@ class SimHost:
         if not self.sealed:
             (self.path("/proc/driver")).mkdir(parents=True, exist_ok=True)
             shutil.copytree(d, self.path("/proc/driver/nvidia"))
-            (self.path("/proc") / "loadavg").write_text("0.42 0.37 0.31 1/812 41235\n")
+            (self.path("/proc") / "loadavg").write_text(LOADAVG)
         lib = self.path("/usr/local/nvidia/lib64")
         so = lib / f"libcuda.so.{drv['version']}"
         so.write_bytes(b"\x7fELF" + drv["version"].encode() * 8)

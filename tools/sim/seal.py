@@ -1,11 +1,12 @@
 """Sealing a simulated host: Debian's ``bubblewrap`` binds its folders at their paths in a new
-mount, pid, UTS and IPC namespace; commands enter it with ``nsenter``.
+mount, pid, UTS, IPC and network namespace; commands enter it with ``nsenter``.
 
 The namespace's first process is ``bwrap`` itself (pid 1, which reaps orphans as init
 does) with one ``sleep`` (pid 2) that holds it; its arguments travel through a pipe
 (``--args``), so its command line names no folder of this machine. ``/`` is a fresh
 tmpfs: the system's ``/usr`` (without ``/usr/local``) read-only, and the host's own
-folders. Killing pid 1 ends every process of the host.
+folders. The network namespace has only its own loopback (this machine's listeners stay
+outside; the GPU service is a bound unix socket), and ``/proc/loadavg`` is the host's. Killing pid 1 ends every process of the host.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def _probe() -> str:
         return "bwrap is not installed: apt-get install bubblewrap"
     if not shutil.which("nsenter"):
         return "nsenter is not installed: apt-get install util-linux"
-    r = subprocess.run(["bwrap", "--unshare-pid", "--unshare-uts", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin",
+    r = subprocess.run(["bwrap", "--unshare-pid", "--unshare-uts", "--unshare-net", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin",
                         "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--proc", "/proc",
                         "--dev", "/dev", "true"], capture_output=True, text=True)
     if r.returncode != 0:
@@ -52,7 +53,7 @@ def why_not() -> str:
 
 
 def bwrap_args(sim: SimHost) -> list[str]:
-    a = ["--unshare-pid", "--unshare-uts", "--unshare-ipc", "--hostname", sim.state["hostname"], "--die-with-parent",
+    a = ["--unshare-pid", "--unshare-uts", "--unshare-ipc", "--unshare-net", "--hostname", sim.state["hostname"], "--die-with-parent",
          "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--dir", "/var/tmp", "--dir", "/var/log", "--dir", "/usr"]
     for d in USR:
         if os.path.isdir(f"/usr/{d}") and not os.path.islink(f"/usr/{d}"):
@@ -70,7 +71,7 @@ def bwrap_args(sim: SimHost) -> list[str]:
     if not base.startswith("/usr/") or base.startswith("/usr/local/"):
         prefix = os.path.dirname(os.path.dirname(base))
         a += ["--ro-bind", prefix, prefix]
-    a += ["--tmpfs", "/proc/driver", "--dir", "/proc/driver/nvidia",
+    a += ["--ro-bind", str(sim.base / "proc-loadavg"), "/proc/loadavg", "--tmpfs", "/proc/driver", "--dir", "/proc/driver/nvidia",
           "--ro-bind", str(sim.base / "proc-driver-nvidia" / "version"), "/proc/driver/nvidia/version",
           "--chdir", "/"]
     return a

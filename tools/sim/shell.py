@@ -17,7 +17,7 @@ from pathlib import Path
 def enter(init_pid: int, home: str, env: dict[str, str], argv: list[str]) -> list[str]:
     """The command line that runs ``argv`` inside the sealed host whose namespace ``init_pid`` holds."""
     user = [] if os.geteuid() == 0 else ["--user", "--preserve-credentials"]
-    return ["nsenter", f"--target={init_pid}", *user, "--mount", "--pid", "--uts", "--ipc", "--root", f"--wdns={home}",
+    return ["nsenter", f"--target={init_pid}", *user, "--mount", "--pid", "--uts", "--ipc", "--net", "--root", f"--wdns={home}",
             "--", "/usr/bin/env", "-i", *(f"{k}={v}" for k, v in env.items()), *argv]
 
 

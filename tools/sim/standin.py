@@ -9,6 +9,8 @@ arguments to the controller and prints the reply; the formats follow the H200 ca
 from __future__ import annotations
 
 import hashlib
+import hmac
+import struct
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -19,12 +21,20 @@ REASON_BITS = {
 }
 
 
+ELF_HEADER = struct.Struct("<16sHHIQQQIHHHHHH")  # Elf64_Ehdr
+
+
 def so_bytes(name: str, version: str, build: str | None, salt: str = "") -> bytes:
-    """The bytes of a distribution's compiled file: they follow name, version and build, and a per-host
-    random salt (so nothing outside the host can tell a build from its bytes)."""
+    """The bytes of a distribution's compiled file: an ELF64 shared object's header, then bytes keyed by the
+    host's random salt over name, version and build. They change with the build, as a rebuilt file's do, and
+    hold nothing a probe could read the build from: no name, version or label, no period, a size that
+    varies; without the salt (outside every sealed host) no build can be mapped to its bytes."""
     label = build or f"v{version}"
-    seed = hashlib.sha256(f"{salt}:{name}:{version}:{label}".encode()).digest()
-    return b"\x7fELF\x02\x01\x01\x00" + seed * 64
+    key = hmac.new(salt.encode(), f"{name}\0{version}\0{label}".encode(), hashlib.sha256).digest()
+    size = 8192 + 64 * (int.from_bytes(key[:2], "little") % 384)   # 8 KiB .. 32 KiB
+    header = ELF_HEADER.pack(b"\x7fELF\x02\x01\x01\x00" + bytes(8), 3, 0x3E, 1, 0, 64, size - 64 * 12, 0, 64, 56, 0,
+                             64, 12, 11)
+    return header + hashlib.shake_256(key).digest(size - len(header))
 
 
 # ---------------------------------------------------------------- nvidia-smi

@@ -1,0 +1,368 @@
+"""A corpus for measuring the redactor: real host outputs, realistic generated ones, and fake secrets.
+
+Two kinds of document:
+
+* clean: outputs a diagnosis reads (the real H200 captures in ``../shared/vectors`` and
+  ``tests/vectors``, and generated process tables, environment dumps, ``pip list``,
+  ``nvidia-smi`` and ``git log`` outputs full of flags and names that *look* like secrets:
+  ``--max-num-batched-tokens``, ``TOKENIZERS_PARALLELISM``, ``--auth-required``, sha256 hashes);
+  every redaction in them is a false positive;
+* planted: the same kinds of output with fake secrets of realistic shapes (Hugging Face and
+  OpenAI tokens, AWS keys, bearer headers, URLs with passwords, ``--api-key X``,
+  ``API_KEY=…``); every secret with a trace left is a false negative.
+
+``measure(redact_text_fn)`` runs a fresh redaction over each document and counts. The fake
+secrets are generated from a fixed seed; none is real.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import string
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+VECTOR_DIRS = [ROOT.parent / "shared" / "vectors", Path("/work/shared/vectors"), ROOT / "tests" / "vectors"]
+MARK = "[REDACTED]"
+
+
+@dataclass
+class Doc:
+    name: str
+    text: str
+    secrets: list[str] = field(default_factory=list)  # planted values that must leave no trace
+
+
+# ---------------------------------------------------------------- fake secrets of real shapes
+class Fakes:
+    def __init__(self, seed: int = 7) -> None:
+        self.rng = random.Random(seed)
+
+    def _s(self, n: int, alphabet: str = string.ascii_letters + string.digits) -> str:
+        return "".join(self.rng.choice(alphabet) for _ in range(n))
+
+    def hf(self) -> str:
+        return "hf_" + self._s(34)
+
+    def openai(self) -> str:
+        return "sk-proj-" + self._s(48, string.ascii_letters + string.digits + "_-")
+
+    def openai_legacy(self) -> str:
+        return "sk-" + self._s(48)
+
+    def anthropic(self) -> str:
+        return "sk-ant-api03-" + self._s(93, string.ascii_letters + string.digits + "_-") + "AA"
+
+    def aws_id(self) -> str:
+        return "AKIA" + self._s(16, string.ascii_uppercase + string.digits)
+
+    def aws_secret(self) -> str:
+        return self._s(40, string.ascii_letters + string.digits + "+/")
+
+    def github(self) -> str:
+        return "ghp_" + self._s(36)
+
+    def hex40(self) -> str:
+        return self._s(40, "0123456789abcdef")
+
+    def password(self) -> str:
+        return self._s(6, string.ascii_letters) + self._s(4, string.digits) + self.rng.choice("!%^*_") + self._s(5)
+
+    def opaque(self) -> str:
+        return self._s(32, string.ascii_letters + string.digits)
+
+    def jwt(self) -> str:
+        return "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJ" + self._s(40) + "." + self._s(43, string.ascii_letters + string.digits + "_-")
+
+
+# ---------------------------------------------------------------- clean, realistic outputs
+SERVER_LINES = [
+    "/root/ml-env/bin/python3 -m sglang.launch_server --model-path moonshotai/Kimi-K2.5 --tp 8 --speculative-algorithm "
+    "EAGLE3 --speculative-num-steps 2 --speculative-eagle-topk 4 --speculative-num-draft-tokens 4 "
+    "--speculative-attention-mode prefill --max-running-requests 64 --chunked-prefill-size 8192 --port 30000",
+    "/opt/venv/bin/python3 /opt/venv/bin/vllm serve meta-llama/Llama-3.1-8B-Instruct --max-num-batched-tokens 8192 "
+    "--max-model-len 32768 --tokenizer-mode auto --kv-cache-dtype fp8 --enable-prefix-caching --gpu-memory-utilization 0.9 "
+    "--max-num-seqs 256 --tensor-parallel-size 2 --disable-log-requests --port 8000",
+    "python3 -m vllm.entrypoints.openai.api_server --model Qwen/Qwen2.5-72B-Instruct --tokenizer Qwen/Qwen2.5-72B-Instruct "
+    "--max-seq-len-to-capture 8192 --num-scheduler-steps 8 --enforce-eager --served-model-name qwen --api-key-file "
+    "/etc/vllm/keyfile --ssl-keyfile /etc/ssl/private/server.key --ssl-certfile /etc/ssl/certs/server.pem",
+    "/usr/bin/python3 -m sglang.launch_server --model deepseek-ai/DeepSeek-V3 --tp 8 --enable-dp-attention --dp 8 "
+    "--attention-backend fa3 --cuda-graph-max-bs 128 --disable-cuda-graph-padding --enable-torch-compile "
+    "--torch-compile-max-bs 8 --mem-fraction-static 0.85 --max-prefill-tokens 16384 --auth-required --enable-auth",
+    "trtllm-serve /models/llama-70b --backend pytorch --max_batch_size 64 --max_num_tokens 8192 --kv_cache_free_gpu_memory_fraction 0.9 "
+    "--tp_size 4 --host 0.0.0.0 --port 8000",
+    "tritonserver --model-repository=/models --http-port=8000 --grpc-port=8001 --metrics-port=8002 --log-verbose=0",
+    "/usr/sbin/sshd -D -o AuthorizedKeysFile=.ssh/authorized_keys -o PubkeyAuthentication=yes -o PasswordAuthentication=no",
+    "/usr/bin/containerd-shim-runc-v2 -namespace moby -id 9f1c0b4d6e8a2f3b7c5d1e9a0b2c4d6e8f0a1b3c5d7e9f1a3b5c7d9e1f3a5b7c "
+    "-address /run/containerd/containerd.sock",
+    "ray::WorkerDict.actor_fn --object-store-name=/tmp/ray/session_2026-11-30_10-11-12_123456_789/sockets/plasma_store "
+    "--raylet-name=/tmp/ray/session_latest/sockets/raylet --node-manager-port=40123",
+    "/usr/lib/systemd/systemd-logind",
+    "nvidia-persistenced --user nvidia-persistenced --no-persistence-mode --verbose",
+    "gpg-agent --homedir /root/.gnupg --use-standard-socket --daemon",
+    "ssh-agent -s",
+    "/root/ml-env/bin/python3 bench_serving.py --backend sglang --dataset-name random --random-input-len 1024 "
+    "--random-output-len 256 --num-prompts 200 --request-rate 8 --max-concurrency 32 --tokenize-prompt",
+    "torchrun --nproc_per_node 8 --master_addr 127.0.0.1 --master_port 29500 train.py --max-tokens 4096 "
+    "--keyframe-interval 4 --key-dim 128 --hash-seed 0",
+    "/root/ml-env/bin/python3 -c from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=5, pipe_handle=7) "
+    "--multiprocessing-fork",
+]
+
+ENV_LINES = [
+    "CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7", "NCCL_DEBUG=INFO", "NCCL_IB_DISABLE=0", "NCCL_P2P_LEVEL=NVL",
+    "NCCL_SOCKET_IFNAME=eth0", "NCCL_NVLS_ENABLE=0", "NCCL_CUMEM_ENABLE=0", "TORCH_CUDA_ARCH_LIST=9.0",
+    "TOKENIZERS_PARALLELISM=false", "VLLM_MAX_TOKENS_PER_EXPERT=8192", "VLLM_ATTENTION_BACKEND=FLASHINFER",
+    "VLLM_USE_V1=1", "VLLM_WORKER_MULTIPROC_METHOD=spawn", "SGLANG_ENABLE_TORCH_COMPILE=1",
+    "SGL_ENABLE_JIT_DEEPGEMM=1", "HF_HOME=/root/.cache/huggingface", "HF_HUB_ENABLE_HF_TRANSFER=1",
+    "HF_HUB_OFFLINE=1", "HUGGINGFACE_HUB_CACHE=/root/.cache/huggingface/hub", "TRANSFORMERS_CACHE=/root/.cache/huggingface",
+    "HF_TOKEN_PATH=/root/.cache/huggingface/token", "SSH_AUTH_SOCK=/tmp/ssh-XXXXabcd/agent.1234",
+    "GPG_AGENT_INFO=/run/user/0/gnupg/S.gpg-agent:0:1", "KEYTIMEOUT=1", "PYTHONHASHSEED=0",
+    "AWS_DEFAULT_REGION=us-east-1", "AWS_PROFILE=inference", "AWS_SHARED_CREDENTIALS_FILE=/root/.aws/credentials",
+    "GOOGLE_APPLICATION_CREDENTIALS=/var/run/secrets/gcp/key.json", "KUBERNETES_SERVICE_HOST=10.96.0.1",
+    "KUBERNETES_SERVICE_PORT_HTTPS=443", "MAX_JOBS=16", "OMP_NUM_THREADS=8", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+    "LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/cuda/lib64", "PATH=/root/ml-env/bin:/usr/local/sbin:/usr/local/bin:/usr/bin",
+    "CUDA_LAUNCH_BLOCKING=0", "CUDA_DEVICE_MAX_CONNECTIONS=1", "TORCHINDUCTOR_CACHE_DIR=/root/.cache/inductor",
+    "TRITON_CACHE_DIR=/root/.triton/cache", "MODEL_ID=meta-llama/Llama-3.1-8B-Instruct", "MAX_INPUT_TOKENS=4096",
+    "MAX_TOTAL_TOKENS=8192", "MAX_BATCH_PREFILL_TOKENS=16384", "NUM_SHARD=8", "PORT=8000", "HOSTNAME=gpu-node-3",
+    "KEY_PATH=/etc/ssl/private/server.key", "TLS_KEY_FILE=/etc/ssl/private/tls.key", "AUTH_METHOD=oidc",
+    "AUTH_REQUIRED=true", "SECRET_NAME=prod/inference", "TOKEN_COUNT=128", "API_KEY_HEADER_NAME=X-API-Key",
+    "HOME=/root", "LANG=C.UTF-8", "SHELL=/bin/bash", "TERM=xterm-256color", "USER=root",
+    "NVIDIA_DRIVER_CAPABILITIES=compute,utility", "NVIDIA_VISIBLE_DEVICES=all", "NV_LIBCUBLAS_VERSION=12.8.4.1-1",
+    "CUDA_VERSION=12.8.1", "PIP_INDEX_URL=https://pypi.org/simple", "PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cu128",
+    "WANDB_MODE=disabled", "RAY_ADDRESS=127.0.0.1:6379", "MASTER_ADDR=10.1.230.174", "MASTER_PORT=29500",
+]
+
+PIP_NAMES = [("keyring", "25.5.0"), ("tokenizers", "0.21.1"), ("sentencepiece", "0.2.0"), ("python-jose", "3.3.0"),
+             ("pycryptodome", "3.21.0"), ("cryptography", "44.0.2"), ("oauthlib", "3.2.2"), ("google-auth", "2.38.0"),
+             ("authlib", "1.4.1"), ("tiktoken", "0.9.0"), ("hf-transfer", "0.1.9"), ("hf_xet", "1.1.2"),
+             ("secretstorage", "3.3.3"), ("pyjwt", "2.10.1"), ("passlib", "1.7.4"), ("bcrypt", "4.3.0"),
+             ("torch", "2.9.1+cu130"), ("flashinfer-python", "0.5.3"), ("sgl-kernel", "0.3.21"), ("vllm", "0.11.2"),
+             ("triton", "3.5.1"), ("nvidia-nccl-cu12", "2.27.5"), ("transformers", "4.57.1"), ("xgrammar", "0.1.27")]
+
+GIT_SUBJECTS = [
+    "Fix token counting for speculative decoding", "Add --api-key support to the OpenAI server",
+    "Rename max_num_batched_tokens to max_num_tokens", "Bump flashinfer to 0.5.3", "Validate LoRA requests",
+    "[Perf] Skip the tokenizer on the hot path", "Revert \"Use the fused MoE kernel for FP8\"",
+    "Support auth tokens for private models (#1234)", "Key the radix cache by (token ids, lora id)",
+    "Remove the secret sauce comment", "Improve CI for diffusion models", "Use bearer auth in the router",
+]
+
+
+def _ps(rng: random.Random, lines: list[str]) -> str:
+    out = ["    PID    PPID STARTED                  COMMAND"]
+    pid = 1
+    for ln in lines:
+        pid += rng.randint(3, 900)
+        out.append(f"{pid:>7} {rng.randint(1, pid):>7} Mon Nov 30 10:{rng.randint(0, 59):02d}:{rng.randint(0, 59):02d} 2026 {ln}")
+    return "\n".join(out) + "\n"
+
+
+def _pip(rng: random.Random) -> str:
+    out = ["Package                  Version", "------------------------ -----------"]
+    out += [f"{n:<24} {v}" for n, v in PIP_NAMES]
+    out.append("")
+    out.append("Name: torch\nVersion: 2.9.1+cu130\nSummary: Tensors and Dynamic neural networks in Python with strong GPU acceleration\n"
+               "Home-page: https://pytorch.org/\nAuthor: PyTorch Team\nAuthor-email: packages@pytorch.org\nLicense: BSD-3-Clause\n"
+               "Location: /root/ml-env/lib/python3.11/site-packages\nRequires: filelock, fsspec, jinja2, networkx, sympy, triton\n")
+    return "\n".join(out)
+
+
+def _git_log(rng: random.Random) -> str:
+    out = []
+    for i, s in enumerate(GIT_SUBJECTS):
+        sha = "".join(rng.choice("0123456789abcdef") for _ in range(40))
+        out.append(f"commit {sha}\nAuthor: Dev {i} <dev{i}@example.com>\nDate:   Sun Nov 29 0{i % 10}:00:00 2026 +0000\n\n    {s}\n\n"
+                   f"    Signed-off-by: Dev {i} <dev{i}@example.com>\n")
+    out.append(f"{''.join(rng.choice('0123456789abcdef') for _ in range(7))} HEAD@{{0}}: pull origin main: Fast-forward")
+    out.append("3207427 HEAD@{1}: clone: from https://github.com/sgl-project/sglang.git")
+    return "\n".join(out) + "\n"
+
+
+def _nvsmi_apps(rng: random.Random) -> str:
+    return "\n".join(f"GPU-{rng.getrandbits(32):08x}-bfc3-9e86-112e-e6cf153df3fe, {rng.randint(1000, 90000)}, "
+                     f"/root/ml-env/bin/python3, {rng.randint(1000, 120000)}" for _ in range(8)) + "\n"
+
+
+def _sofiles(rng: random.Random) -> str:
+    return "\n".join(f"{rng.randint(10**5, 10**9):>11} {rng.getrandbits(64):016x}  torch/lib/lib{n}.so" for n in
+                     ("torch_cuda", "torch_cpu", "c10", "c10_cuda", "torch_python", "shm", "caffe2_nvrtc")) + "\n"
+
+
+def _json_facts() -> str:
+    return ('{"server": {"argv": ["--max-num-batched-tokens", "8192", "--speculative-num-draft-tokens", "4"], '
+            '"env": {"TOKENIZERS_PARALLELISM": "false", "KEY_PATH": "/etc/ssl/private/server.key"}}, '
+            '"max_tokens": 256, "token_count": 128, "key_id": "gpu-node-3", "hash": '
+            '"afa6ae1067b9ab68", "public_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"}\n')
+
+
+def clean_docs() -> list[Doc]:
+    """Real captures and generated outputs that hold no secret."""
+    docs = []
+    seen: set[Path] = set()
+    for d in VECTOR_DIRS:
+        if not d.is_dir():
+            continue
+        for p in sorted(d.rglob("*")):
+            if p.is_file() and p.suffix in (".txt", ".csv", ".json", ".md", "") and p.resolve() not in seen:
+                seen.add(p.resolve())
+                docs.append(Doc(f"vectors:{p.name}", p.read_text(errors="replace")))
+    rng = random.Random(3)
+    docs += [
+        Doc("ps", _ps(rng, SERVER_LINES)),
+        Doc("environ", "\n".join(ENV_LINES) + "\n"),
+        Doc("environ+", "\n".join("+" + e for e in ENV_LINES) + "\n"),
+        Doc("export", "\n".join("export " + e for e in ENV_LINES) + "\n"),
+        Doc("pip", _pip(rng)),
+        Doc("git-log", _git_log(rng)),
+        Doc("nvsmi-apps", _nvsmi_apps(rng)),
+        Doc("sofiles", _sofiles(rng)),
+        Doc("facts-json", _json_facts()),
+        Doc("bench", "[bench] warmup 3 iters, measure 10 iters\nthroughput=4839.2 tok/s\nverify=20.4 ms\n"
+                     "Total token throughput (tok/s): 5120.33\nOutput token throughput (tok/s): 2101.7\n"
+                     "Mean TPOT (ms): 11.2\nP99 ITL (ms): 31.9\n"),
+        Doc("curl", "curl -s -X POST http://127.0.0.1:30000/generate -H 'Content-Type: application/json' "
+                    "-d '{\"text\": \"hi\", \"sampling_params\": {\"max_new_tokens\": 64}}'\n"),
+    ]
+    return docs
+
+
+# ---------------------------------------------------------------- the same, with planted secrets
+def planted_docs(seed: int = 7) -> list[Doc]:
+    """Realistic outputs each holding fake secrets; every one must be hidden."""
+    f = Fakes(seed)
+    docs: list[Doc] = []
+
+    def add(name: str, text: str, *secrets: str) -> None:
+        docs.append(Doc(name, text, list(secrets)))
+
+    rng = random.Random(seed)
+    for i in range(3):   # each shape a few times, with fresh values
+        hf, oa, oal, ant, aid, asec, gh, pw, opq, jwt = (f.hf(), f.openai(), f.openai_legacy(), f.anthropic(), f.aws_id(),
+                                                         f.aws_secret(), f.github(), f.password(), f.opaque(), f.jwt())
+        wandb = f.hex40()
+        add(f"env-{i}", "\n".join([*ENV_LINES[:10], f"HF_TOKEN={hf}", f"OPENAI_API_KEY={oa}", f"AWS_ACCESS_KEY_ID={aid}",
+                                   f"AWS_SECRET_ACCESS_KEY={asec}", f"WANDB_API_KEY={wandb}", f"API_KEY={opq}",
+                                   f"ANTHROPIC_API_KEY={ant}", f"GITHUB_TOKEN={gh}", *ENV_LINES[10:20]]) + "\n",
+            hf, oa, aid, asec, wandb, opq, ant, gh)
+        add(f"environ+-{i}", "\n".join(["+CUDA_VISIBLE_DEVICES=0", f"+HUGGING_FACE_HUB_TOKEN={hf}",
+                                        f"+DATABASE_URL=postgresql://infer:{pw}@db.internal:5432/metrics",
+                                        f"+REDIS_URL=redis://:{opq}@cache.internal:6379/0", "+NCCL_DEBUG=WARN"]) + "\n",
+            hf, pw, opq)
+        add(f"ps-api-key-{i}", _ps(rng, [SERVER_LINES[1] + f" --api-key {opq}", SERVER_LINES[0] + f" --api-key={oal}",
+                                         SERVER_LINES[3] + f" --admin-api-key {pw}",
+                                         f"/root/ml-env/bin/python3 -m sglang_router.launch_router --api-key {ant} --port 30001",
+                                         SERVER_LINES[2] + f" --hf-token {hf}"]), opq, oal, pw, ant, hf)
+        add(f"curl-bearer-{i}", f"curl -sS https://api.openai.com/v1/models -H \"Authorization: Bearer {oa}\"\n"
+                                f"curl -H 'x-api-key: {ant}' https://api.anthropic.com/v1/messages\n"
+                                f"wget --header='Authorization: Bearer {jwt}' http://10.0.0.5:8000/v1/completions\n",
+            oa, ant, jwt)
+        add(f"urls-{i}", f"PIP_INDEX_URL=https://deploy:{pw}@pypi.internal.example.com/simple\n"
+                         f"git remote -v\norigin\thttps://oauth2:{gh}@github.com/org/sglang.git (fetch)\n"
+                         f"3207427 HEAD@{{3}}: clone: from https://dev:{opq}@gitlab.example.com/ml/sglang.git\n"
+                         f"--llm https://user:{pw}X@llm.internal:8443/v1\n", pw, gh, opq, pw + "X")
+        facts = {"server": {"env": {"HF_TOKEN": hf, "OPENAI_API_KEY": oa}, "argv": ["--api-key", opq]},
+                 "aws": {"aws_access_key_id": aid, "aws_secret_access_key": asec}}
+        add(f"json-{i}", json.dumps(facts) + "\n",
+            hf, oa, opq, aid, asec)
+        add(f"free-{i}", f"export HF_TOKEN={hf}\nhuggingface-cli login --token {hf}\n"
+                         f"the key {aid} was rotated; token {gh} too\n"
+                         f"python serve.py --model m --api-key \"{opq}\" --port 8000\n", hf, aid, gh, opq)
+    return docs
+
+
+# ---------------------------------------------------------------- measuring
+@dataclass
+class Score:
+    secrets: int = 0
+    hidden: int = 0
+    false_positives: int = 0
+    misses: list[str] = field(default_factory=list)
+    wrong: list[str] = field(default_factory=list)   # lines changed that held no secret
+    docs: int = 0
+    chars: int = 0
+
+    @property
+    def precision(self) -> float:
+        return self.hidden / (self.hidden + self.false_positives) if self.hidden + self.false_positives else 1.0
+
+    @property
+    def recall(self) -> float:
+        return self.hidden / self.secrets if self.secrets else 1.0
+
+
+def trace_left(secret: str, text: str, window: int = 10) -> bool:
+    """Whether any ``window`` characters of ``secret`` (past a well-known prefix) are still in ``text``."""
+    body = secret
+    for prefix in ("sk-ant-api03-", "sk-proj-", "sk-", "hf_", "ghp_", "AKIA", "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJ"):
+        if body.startswith(prefix):
+            body = body[len(prefix):]
+            break
+    return any(body[i:i + window] in text for i in range(0, max(1, len(body) - window + 1)))
+
+
+def measure(make: Callable[[], Callable[[str], str]], docs: list[Doc]) -> Score:
+    """Redact each document with a fresh redactor (``make()`` returns its text function) and count."""
+    s = Score()
+    for d in docs:
+        out = make()(d.text)
+        s.docs += 1
+        s.chars += len(d.text)
+        for secret in d.secrets:
+            s.secrets += 1
+            if trace_left(secret, out):
+                s.misses.append(f"{d.name}: {secret[:14]}…")
+            else:
+                s.hidden += 1
+        before, after = d.text.split("\n"), out.split("\n")
+        if len(before) != len(after):
+            s.false_positives += 1
+            s.wrong.append(f"{d.name}: the line count changed")
+            continue
+        for a, b in zip(before, after, strict=True):
+            if a == b:
+                continue
+            held = sum(a.count(x) for x in d.secrets)
+            extra = b.count(MARK) - a.count(MARK) - held
+            if extra > 0 or (not held and a != b):
+                s.false_positives += max(extra, 1)
+                s.wrong.append(f"{d.name}: {a[:160]!r} -> {b[:160]!r}")
+    return s
+
+
+# ---------------------------------------------------------------- held out: written after the fixes above
+def heldout_docs(seed: int = 11) -> list[Doc]:
+    """More shapes, written after the redactor was fixed on the two sets above (so they measure it fresh)."""
+    f = Fakes(seed)
+    r = random.Random(seed)
+    docs: list[Doc] = []
+    for i in range(3):
+        pw, opq, hexk, oa = f.password(), f.opaque(), f._s(32, "0123456789abcdef"), f.openai()[:40]
+        nv = "nvapi-" + f._s(64, string.ascii_letters + string.digits + "_-")
+        r8, gsk = "r8_" + f._s(37), "gsk_" + f._s(52)
+        slack = "https://hooks.slack.com/services/T" + f._s(8, string.ascii_uppercase + string.digits) + "/B" + \
+            f._s(10, string.ascii_uppercase + string.digits) + "/" + f._s(24)
+        sentry = f._s(32, "0123456789abcdef")
+        docs.append(Doc(f"h-env-{i}", "\n".join([
+            f"NGC_API_KEY={nv}", f"AZURE_OPENAI_API_KEY={hexk}", f"REPLICATE_API_TOKEN={r8}", f"GROQ_API_KEY={gsk}",
+            f"PGPASSWORD={pw}", f"SENTRY_DSN=https://{sentry}@o{r.randint(10**5, 10**6)}.ingest.sentry.io/{r.randint(10**5, 10**6)}",
+            f"SLACK_WEBHOOK={slack}", f"MONGO_URL=mongodb+srv://svc:{pw}@cluster0.abcd.mongodb.net/db",
+            f"HF_API_TOKEN={opq}", "TOKENIZER_PATH=/models/tokenizer", "PASSWORD_FILE=/run/secrets/db_password",
+            "TOKEN_BUCKET_RATE=100", "VLLM_KEY_CACHE_DTYPE=fp8", "NCCL_ALGO=Ring", "HF_HUB_DISABLE_TELEMETRY=1"]) + "\n",
+            [nv, hexk, r8, gsk, pw, sentry, slack.rsplit("/", 1)[1], opq]))
+        docs.append(Doc(f"h-argv-{i}", _ps(r, [
+            f"/opt/venv/bin/vllm serve m --hf_token {opq} --max-tokens-per-batch 4096 --tokenizer-pool-size 4",
+            f"docker login -u svc --password={pw} nvcr.io",
+            f"mysql -h db -u root -p{pw} metrics",
+            f"python3 client.py --openai-api-key {oa} --keep-alive 5 --trust-remote-code",
+            "python3 -m sglang.launch_server --auth-token-file /run/secrets/token --key-cache-dtype fp8 --token-budget 8192",
+        ]), [opq, pw, oa]))
+        docs.append(Doc(f"h-log-{i}", "INFO Using tokenizer from /models/tokenizer\nWARNING Authorization header missing; "
+                                      "the request was refused\nINFO token budget 8192, key cache fp8\n"
+                                      '{"api_key": null, "credentials": null, "max_tokens": 512}\n'
+                                      f"curl -b 'session={opq}' http://127.0.0.1:8000/metrics\n"
+                                      f"Cookie: sessionid={hexk}\n", [opq, hexk]))
+    return docs

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from .results import Regression
 from .verdicts import Hyp, NotJudged
 
 SCHEMA = 2
@@ -63,8 +64,7 @@ def _pct(x: float) -> str:
 def cause_of(hid: str, h: Hyp) -> Cause:
     if h.how == "experiment":
         # the last cause found is the narrowest (a group split down to one flag)
-        summary = next((b for b in reversed(h.because) if b.endswith("a cause") or "first bad commit" in b),
-                       h.because[-1])
+        summary = next((r.text for r in reversed(h.results) if r.decided == "cause" and not r.error), h.because[-1])
     else:
         summary = h.because[0]
     if h.culprit:
@@ -76,7 +76,7 @@ def cause_of(hid: str, h: Hyp) -> Cause:
                  explains=round(h.share, 3) if measured and h.share is not None else None,
                  explains_ci=(round(h.share_ci[0], 3), round(h.share_ci[1], 3)) if measured and h.share_ci else None,
                  culprit=h.culprit,
-                 fix=next((r["fix"] for r in h.results if r.get("outcome") == "cause" and r.get("fix")), None))
+                 fix=next((r.fix for r in h.results if r.outcome == "cause" and r.fix), None))
 
 
 def rank_suspects(hyps: dict[str, Hyp], order: list[str], baseline_snapshot: bool,
@@ -97,23 +97,24 @@ def rank_suspects(hyps: dict[str, Hyp], order: list[str], baseline_snapshot: boo
     return out
 
 
-def conclude(hyps: dict[str, Hyp], order: list[str], regression: dict[str, Any], *, baseline_snapshot: bool,
+def no_regression_summary(regression: Regression) -> str:
+    """Why nothing is blamed when the regression was measured and is not there."""
+    if regression.outcome == "better":
+        return (f"No regression: the host measures better than the baseline ({regression.why}); "
+                "were --symptom and --baseline swapped? Nothing is blamed.")
+    if regression.outcome == "more":
+        return (f"Regression smaller than the noise can show in {len(regression.samples)} runs "
+                f"({regression.why}); run with --reproduce-runs {regression.runs_needed}. Nothing is blamed.")
+    return f"No reproducible regression: {regression.why}. Nothing is blamed."
+
+
+def conclude(hyps: dict[str, Hyp], order: list[str], regression: Regression, *, baseline_snapshot: bool,
              next_steps: dict[str, str], not_judged: NotJudged) -> Conclusion:
-    outcome = regression.get("outcome")
-    refuted = bool(regression.get("measured") and not regression.get("real"))
     closed = lambda st: [Open(hypothesis=h, because="; ".join(hyps[h].because), next=hyps[h].next)  # noqa: E731
                          for h in order if hyps[h].status == st]
     ruled, undecided = closed("ruled_out"), closed("inconclusive")
-    if refuted:
-        if outcome == "better":
-            summary = (f"No regression: the host measures better than the baseline ({regression.get('why')}); "
-                       "were --symptom and --baseline swapped? Nothing is blamed.")
-        elif outcome == "more":
-            summary = (f"Regression smaller than the noise can show in {len(regression.get('samples') or [])} runs "
-                       f"({regression.get('why')}); run with --reproduce-runs {regression.get('runs_needed')}. "
-                       "Nothing is blamed.")
-        else:
-            summary = f"No reproducible regression: {regression.get('why')}. Nothing is blamed."
+    if regression.refuted:
+        summary = no_regression_summary(regression)
         return Conclusion(root_cause=None, root_causes=[], suspects=[], ruled_out=ruled, inconclusive=undecided,
                           not_judged=not_judged, summary=summary, exit_code=3)
     causes = [cause_of(h, hyps[h]) for h in order if hyps[h].status == "confirmed"]
@@ -141,3 +142,37 @@ def conclude(hyps: dict[str, Hyp], order: list[str], regression: dict[str, Any],
     return Conclusion(root_cause=causes[0] if causes else None, root_causes=causes, suspects=suspects,
                       ruled_out=ruled, inconclusive=undecided, not_judged=not_judged, summary=summary,
                       exit_code=0 if causes else 3)
+
+
+class TableRow(BaseModel):
+    """One hypothesis in the closing table."""
+
+    id: str
+    status: str
+    how: str | None
+    because: list[str]
+    share: float | None
+    share_ci: tuple[float, float] | None
+    next: str | None
+
+
+class RunConclusion(Conclusion):
+    """The conclusion with the run's counts: the ``conclusion`` event and the source of ``--json``."""
+
+    commands: int
+    bench_runs: int
+    regression: dict[str, Any]
+    notes: list[str]
+    table: list[TableRow]
+
+
+def run_conclusion(hyps: dict[str, Hyp], order: list[str], regression: Regression, *, baseline_snapshot: bool,
+                   next_steps: dict[str, str], not_judged: NotJudged, commands: int, bench_runs: int,
+                   notes: list[str]) -> RunConclusion:
+    """The verdicts as a conclusion, with the table of every hypothesis and the run's counts."""
+    c = conclude(hyps, order, regression, baseline_snapshot=baseline_snapshot, next_steps=next_steps,
+                 not_judged=not_judged)
+    table = [TableRow(id=h, status=hyps[h].status, how=hyps[h].how, because=hyps[h].because, share=hyps[h].share,
+                      share_ci=hyps[h].share_ci, next=hyps[h].next) for h in order]
+    return RunConclusion(**dict(c), commands=commands, bench_runs=bench_runs,
+                         regression=regression.to_json(samples=False), notes=notes, table=table)

@@ -7,21 +7,23 @@ node says about what was found, and the server lookup experiments make after a r
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tools.discovery import Discovery, DiscoveryInput, discover
 from tools.host import ServerInfo
 from tools.registry import Runner
 
+if TYPE_CHECKING:
+    from .context import Overrides
+
 __all__ = ["Discovery", "DiscoveryInput", "discover", "find_server", "narrate", "run_input", "state_of"]
 
 
-def run_input(overrides: dict[str, Any], metric: str | None, known: dict[str, Any] | None = None) -> DiscoveryInput:
+def run_input(overrides: Overrides, metric: str | None, known: dict[str, Any] | None = None) -> DiscoveryInput:
     """The discovery input of a run: its flags (``--server-pattern``, ``--python``, ``--repo``, ``--bench``,
     ``--bench-regex``), the symptom's metric, and the server found earlier (``known``: a ServerInfo dump)."""
-    return DiscoveryInput(server_pattern=overrides.get("server_pattern"), python=overrides.get("python"),
-                          repo=overrides.get("repo"), bench=overrides.get("bench"),
-                          bench_regex=overrides.get("bench_regex"), metric=metric,
+    return DiscoveryInput(server_pattern=overrides.server_pattern, python=overrides.python,
+                          repo=overrides.repo, bench=overrides.bench, bench_regex=overrides.bench_regex, metric=metric,
                           known_pid=(known or {}).get("pid"), known_argv=list((known or {}).get("argv") or []))
 
 

@@ -24,9 +24,12 @@ from tools.discovery import DiscoveryInput
 from tools.errors import DebugAgentError, RestoreError
 from tools.registry import Runner
 
+from .context import Overrides
 from .discovery import find_server
+from .facts import LabFacts
 from .journal import Journal
 from .playbook import restored
+from .results import ExperimentResult
 from .stats import (
     AUTO_CAP,
     PROMISING,
@@ -72,13 +75,13 @@ class LabSetup(BaseModel):
     ready_line: str | None = None
 
     @classmethod
-    def from_inputs(cls, overrides: dict[str, Any], profile: dict[str, Any] | None) -> LabSetup:
-        """Flags win over the host profile (``/etc/debugagent/host.json``)."""
+    def from_inputs(cls, overrides: Overrides, profile: dict[str, Any] | None) -> LabSetup:
+        """Flags (``context.Overrides``) win over the host profile (``/etc/debugagent/host.json``)."""
         pr = profile or {}
-        wh = [w for w in [overrides.get("wheelhouse"), pr.get("wheelhouse")] if w]
-        return cls(server_pattern=overrides.get("server_pattern"), python=overrides.get("python"),
-                   code_root=overrides.get("code_root") or pr.get("code_root"), wheelhouse=[str(w) for w in wh],
-                   restart_cmd=overrides.get("restart_cmd") or pr.get("restart_cmd"),
+        wh = [w for w in [overrides.wheelhouse, pr.get("wheelhouse")] if w]
+        return cls(server_pattern=overrides.server_pattern, python=overrides.python,
+                   code_root=overrides.code_root or pr.get("code_root"), wheelhouse=[str(w) for w in wh],
+                   restart_cmd=overrides.restart_cmd or pr.get("restart_cmd"),
                    health_url=pr.get("health_url"), ready_line=pr.get("ready_line"))
 
 
@@ -177,23 +180,23 @@ def plan_code_run(server: Any, imports: Any, repo: str, wt: str, code_root: str 
                     + f". It is restarted from the worktree with {':'.join(firsts) or 'its cwd'} first on PYTHONPATH")
 
 
-def package_targets(facts: dict[str, Any], spec: dict[str, Any]) -> list[PackageTarget]:
+def package_targets(facts: LabFacts, spec: dict[str, Any]) -> list[PackageTarget]:
     """The builds to put back: every compiled dependency that differs from the baseline snapshot, or ``spec['package']``."""
-    pk = facts.get("packages") or {}
-    by_norm = {n.lower().replace("_", "-"): p for n, p in pk.items()}
+    by_norm = {n.lower().replace("_", "-"): p for n, p in facts.packages.items()}
     out: dict[str, PackageTarget] = {}
-    for c in restored(spec, facts.get("changes") or []):
-        parts = c["path"].split(".")
-        if len(parts) < 3 or c.get("a") is None:
+    for c in restored(spec, facts.changes):
+        parts = c.path.split(".")
+        if len(parts) < 3 or c.a is None:
             continue  # a package the baseline did not have: nothing to put back
         name, what = parts[1], parts[2]
-        cur = by_norm.get(name.lower().replace("_", "-")) or {}
-        t = out.get(name) or PackageTarget(name=name, version=cur.get("version") or "", current_version=cur.get("version"),
-                                           current_build=cur.get("build_hash"))
+        cur = by_norm.get(name.lower().replace("_", "-"))
+        t = out.get(name) or PackageTarget(name=name, version=cur.version if cur else "",
+                                           current_version=cur.version if cur else None,
+                                           current_build=cur.build_hash if cur else None)
         if what == "version":
-            t.version = str(c["a"])
+            t.version = str(c.a)
         elif what == "build":
-            t.build = str(c["a"])
+            t.build = str(c.a)
         out[name] = t
     want = (spec.get("package") or "").strip()
     if want:
@@ -203,8 +206,8 @@ def package_targets(facts: dict[str, Any], spec: dict[str, Any]) -> list[Package
         cur = by_norm.get(want.lower().replace("_", "-"))
         if cur is None:
             return []
-        return [PackageTarget(name=cur["name"], version=cur["version"], current_version=cur["version"],
-                              current_build=cur.get("build_hash"))]
+        return [PackageTarget(name=cur.name, version=cur.version, current_version=cur.version,
+                              current_build=cur.build_hash)]
     return list(out.values())
 
 
@@ -354,7 +357,8 @@ class Lab:
             raise ExperimentError(f"the undo step could not be journalled ({exc}); nothing was changed") from exc
 
     # ------------------------------------------------------------ kinds
-    def run(self, hyp: str, spec: dict[str, Any], facts: dict[str, Any], bad: list[float], regression: float) -> dict[str, Any]:
+    def run(self, hyp: str, spec: dict[str, Any], facts: LabFacts, bad: list[float],
+            regression: float | None) -> ExperimentResult:
         r = self.runner_for(hyp)
         self._reconnects = r.transport.reconnects
         self._started = None
@@ -386,39 +390,39 @@ class Lab:
         if left:
             raise RestoreError(f"the host could not be fully restored after the experiment; left: {'; '.join(left)}",
                                left=left)
-        if self._started is not None and result.get("significant"):
+        if self._started is not None and result.significant:
             result = self._control(r, facts, result, bad, regression)
         return result
 
     CONTROL_RUNS = (3, 6)   # the fewest and the most runs of the restarted server as found
 
-    def _control(self, r: Runner, facts: dict[str, Any], result: dict[str, Any], bad: list[float],
-                 regression: float) -> dict[str, Any]:
+    def _control(self, r: Runner, facts: LabFacts, result: ExperimentResult, bad: list[float],
+                 regression: float | None) -> ExperimentResult:
         """A restart recovered the regression: was it the change, or the restart itself? A server that slows
         down while it runs (a cache that grows, fragmented memory, a leak) is fast again after any restart, so
         the experiment's server is compared with the server as found, restarted by the undo just now and
         measured the same way. The change stays a cause if it also beats that control (one-sided, as the fresh
         reference runs are checked); it is not a cause if the restart alone recovers the regression; else
         undecided."""
-        vals = result["samples"]
+        vals = result.samples
         n = max(self.CONTROL_RUNS[0], min(len(vals), self.CONTROL_RUNS[1]))
         cap = self.measure_spec.max_runs or 0
         if cap:   # --max-runs counts every benchmark run of the experiment, the control's included
             n = min(n, cap - (self.bench_runs - self._runs_at_start))
         if n < 2:
-            return {**result, "text": f"{result['text']}; not compared with a plain restart of the server as found "
-                    f"(--max-runs {cap} left no runs for that control)"}
+            return result.model_copy(update={"text": f"{result.text}; not compared with a plain restart of the server "
+                                             f"as found (--max-runs {cap} left no runs for that control)"})
         self.emit("experiment", phase="plan", text=f"control: the server as found, restarted by the undo, is measured "
                   f"{n} times, so that what a plain restart recovers is not taken for the change's effect")
         # the server the experiment started is gone (the undo stopped it): while the benchmark waits for the one
         # the undo started, that one is watched instead (under a hook, none is: a supervisor may replace it)
         self._started = self._found_again
-        ctrl = [self._measured(r, facts.get("_bench_cwd"), f"control: the server as found, restarted (run {i + 1} of {n})")
+        ctrl = [self._measured(r, self.measure_spec.cwd, f"control: the server as found, restarted (run {i + 1} of {n})")
                 for i in range(n)]
         said = f"control: the server as found, restarted, gives mean {statistics.fmean(ctrl):.4g} ({n} runs)"
         if fresh_agrees(bad, ctrl, vals, self.lower):
-            return {**result, "control": ctrl, "text": f"{result['text']}; {said}: the change beats it too, so the "
-                    "restart alone does not explain it"}
+            return result.model_copy(update={"control": ctrl, "text": f"{result.text}; {said}: the change beats it "
+                                             "too, so the restart alone does not explain it"})
         alone = decide(bad, ctrl, regression, self.lower, final=True)
         d = decide(ctrl, vals, regression, self.lower, final=True)
         if alone.significant:
@@ -429,12 +433,13 @@ class Lab:
             d = d.model_copy(update={"outcome": "more"})
             why = "so what the change adds to a plain restart is undecided"
         self.last_decision = d   # the outcome and the share are the change's over the restarted server as found
-        return {**result, "control": ctrl, "significant": False, "outcome": d.outcome, "share": round(d.share, 3),
-                "share_ci": None, "decision": why, "text": f"{result['text']}; {said}, {why}"}
+        return result.model_copy(update={"control": ctrl, "significant": False, "outcome": d.outcome,
+                                         "share": round(d.share, 3), "share_ci": None, "decision": why,
+                                         "text": f"{result.text}; {said}, {why}"})
 
-    def _result(self, spec: dict[str, Any], vals: list[float], d: Any, text: str, **extra: Any) -> dict[str, Any]:
-        return {"kind": spec["kind"], "title": spec.get("title", ""), "samples": vals, "mean": statistics.fmean(vals),
-                "share": round(d.share, 3), "significant": d.significant, "decision": d.text, "text": text, **extra}
+    def _result(self, spec: dict[str, Any], vals: list[float], d: Any, text: str, **extra: Any) -> ExperimentResult:
+        return ExperimentResult(kind=spec["kind"], title=spec.get("title", ""), samples=vals, mean=statistics.fmean(vals),
+                                share=round(d.share, 3), significant=d.significant, decision=d.text, text=text, **extra)
 
     # ------------------------------------------------------------ the server: find, check, restart, wait
     def _find_server(self, r: Runner) -> Any:
@@ -576,19 +581,19 @@ class Lab:
                    f"(waiting until {what}); give a longer --ready-timeout")
 
     # ------------------------------------------------------------ code
-    def _code_plan(self, r: Runner, repo: str, wt: str, facts: dict[str, Any]) -> tuple[Any, CodePlan]:
+    def _code_plan(self, r: Runner, repo: str, wt: str, facts: LabFacts) -> tuple[Any, CodePlan]:
         try:
             srv = self._find_server(r)
         except ExperimentError:
             srv = None
-        editable = [p["editable"] for p in (facts.get("packages") or {}).values() if p.get("editable")]
+        editable = [p.editable for p in facts.packages.values() if p.editable]
         imports = None
         python = (srv.python if srv else None) or self.setup.python
         if srv is not None and python:
             mods = [m for m in [srv.entry.split(".")[0] if srv.entry and not srv.entry.endswith(".py") else ""] if m]
-            for p in (facts.get("packages") or {}).values():
-                if p.get("editable"):
-                    mods += (p.get("modules") or [])[:1]
+            for p in facts.packages.values():
+                if p.editable:
+                    mods += p.modules[:1]
             mods = list(dict.fromkeys(m for m in mods if m))
             if mods:
                 o = r.call("import_roots", {"pid": srv.pid, "python": python, "cwd": srv.cwd or "/", "repo": repo,
@@ -597,8 +602,11 @@ class Lab:
                 imports = o.output if o.ok else None
         return srv, plan_code_run(srv, imports, repo, wt, self.setup.code_root, editable)
 
-    def _code(self, r: Runner, hyp: str, spec: dict[str, Any], facts: dict[str, Any], bad: list[float], regression: float) -> dict[str, Any]:
-        repo = facts["repo"]["path"]
+    def _code(self, r: Runner, hyp: str, spec: dict[str, Any], facts: LabFacts, bad: list[float],
+              regression: float | None) -> ExperimentResult:
+        repo = facts.repo_path
+        if not repo:
+            raise ExperimentError("no git checkout was found on the host, so there is no commit to revert")
         target = spec.get("to")
         if not target:
             raise ExperimentError("no commit to revert to")
@@ -611,7 +619,7 @@ class Lab:
                    why=f"a separate checkout of {target[:7]}; {repo} itself is left as it is")
         if not o.ok:
             raise ExperimentError(o.error or "git worktree add failed")
-        bench_cwd = map_path(self.measure_spec.cwd or facts.get("_bench_cwd"), repo, wt) or wt
+        bench_cwd = map_path(self.measure_spec.cwd, repo, wt) or wt
         if plan.mode == "server" and plan.run is not None:
             self._start(r, srv, plan.run, f"the code of {target[:7]} (worktree {wt})")
             where = "server restarted from the worktree"
@@ -632,9 +640,9 @@ class Lab:
                          + f": first bad commit {culprit['short']} \"{culprit['subject']}\"")
         return self._result(spec, vals, d, text, **extra)
 
-    def _bisect(self, r: Runner, wt: str, bench_cwd: str, facts: dict[str, Any], good_sha: str, bad: list[float],
+    def _bisect(self, r: Runner, wt: str, bench_cwd: str, facts: LabFacts, good_sha: str, bad: list[float],
                 good_vals: list[float], restart: bool):
-        o = r.call("git_range", {"repo": facts["repo"]["path"], "good": good_sha, "bad": facts["repo"]["head"]},
+        o = r.call("git_range", {"repo": facts.repo_path, "good": good_sha, "bad": facts.repo_head},
                    why="the commits to bisect, oldest first")
         if not o.ok:
             return None, []
@@ -679,36 +687,38 @@ class Lab:
         return dict(rng[hi], confidence=round(min(conf, step_conf), 4)), steps
 
     # ------------------------------------------------------------ flags and environment
-    def _server(self, r: Runner, hyp: str, spec: dict[str, Any], facts: dict[str, Any], bad: list[float], regression: float) -> dict[str, Any]:
+    def _server(self, r: Runner, hyp: str, spec: dict[str, Any], facts: LabFacts, bad: list[float],
+                regression: float | None) -> ExperimentResult:
         srv = self._find_server(r)
         set_flags = {k: v for k, v in (spec.get("set_flags") or {}).items() if k}
         unset_flags = [f for f in (spec.get("unset_flags") or []) if f]
         set_env = {k: v for k, v in (spec.get("set_env") or {}).items() if k}
         unset_env = [v for v in (spec.get("unset_env") or []) if v]
         if spec["kind"] == "restore_baseline_flags":
-            for c in restored(spec, facts.get("changes") or []):
-                flag = c["path"][len("server.args."):]
-                if c["a"] is None:
+            for c in restored(spec, facts.changes):
+                flag = c.path[len("server.args."):]
+                if c.a is None:
                     unset_flags.append(flag)
                 else:
-                    set_flags[flag] = c["a"]
+                    set_flags[flag] = c.a
         if spec["kind"] == "restore_baseline_env":
-            for c in restored(spec, facts.get("changes") or []):
-                var = c["path"][len("server.env."):]
-                if c["a"] is None:
+            for c in restored(spec, facts.changes):
+                var = c.path[len("server.env."):]
+                if c.a is None:
                     unset_env.append(var)
-                elif c["a"] != "[REDACTED]":
-                    set_env[var] = c["a"]
+                elif c.a != "[REDACTED]":
+                    set_env[var] = c.a
         argv = edit_argv(srv.argv, set_flags, unset_flags)
         change = "; ".join(filter(None, [
             " ".join(f"--{f} removed" for f in unset_flags), " ".join(f"--{k} {v}" for k, v in set_flags.items()),
             " ".join(f"{v} unset" for v in unset_env), " ".join(f"{k}={v}" for k, v in set_env.items())]))
         self._start(r, srv, ServerRun(argv=argv, cwd=srv.cwd, set=set_env, unset=unset_env), change)
-        vals, d = self.sample(r, facts.get("_bench_cwd"), bad, regression, why=f"the benchmark with {change}")
+        vals, d = self.sample(r, self.measure_spec.cwd, bad, regression, why=f"the benchmark with {change}")
         return self._result(spec, vals, d, f"with {change}: {d.text}", change=change)
 
     # ------------------------------------------------------------ packages
-    def _package(self, r: Runner, hyp: str, spec: dict[str, Any], facts: dict[str, Any], bad: list[float], regression: float) -> dict[str, Any]:
+    def _package(self, r: Runner, hyp: str, spec: dict[str, Any], facts: LabFacts, bad: list[float],
+                 regression: float | None) -> ExperimentResult:
         targets = package_targets(facts, spec)
         if not targets:
             raise ExperimentError("no installed package differs from the baseline in a way a build could put back")
@@ -716,7 +726,7 @@ class Lab:
             srv = self._find_server(r)
         except ExperimentError:
             srv = None
-        python = self.setup.python or (srv.python if srv else None) or (facts.get("server") or {}).get("python")
+        python = self.setup.python or (srv.python if srv else None) or facts.server_python
         if not python:
             raise ExperimentError("the server's Python is unknown, so no build can be installed for it (give --python)")
         root = f"/tmp/debugagent-overlay-{self.run_id}"
@@ -743,10 +753,10 @@ class Lab:
             f"{t.name} {t.version}" for t, _, _ in found) + f" first on PYTHONPATH ({root})"
         if srv is not None:
             self._start(r, srv, ServerRun(argv=list(srv.argv), cwd=srv.cwd, path_first=overlays), change)
-            vals, d = self.sample(r, facts.get("_bench_cwd"), bad, regression, why=f"the benchmark with {change}")
+            vals, d = self.sample(r, self.measure_spec.cwd, bad, regression, why=f"the benchmark with {change}")
         else:
             self.emit("experiment", phase="plan", text="no server process was found: the benchmark itself runs with the overlay first on PYTHONPATH")
-            vals, d = self.sample(r, facts.get("_bench_cwd"), bad, regression, why=f"the benchmark with {change}",
+            vals, d = self.sample(r, self.measure_spec.cwd, bad, regression, why=f"the benchmark with {change}",
                                   env={"PYTHONPATH": ":".join(overlays)})
         fix = "; ".join(f"{python} -m pip install --force-reinstall --no-deps {w}" for _, w, _ in found)
         text = f"with {change}: {d.text}"
@@ -785,23 +795,24 @@ class Lab:
         return None
 
     # ------------------------------------------------------------ power and governor
-    def _simple(self, r: Runner, hyp: str, spec: dict[str, Any], facts: dict[str, Any], bad: list[float], regression: float) -> dict[str, Any]:
+    def _simple(self, r: Runner, hyp: str, spec: dict[str, Any], facts: LabFacts, bad: list[float],
+                regression: float | None) -> ExperimentResult:
         if spec["kind"] == "power_limit":
             gpu = int(float(spec["gpu"]))
-            g = next(x for x in facts["gpus"] if x["index"] == gpu)
+            limit = facts.gpu(gpu).power_limit
             watts = float(spec["watts"])
-            self.push_undo("set_power_limit", {"gpu": gpu, "watts": g["power_limit"]},
-                           f"set GPU {gpu}'s power limit back to {g['power_limit']:.0f} W")
+            self.push_undo("set_power_limit", {"gpu": gpu, "watts": limit},
+                           f"set GPU {gpu}'s power limit back to {limit:.0f} W")
             o = r.call("set_power_limit", {"gpu": gpu, "watts": watts}, why=f"GPU {gpu} power limit {watts:.0f} W")
-            change = f"GPU {gpu} power limit {g['power_limit']:.0f} -> {watts:.0f} W"
+            change = f"GPU {gpu} power limit {limit:.0f} -> {watts:.0f} W"
         else:
-            old = facts["host"]["governor"]
+            old = facts.governor
             self.push_undo("set_governor", {"governor": old}, f"set the CPU governor back to {old}")
             o = r.call("set_governor", {"governor": spec["governor"]}, why=f"governor {spec['governor']}")
             change = f"CPU governor {old} -> {spec['governor']}"
         if not o.ok:
             raise ExperimentError(o.error or "the change failed")
-        vals, d = self.sample(r, facts.get("_bench_cwd"), bad, regression, why=f"the benchmark with {change}")
+        vals, d = self.sample(r, self.measure_spec.cwd, bad, regression, why=f"the benchmark with {change}")
         return self._result(spec, vals, d, f"with {change}: {d.text}", change=change)
 
 

@@ -153,7 +153,7 @@ class Experiment(Strict):
         return self
 
 
-def restored(spec: dict[str, Any], changes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def restored(spec: dict[str, Any], changes: list[Change]) -> list[Change]:
     """The baseline changes a restoring experiment puts back: those in its kind's area that match its
     ``paths`` globs (by default, the whole area), editable packages left out (a build cannot put back source)."""
     area = KIND_PATHS[spec["kind"]]
@@ -161,7 +161,7 @@ def restored(spec: dict[str, Any], changes: list[dict[str, Any]]) -> list[dict[s
     under = area[0].removesuffix("*")
     out = []
     for c in changes:
-        ch = Change.model_validate(c)
+        ch = c if isinstance(c, Change) else Change.model_validate(c)
         if ch.path.startswith(under) and not ch.editable and any(evidence_matches(g, ch) for g in globs):
             out.append(c)
     return out

@@ -72,10 +72,10 @@ def check_benchmark(ctx: Any, discovered: dict[str, Any]) -> None:
     if not bench:
         return
     o = ctx.runner(None).call("bench", {"cmd": bench, "metric": ctx.symptom.metric, "cwd": discovered.get("repo"),
-                                        "regex": ctx.overrides.get("bench_regex")},
+                                        "regex": ctx.overrides.bench_regex},
                               why=f"check once that the benchmark prints `{ctx.symptom.metric}`")
     res = o.result
     problem = metric_problem(res.stdout + "\n" + res.stderr, res.exit_code, bench, ctx.symptom, ctx.baseline,
-                             ctx.overrides.get("bench_regex"))
+                             ctx.overrides.bench_regex)
     if problem is not None:
         raise problem

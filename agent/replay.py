@@ -15,15 +15,12 @@ from typing import Any
 
 from rich.console import Console
 
-from tools.errors import RecordingError, ReplayMiss, UsageError
-from tools.replay import ReplayTransport
-from tools.snapshot import Snapshot
+from tools.errors import ReplayMiss, UsageError
 
-from .graph import RECURSION_LIMIT, Ctx, build_graph
-from .journal import Journal
-from .playbook import load_playbook
-from .symptom import parse_symptom
-from .transcript import Transcript, read_events, write_markdown
+from .graph import RECURSION_LIMIT, build_graph
+from .session import open_replay
+from .state import conclusion_of
+from .transcript import read_events, write_markdown
 
 err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
 
@@ -51,41 +48,16 @@ def verdict_diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 
 
 def replay_events(events: list[dict[str, Any]], *, playbook: str | None, out: Path, file: str = "events.jsonl") -> dict[str, Any]:
-    head = events[0]
     recorded = next((e for e in reversed(events) if e["event"] == "conclusion"), None)
-    pb = load_playbook(playbook or head.get("playbook"))
-    direction = (head.get("inputs") or {}).get("direction")
-    symptom = parse_symptom(head["symptom"], "--symptom", direction)
-    baseline = parse_symptom(head["baseline"], "--baseline", direction) if head.get("baseline") else None
-    try:
-        snap = Snapshot.model_validate(head["baseline_snapshot_data"]) if head.get("baseline_snapshot_data") else None
-    except ValueError as exc:
-        raise RecordingError(f"run_started: baseline_snapshot_data is not a snapshot ({str(exc).splitlines()[0]})",
-                             file=file, line=1, fix="the recording is edited or damaged; record the run again") from exc
-    transport = ReplayTransport(events, file)
-    out.mkdir(parents=True, exist_ok=True)
-    transcript = Transcript(out, head["run_id"])
-    transcript.emit("run_started", **{k: v for k, v in head.items() if k not in ("event", "seq", "t", "run_id")},
-                    replay_of=file)
-    inputs = head.get("inputs") or {}
-    llm_answers = [e for e in events if e["event"] == "llm_call"]
-    advisor = None
-    if llm_answers:
-        from .llm import RecordedAdvisor
-        advisor = RecordedAdvisor(llm_answers)
-    ctx = Ctx(transport=transport, transcript=transcript, playbook=pb, run_id=head["run_id"],
-              undo=Journal(out / "journal.json", head["run_id"], transport.host), symptom=symptom, baseline=baseline, baseline_snapshot=snap,
-              allow_mutations=True, advisor=advisor,
-              overrides={"bench": inputs.get("bench"), "repo": inputs.get("repo"), "python": inputs.get("python"),
-                         "server_pattern": inputs.get("server_pattern"), "bench_regex": inputs.get("bench_regex"),
-                         "reproduce_runs": inputs.get("reproduce_runs"), "max_runs": inputs.get("max_runs")})
+    ctx, transport = open_replay(events, playbook=playbook, out=out, file=file)
+    transcript = ctx.transcript
     t0 = time.monotonic()
     try:
-        state = build_graph(ctx).invoke({"inputs": {}}, {"recursion_limit": RECURSION_LIMIT})
+        state = build_graph(ctx).invoke({}, {"recursion_limit": RECURSION_LIMIT})
     finally:
         transcript.close()
     write_markdown(out)
-    conclusion = state.get("conclusion") or {}
+    conclusion = conclusion_of(state)
     a = outcome(recorded or {})
     b = outcome(conclusion)
     return {"same": a == b and recorded is not None, "recorded": a, "replayed": b, "diff": verdict_diff(a, b),

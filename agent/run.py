@@ -1,17 +1,20 @@
-"""``debugagent run`` and ``debugagent resume``: set up, run the graph, report, exit."""
+"""``debugagent run`` and ``debugagent resume``: set up, run the graph, report, exit.
+
+``investigate`` reads as the run's outline: the inputs (``session.inputs_from_options``), the
+folder, the live view, the session (``session.open_run``: host, transcript, journal, lock),
+then ``drive`` (the graph over SQLite checkpoints, with SIGINT/SIGTERM/SIGHUP undoing the host)
+and the ``--json`` object.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import re
-import secrets
 import signal
 import sqlite3
-import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,50 +25,20 @@ from rich.console import Console
 from rich.markup import escape
 
 from tools.errors import DebugAgentError, RestoreError, TransportError, UsageError
-from tools.redact import private_dir, private_file, redact, redact_text, redacted_dump
-from tools.snapshot import Snapshot
+from tools.redact import private_file, redact, redact_text
 
-from . import __version__
-from .discovery import DiscoveryInput, check_input
 from .experiments import Lab, Measure
 from .graph import RECURSION_LIMIT, Ctx, build_graph
 from .hosts import SSHOptions, open_transport
-from .journal import HostLock, HostLocked, Journal, host_instance, host_side, others_on_host
-from .playbook import load_playbook
-from .symptom import check_pair, direction_flag, parse_symptom
-from .transcript import SCHEMA_VERSION, Transcript, read_events, write_markdown
-from .view import View, clip
+from .journal import HostLock, Journal, host_instance, host_side, others_on_host
+from .session import RunOptions, Session, inputs_from_options, make_view, open_run
+from .state import conclusion_of, to_jsonable
+from .transcript import Transcript, write_markdown
+from .view import clip
+
+__all__ = ["RunOptions", "execute", "investigate", "resume_run", "undo_run"]
 
 err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
-
-
-@dataclass
-class RunOptions:
-    host: str
-    symptom: str
-    baseline: str | None = None
-    baseline_snapshot: str | None = None
-    playbook: str | None = None
-    bench: str | None = None
-    repo: str | None = None
-    python: str | None = None
-    allow_mutations: bool = False
-    as_json: bool = False
-    out: str | None = None
-    llm: str | None = None
-    llm_model: str = "gpt-4o-mini"
-    ssh: SSHOptions = field(default_factory=SSHOptions)
-    server_pattern: str | None = None
-    bench_regex: str | None = None
-    reproduce_runs: int = 8
-    max_runs: int | None = None
-    higher_is_better: bool = False
-    lower_is_better: bool = False
-    code_root: str | None = None
-    wheelhouse: str | None = None
-    restart_cmd: str | None = None
-    ready_timeout: float = 600.0
-    force_unlock: bool = False
 
 
 class Interrupted(KeyboardInterrupt):
@@ -114,34 +87,6 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:40] or "run"
 
 
-def make_confirm():
-    if not sys.stdin.isatty():
-        return None
-
-    def confirm(question: str) -> bool:
-        err.print(f"[bold]Experiment[/]: {question}. Run it? [y/N] ", end="")
-        try:
-            return input().strip().lower() in ("y", "yes")
-        except EOFError:
-            return False
-    return confirm
-
-
-def prepare(opts: RunOptions) -> tuple[Any, Any, Any, Any]:
-    direction = direction_flag(opts.higher_is_better, opts.lower_is_better)
-    symptom = parse_symptom(opts.symptom, "--symptom", direction)
-    baseline = parse_symptom(opts.baseline, "--baseline", direction) if opts.baseline else None
-    if baseline:
-        check_pair(symptom, baseline)
-    if opts.baseline and opts.baseline_snapshot:
-        raise UsageError("--baseline and --baseline-snapshot both given", fix="give one: a number or a snapshot of the good state")
-    snap = Snapshot.load(opts.baseline_snapshot) if opts.baseline_snapshot else None
-    check_input(DiscoveryInput(server_pattern=opts.server_pattern, python=opts.python, repo=opts.repo,
-                               bench=opts.bench, bench_regex=opts.bench_regex, metric=symptom.metric))
-    playbook = load_playbook(opts.playbook)
-    return symptom, baseline, snap, playbook
-
-
 def execute(opts: RunOptions, *, folder: Path | None = None, resume: bool = False) -> int:
     """Run (or resume) an investigation, print its result, return the exit code."""
     from . import STARTED
@@ -162,137 +107,83 @@ def investigate(opts: RunOptions, *, folder: Path | None = None, resume: bool = 
     ``transport`` lets a caller (a test, a notebook) pass an open transport; it is then
     left open. ``since`` (a ``time.monotonic()`` value) is where the live view's elapsed time starts.
     """
-    symptom, baseline, base_snap, playbook = prepare(opts)
+    inputs = inputs_from_options(opts)
     if folder is None:   # decided and checked now; nothing is written until the host is open
-        folder = new_run_folder(opts, symptom.metric)
-    view = View(playbook.order(), quiet=opts.as_json, since=since)
-    if resume and (folder / "events.jsonl").is_file():
-        view.load(read_events(folder / "events.jsonl"))
-    view.state.set_phase(f"connecting to {opts.host}")
-    view.__enter__()   # visible at once: opening a host can take seconds
-    try:
-        return _investigate(opts, folder, resume, transport, playbook, base_snap, symptom, baseline, view)
-    finally:
-        view.__exit__(None, None, None)
+        folder = new_run_folder(opts, inputs.symptom.metric)
+    view = make_view(inputs, opts, folder, resume, since)
+    with view:   # visible at once: opening a host can take seconds
+        session = open_run(opts, inputs, folder, resume=resume, transport=transport, view=view)
+        started = time.monotonic()
+        try:
+            state = drive(session, resume)
+        finally:
+            session.close()
+    if state is None:
+        return {"interrupted": True, "transcript": str(folder)}
+    return output_of(conclusion_of(state), folder, time.monotonic() - started)
 
 
-def _investigate(opts: RunOptions, folder: Path, resume: bool, transport: Any, playbook: Any,
-                 base_snap: Snapshot | None, symptom: Any, baseline: Any, view: View) -> dict[str, Any]:
-    owned = transport is None
-    try:
-        if transport is None:
-            transport = open_transport(opts.host, opts.ssh)
-    except TransportError as exc:
-        run_id = start_folder(folder, opts, resume)
-        transcript = Transcript(folder, run_id)
-        transcript.listeners.append(view.feed)
-        transcript.emit("run_started", **header(opts, playbook, run_id)) if not resume else None
-        transcript.emit("error", message=str(exc), kind="transport")
-        transcript.close()
-        write_markdown(folder)
-        raise
-    try:
-        run_id = start_folder(folder, opts, resume)
-    except BaseException:
-        if owned:
-            transport.close()
-        raise
-    transcript = Transcript(folder, run_id)
-    transcript.listeners.append(view.feed)
-    remote = host_side(transport)
-    undo = Journal.open(folder / "journal.json", run_id, opts.host, remote, host_instance(transport))
-    lock = HostLock(remote, run_id)
-    if resume:
-        transcript.emit("resumed", text=f"resumed on {transport.host}; the last finished step is kept, the rest runs again")
-    else:
-        transcript.emit("run_started", **header(opts, playbook, run_id, base_snap))
-    try:
-        lock.acquire(force=opts.force_unlock)
-    except (HostLocked, OSError, TransportError) as exc:
-        transcript.emit("error", message=str(exc), kind="lock")
-        transcript.close()
-        write_markdown(folder)
-        if owned:
-            transport.close()
-        if isinstance(exc, OSError):
-            raise TransportError(str(exc), host=transport.host) from exc
-        raise
-    transport.on_event = lambda kind, text: transcript.emit("error", kind=kind, message=text)
-    advisor = None
-    if opts.llm:
-        from .llm import Advisor
-        advisor = Advisor(opts.llm, opts.llm_model)
-    sim = transport.sandbox
-    ctx = Ctx(transport=transport, transcript=transcript, playbook=playbook, run_id=run_id, undo=undo, symptom=symptom,
-              baseline=baseline, baseline_snapshot=base_snap, allow_mutations=opts.allow_mutations or sim,
-              confirm=make_confirm(), advisor=advisor,
-              overrides={"bench": opts.bench, "repo": opts.repo, "python": opts.python,
-                         "server_pattern": opts.server_pattern, "bench_regex": opts.bench_regex,
-                         "reproduce_runs": opts.reproduce_runs, "max_runs": opts.max_runs,
-                         "code_root": opts.code_root, "wheelhouse": opts.wheelhouse, "restart_cmd": opts.restart_cmd,
-                         "ready_timeout_s": opts.ready_timeout})
-    conn = sqlite3.connect(str(private_file(folder / "checkpoints.sqlite")), check_same_thread=False)
-    graph = build_graph(ctx, checkpointer=SqliteSaver(conn, serde=RedactingSerde(JsonPlusSerializer())))
-    config = {"configurable": {"thread_id": run_id}, "recursion_limit": RECURSION_LIMIT}
-    started = time.monotonic()
-    state: dict[str, Any] = {}
-    signals = Signals()
-    try:
-        if resume:
-            check_checkpoints(folder, conn, config)
-        with signals:
-            try:
-                settle(ctx, transport)
-                state = graph.invoke(None if resume else {"inputs": {"symptom": opts.symptom}}, config)
-            except KeyboardInterrupt as exc:
-                name = exc.args[0] if isinstance(exc, Interrupted) else "SIGINT"
-                left = restore(ctx)
-                if left:
-                    raise RestoreError(f"interrupted ({name}) and the host could not be fully restored", left=left,
-                                       fix=f"debugagent undo {folder}") from None
-                transcript.emit("interrupted", text=f"interrupted ({name}); every change was undone; `debugagent "
-                                f"resume {folder}` continues from the last finished step")
-                transcript.close()
-                write_markdown(folder)
-                say_err(f"interrupted ({name}); the host is as it was found. Continue with: debugagent resume {folder}")
-                return {"interrupted": True, "transcript": str(folder)}
-            except DebugAgentError as exc:
-                left = restore(ctx)
-                transcript.emit("error", message=str(exc), kind="transport" if isinstance(exc, TransportError)
-                                else type(exc).__name__)
-                if left and not isinstance(exc, RestoreError):
-                    raise RestoreError(f"{exc.message}; the host could not be fully restored", left=left,
-                                       fix=f"debugagent undo {folder} (once {transport.host} answers)") from exc
-                raise
-            left = restore(ctx)
-            if left:
-                raise RestoreError("the run finished but the host could not be fully restored", left=left,
-                                   fix=f"debugagent undo {folder}")
-    except RestoreError as exc:
-        if not exc.fix:
-            exc.fix = f"debugagent undo {folder}"
-        transcript.emit("error", kind="undo", message=f"{exc.message}; left to do: {'; '.join(exc.left)}")
-        raise
-    finally:
-        lock.release()
-        conn.close()
-        if owned:
-            transport.close()
-        if not transcript._file.closed:
-            transcript.close()
-            try:
-                write_markdown(folder)
-            except DebugAgentError:
-                pass
-    transcript.close()
-    conclusion = state.get("conclusion") or {}
-    wall = time.monotonic() - started
+def output_of(conclusion: dict[str, Any], folder: Path, wall: float) -> dict[str, Any]:
+    """The ``--json`` object from the conclusion."""
     output = {k: conclusion.get(k) for k in ("schema", "root_cause", "root_causes", "suspects", "ruled_out",
                                              "inconclusive", "not_judged", "commands")}
     output.update(transcript=str(folder), exit_code=conclusion.get("exit_code", 3), summary=conclusion.get("summary"),
                   bench_runs=conclusion.get("bench_runs"), regression=conclusion.get("regression"),
                   notes=conclusion.get("notes"), wall_s=round(wall, 2))
     return output
+
+
+def drive(session: Session, resume: bool) -> dict[str, Any] | None:
+    """The graph over the run folder's SQLite checkpoints, the host restored at the end or on a signal or an
+    error; the final state, or None when interrupted (every change undone)."""
+    ctx, folder = session.ctx, session.folder
+    conn = sqlite3.connect(str(private_file(folder / "checkpoints.sqlite")), check_same_thread=False)
+    graph = build_graph(ctx, checkpointer=SqliteSaver(conn, serde=RedactingSerde(JsonPlusSerializer())))
+    config = {"configurable": {"thread_id": ctx.run_id}, "recursion_limit": RECURSION_LIMIT}
+    try:
+        if resume:
+            check_checkpoints(folder, conn, config)
+        with Signals():
+            return _guarded(ctx, folder, lambda: graph.invoke(None if resume else {}, config))
+    except RestoreError as exc:
+        if not exc.fix:
+            exc.fix = f"debugagent undo {folder}"
+        ctx.transcript.emit("error", kind="undo", message=f"{exc.message}; left to do: {'; '.join(exc.left)}")
+        raise
+    finally:
+        conn.close()
+
+
+def _guarded(ctx: Ctx, folder: Path, invoke: Any) -> dict[str, Any] | None:
+    """Settle what a crashed run left, run the graph, and restore the host whatever happens."""
+    try:
+        settle(ctx, ctx.transport)
+        state = invoke()
+    except KeyboardInterrupt as exc:
+        name = exc.args[0] if isinstance(exc, Interrupted) else "SIGINT"
+        left = restore(ctx)
+        if left:
+            raise RestoreError(f"interrupted ({name}) and the host could not be fully restored", left=left,
+                               fix=f"debugagent undo {folder}") from None
+        ctx.transcript.emit("interrupted", text=f"interrupted ({name}); every change was undone; `debugagent "
+                            f"resume {folder}` continues from the last finished step")
+        ctx.transcript.close()
+        write_markdown(folder)
+        say_err(f"interrupted ({name}); the host is as it was found. Continue with: debugagent resume {folder}")
+        return None
+    except DebugAgentError as exc:
+        left = restore(ctx)
+        ctx.transcript.emit("error", message=str(exc), kind="transport" if isinstance(exc, TransportError)
+                            else type(exc).__name__)
+        if left and not isinstance(exc, RestoreError):
+            raise RestoreError(f"{exc.message}; the host could not be fully restored", left=left,
+                               fix=f"debugagent undo {folder} (once {ctx.transport.host} answers)") from exc
+        raise
+    left = restore(ctx)
+    if left:
+        raise RestoreError("the run finished but the host could not be fully restored", left=left,
+                           fix=f"debugagent undo {folder}")
+    return state
 
 
 def state_runs_dir() -> Path:
@@ -335,23 +226,6 @@ def new_run_folder(opts: RunOptions, metric: str) -> Path:
     return folder
 
 
-def start_folder(folder: Path, opts: RunOptions, resume: bool) -> str:
-    """Make the run folder (0700) and write ``run.json`` (redacted, 0600); returns the run id."""
-    if resume:
-        return json.loads((folder / "run.json").read_text()).get("run_id") or folder.name
-    try:
-        private_dir(folder)
-    except OSError as exc:
-        flag = "--out" if opts.out else "the state folder"
-        raise UsageError(f"{flag} {folder}: cannot make it ({exc.strerror})", fix="give a folder you can write to") from exc
-    # unique on the host too: it names debugagent's worktree and saved files there
-    run_id = f"{folder.name}-{secrets.token_hex(3)}"
-    d = asdict(opts)
-    d["run_id"] = run_id
-    redacted_dump(folder / "run.json", d)
-    return run_id
-
-
 class RedactingSerde:
     """The checkpointer's serializer with the redactor in front: the graph state saved in
     ``checkpoints.sqlite`` holds no secret (a resumed run re-reads the server from the host)."""
@@ -360,7 +234,7 @@ class RedactingSerde:
         self.inner = inner
 
     def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
-        return self.inner.dumps_typed(redact(obj))
+        return self.inner.dumps_typed(redact(to_jsonable(obj)))
 
     def loads_typed(self, data: tuple[str, bytes]) -> Any:
         return self.inner.loads_typed(data)
@@ -421,19 +295,6 @@ def restore(ctx: Ctx, journal: Journal | None = None) -> list[str]:
     ctx.transcript.emit("error", kind="undo", message=msg)
     say_err(f"[red]warning[/]: {escape(redact_text(msg))}")
     return left
-
-
-def header(opts: RunOptions, playbook: Any, run_id: str, snap: Snapshot | None = None) -> dict[str, Any]:
-    return {"schema_version": SCHEMA_VERSION, "debugagent_version": __version__, "run_id": run_id, "host": opts.host,
-            "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
-            "symptom": opts.symptom, "baseline": opts.baseline, "baseline_snapshot": opts.baseline_snapshot,
-            "playbook": playbook.name, "playbook_source": os.path.basename(playbook.source), "playbook_digest": playbook.digest,
-            "inputs": {"bench": opts.bench, "repo": opts.repo, "python": opts.python, "server_pattern": opts.server_pattern,
-                       "bench_regex": opts.bench_regex, "reproduce_runs": opts.reproduce_runs, "max_runs": opts.max_runs,
-                       "allow_mutations": opts.allow_mutations, "llm": bool(opts.llm), "code_root": opts.code_root,
-                       "wheelhouse": opts.wheelhouse, "restart_cmd": opts.restart_cmd, "ready_timeout": opts.ready_timeout,
-                       "direction": direction_flag(opts.higher_is_better, opts.lower_is_better)},
-            "baseline_snapshot_data": snap.model_dump(mode="json") if snap else None}
 
 
 def print_human(o: dict[str, Any]) -> None:

@@ -209,10 +209,10 @@ def run_budget(sd: float, regression: float | None, n_reference: int, cap: int |
     return most
 
 
-def fresh_reference_runs(regression: dict) -> int:
-    """Reference runs to take just before a change: 2 when the regression is within 4 noise SDs
-    (where a biased reproduce sample could decide), else 1."""
-    sd, delta = regression.get("sd") or 0.0, regression.get("delta") or 0.0
+def fresh_reference_runs(sd: float | None, delta: float | None) -> int:
+    """Reference runs to take just before a change: 2 when the regression (``delta``) is within 4 noise
+    SDs (where a biased reproduce sample could decide), else 1."""
+    sd, delta = sd or 0.0, delta or 0.0
     return 2 if sd and delta < 4 * sd else 1
 
 

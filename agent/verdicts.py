@@ -16,6 +16,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from .playbook import Finding, Playbook, evaluate
+from .results import ExperimentResult
+
 Status = Literal["pending", "suspect", "confirmed", "ruled_out", "inconclusive"]
 EXPLAINED_ENOUGH = 0.9
 
@@ -29,19 +32,12 @@ class Hyp(BaseModel):
     share: float | None = None        # measured share of the regression its experiments recovered
     share_se: float | None = None
     share_ci: tuple[float, float] | None = None
-    findings: list[dict[str, Any]] = Field(default_factory=list)
+    findings: list[Finding] = Field(default_factory=list)
     experiments: list[dict[str, Any]] = Field(default_factory=list)   # still to run
-    results: list[dict[str, Any]] = Field(default_factory=list)
+    results: list[ExperimentResult] = Field(default_factory=list)
     next: str | None = None           # what would decide it
     culprit: dict[str, Any] | None = None
     groups_tried: bool = False
-
-
-class Finding(BaseModel):
-    verdict: str
-    because: str
-    rule: int = -1
-    experiment: dict[str, Any] | None = None
 
 
 def from_findings(findings: list[Finding], next_step: str | None) -> Hyp:
@@ -50,12 +46,12 @@ def from_findings(findings: list[Finding], next_step: str | None) -> Hyp:
     if strong:
         confirmed = any(f.verdict == "confirmed" for f in strong)
         return Hyp(status="confirmed" if confirmed else "suspect", how="evidence" if confirmed else None,
-                   because=[f.because for f in strong], findings=[f.model_dump() for f in strong],
+                   because=[f.because for f in strong], findings=list(strong),
                    experiments=[f.experiment for f in strong if f.experiment],
                    next=None if confirmed else next_step)
     f = findings[0]
     return Hyp(status=f.verdict, how="evidence" if f.verdict == "ruled_out" else None,  # type: ignore[arg-type]
-               because=[f.because], findings=[f.model_dump()],
+               because=[f.because], findings=[f],
                next=next_step if f.verdict == "inconclusive" else None)
 
 
@@ -67,45 +63,58 @@ def _combine(h: Hyp, share: float, se: float | None) -> tuple[float, float | Non
     return total, tse, (total - 1.96 * tse, total + 1.96 * tse)
 
 
-def apply_result(h: Hyp, spec: dict[str, Any], res: dict[str, Any], max_runs_hint: int | None = None) -> Hyp:
-    """The hypothesis after one experiment's result (``res`` as the experiment node stores it)."""
+def apply_result(h: Hyp, spec: dict[str, Any], res: ExperimentResult, max_runs_hint: int | None = None) -> Hyp:
+    """The hypothesis after one experiment's result."""
     h = h.model_copy(deep=True)
-    res = {**res, "group": spec.get("group")}
+    res = res.model_copy(update={"group": spec.get("group")})
     within_group = bool(spec.get("group")) and any(
-        r.get("outcome") == "cause" and set(spec["group"]) < set(r.get("group") or []) for r in h.results)
+        r.outcome == "cause" and set(spec["group"]) < set(r.group or []) for r in h.results)
     h.results.append(res)
     h.experiments = [e for e in h.experiments if e != spec]
-    untested = [f for f in h.findings if f["verdict"] == "suspect" and not f.get("experiment")]
+    untested = [f for f in h.findings if f.verdict == "suspect" and not f.experiment]
     nothing_left = not h.experiments and not untested
     title = spec.get("title") or spec["kind"]
-    if res.get("error"):
+    if res.error:
         # nothing was measured: the evidence still points where it did (a suspect stays a suspect),
         # and what stopped the experiment says how to run it
-        h.because.append(f"experiment failed: {res['error']}")
+        h.because.append(f"experiment failed: {res.error}")
         if h.status == "suspect" and nothing_left:
             h.next = f"\"{title}\", once what stopped it (above) is fixed"
         return h
-    outcome = res.get("outcome") or ("cause" if res.get("significant") else "more")
-    h.because.append(res["text"])
+    outcome = res.decided
+    h.because.append(res.text)
     if outcome == "cause":
         h.status, h.how, h.next = "confirmed", "experiment", None
-        if res.get("share_ci") is not None and within_group:   # the narrower group's measurement replaces the wider one's
-            h.share, h.share_se, h.share_ci = float(res["share"]), res.get("share_se"), tuple(res["share_ci"])
-        elif res.get("share_ci") is not None:
-            h.share, h.share_se, h.share_ci = _combine(h, float(res["share"]), res.get("share_se"))
-        if res.get("culprit"):
-            h.culprit = res["culprit"]
+        if res.share_ci is not None and within_group:   # the narrower group's measurement replaces the wider one's
+            h.share, h.share_se, h.share_ci = float(res.share), res.share_se, tuple(res.share_ci)
+        elif res.share_ci is not None:
+            h.share, h.share_se, h.share_ci = _combine(h, float(res.share), res.share_se)
+        if res.culprit:
+            h.culprit = res.culprit
     elif outcome == "not_cause":
-        if h.status == "suspect" and nothing_left and not any(r.get("outcome") == "more" for r in h.results):
+        if h.status == "suspect" and nothing_left and not any(r.outcome == "more" for r in h.results):
             h.status, h.how = "ruled_out", "experiment"
     else:
-        runs = len(res.get("samples") or [])
+        runs = len(res.samples)
         hint = max_runs_hint or max(2 * runs, 8)
         if h.status == "suspect" and nothing_left:
             h.status, h.how = "inconclusive", None
         if h.status != "confirmed":
             h.next = f"repeat \"{title}\" with more runs (--max-runs {hint}): {runs} runs could not decide it"
     return h
+
+
+def after_experiment(hid: str, h: Hyp, spec: dict[str, Any], res: ExperimentResult) -> Hyp:
+    """The hypothesis after its experiment: the result applied, a group that recovered split in halves."""
+    h = apply_result(h, spec, res)
+    h.experiments += split_group(hid, spec, res)
+    return h
+
+
+def judge(playbook: Playbook, hid: str, facts: dict[str, Any]) -> Hyp:
+    """A hypothesis' verdict on the evidence alone: its rules over the facts."""
+    steps = playbook.knowledge.get("next_steps") or {}
+    return from_findings(evaluate(playbook.get(hid), facts, playbook.source), steps.get(hid))
 
 
 def explained(hyps: dict[str, Hyp]) -> tuple[float, tuple[float, float] | None]:
@@ -164,16 +173,57 @@ def group_experiment(hid: str, items: list[str]) -> dict[str, Any]:
             + ", ".join(items), "unset_env": list(items), "group": list(items)}
 
 
-def split_group(hid: str, spec: dict[str, Any], res: dict[str, Any]) -> list[dict[str, Any]]:
+def split_group(hid: str, spec: dict[str, Any], res: ExperimentResult) -> list[dict[str, Any]]:
     """A group that recovered is split in halves, like a bisection; a single item is the answer."""
     group = spec.get("group") or []
-    if len(group) < 2 or res.get("outcome") != "cause":
+    if len(group) < 2 or res.outcome != "cause":
         return []
     mid = len(group) // 2
     return [group_experiment(hid, group[:mid]), group_experiment(hid, group[mid:])]
 
 
+def add_groups(hyps: dict[str, Hyp], nj: NotJudged) -> list[tuple[str, list[str]]]:
+    """Each not-judged group not yet tried (flags under serving_config, variables under env_var), added to its
+    hypothesis' experiments; returns what was added."""
+    added = []
+    for hid, items in (("serving_config", nj.flags), ("env_var", nj.env)):
+        if items and hid in hyps and not hyps[hid].groups_tried:
+            hyps[hid].groups_tried = True
+            hyps[hid].experiments.append(group_experiment(hid, items))
+            added.append((hid, items))
+    return added
+
+
+def not_run(h: Hyp, spec: dict[str, Any], title: str) -> Hyp:
+    """The hypothesis when the user did not allow its experiment: dropped, and named as what would decide it."""
+    h = h.model_copy(deep=True)
+    h.experiments = [e for e in h.experiments if e != spec]
+    h.next = h.next or f"run \"{title}\" (give --allow-mutations)"
+    return h
+
+
+def enough_words(hyps: dict[str, Hyp]) -> str:
+    total, ci = explained(hyps)
+    return (f"The confirmed causes explain {total:.0%} of the regression"
+            + (f" (95% CI {ci[0]:.0%} to {ci[1]:.0%})" if ci else "") + "; no further experiment is needed.")
+
+
 # ---------------------------------------------------------------- experiment order
+def exp_key(hid: str, spec: dict[str, Any]) -> str:
+    """One experiment's identity: a hypothesis can hold several of the same kind (one per flag)."""
+    return f"{hid}:{spec['kind']}:{spec.get('title', '')}"
+
+
+def candidates(hyps: dict[str, Hyp], order: list[str], done: list[str], costs: dict[str, int],
+               baseline_head: str | None) -> list[tuple[str, dict[str, Any]]]:
+    """The experiments still to run, best first: of hypotheses not closed, none done yet; a hypothesis an
+    experiment confirmed runs only its groups' halves."""
+    cands = [(hid, e) for hid in order for e in hyps[hid].experiments
+             if hyps[hid].status in ("suspect", "confirmed", "inconclusive") and exp_key(hid, e) not in done
+             and not (hyps[hid].status == "confirmed" and hyps[hid].how == "experiment" and not e.get("group"))]
+    return order_experiments(cands, order, costs, baseline_head)
+
+
 def evidence_rank(spec: dict[str, Any], baseline_head: str | None) -> int:
     """0: a difference from the baseline snapshot or a value known to cost performance; 1: other
     evidence (the reflog shows the checkout moved); 2: a group of not-judged values."""

@@ -421,16 +421,17 @@ def test_over_ssh_session_shells_are_own_and_the_server_is_found(servers, tmp_pa
 def test_experiment_lookup_uses_the_runs_own_pattern(servers):
     """The lookup an experiment makes before a restart uses the run's --server-pattern (the default pattern
     cannot see this server), and prefers the command line found at discovery."""
+    from agent.context import Overrides
     from agent.discovery import find_server, run_input
     name = token()
     info = servers.start(name)
     with LocalTransport() as t:
         r = Runner(t)
-        srv = find_server(r, run_input({"server_pattern": name}, "latency"))
+        srv = find_server(r, run_input(Overrides(server_pattern=name), "latency"))
         assert srv is not None and srv.pid == info["pid"]
-        default = find_server(r, run_input({}, "latency"))  # other people's simulated servers may match it
+        default = find_server(r, run_input(Overrides(), "latency"))  # other people's simulated servers may match it
         assert default is None or default.pid != info["pid"]
-        again = find_server(r, run_input({}, "latency", known=srv.model_dump()))
+        again = find_server(r, run_input(Overrides(), "latency", known=srv.model_dump()))
         assert again is not None and again.pid == info["pid"] and again.found_by == "known"
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from agent import conclusion as concl
 from agent import verdicts as vd
 from agent.playbook import Finding, evaluate, load_playbook
+from agent.results import ExperimentResult, Regression
 
 ORDER = ["code_change", "serving_config", "compiled_dependency"]
-REG = {"measured": True, "real": True, "delta": 10.0, "outcome": "regression"}
+REG = Regression(measured=True, real=True, delta=10.0, outcome="regression")
 
 
 def hyps(**status: str) -> dict[str, vd.Hyp]:
@@ -40,9 +41,10 @@ def test_an_open_hypothesis_stops_elimination():
     assert c.suspects[0].rank is None and [o.hypothesis for o in c.inconclusive] == ["code_change"]
 
 
-def result(outcome: str, share: float = 0.0, ci=None) -> dict:
-    return {"kind": "server_restart", "title": "t", "samples": [1.0] * 6, "share": share, "outcome": outcome,
-            "share_ci": ci, "share_se": 0.05 if ci else None, "significant": outcome == "cause", "text": outcome}
+def result(outcome: str, share: float = 0.0, ci=None, **found) -> ExperimentResult:
+    return ExperimentResult(kind="server_restart", title="t", samples=[1.0] * 6, share=share, outcome=outcome,
+                            share_ci=ci, share_se=0.05 if ci else None, significant=outcome == "cause",
+                            text=f"with the change: {outcome}", **found)
 
 
 SPEC = {"kind": "server_restart", "title": "t"}
@@ -108,9 +110,9 @@ def test_groups_split_like_a_bisection():
     """A group of not-judged flags that recovers is split in halves; one that does not is not split."""
     spec = vd.group_experiment("serving_config", ["a", "b", "c"])
     assert spec["unset_flags"] == ["a", "b", "c"]
-    halves = vd.split_group("serving_config", spec, {"outcome": "cause"})
+    halves = vd.split_group("serving_config", spec, result("cause"))
     assert [h["group"] for h in halves] == [["a"], ["b", "c"]]
-    assert vd.split_group("serving_config", spec, {"outcome": "not_cause"}) == []
+    assert vd.split_group("serving_config", spec, result("not_cause")) == []
 
 
 def test_experiments_ordered_by_expected_value():

@@ -82,14 +82,17 @@ def test_code_root_outside_the_checkout_is_refused():
 
 def test_package_targets_from_the_baseline_diff_and_build_matching():
     """A changed build asks for the baseline's hash; a later-installed package asks for any other build."""
-    facts = {"packages": {"fastmod": {"name": "fastmod", "version": "1.0", "build_hash": "bbbb"}},
-             "changes": [{"path": "packages.fastmod.build", "a": "aaaa", "b": "bbbb"}]}
+    from agent.facts import LabFacts
+    from tools.host import Package
+    from tools.snapshot import Change
+    pk = {"fastmod": Package(name="fastmod", version="1.0", build_hash="bbbb")}
+    facts = LabFacts(packages=pk, changes=[Change(path="packages.fastmod.build", a="aaaa", b="bbbb")])
     [t] = package_targets(facts, {"kind": "package_restore"})
     assert (t.name, t.version, t.build, t.current_build) == ("fastmod", "1.0", "aaaa", "bbbb")
     assert build_matches(t, "1.0", "aaaa") and not build_matches(t, "1.0", "bbbb") and not build_matches(t, "1.1", "aaaa")
     later = PackageTarget(name="fastmod", version="1.0", current_version="1.0", current_build="bbbb")
     assert build_matches(later, "1.0", "cccc") and not build_matches(later, "1.0", "bbbb")
-    assert package_targets({"packages": facts["packages"], "changes": []}, {"kind": "package_restore", "package": "fastmod"})[0].build is None
+    assert package_targets(LabFacts(packages=pk), {"kind": "package_restore", "package": "fastmod"})[0].build is None
 
 
 def test_readiness_by_url_and_log_line_on_a_real_process(tmp_path):

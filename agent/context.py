@@ -1,0 +1,87 @@
+"""What one investigation holds besides its state: the transport, the transcript, the
+playbook, the journal, the user's inputs and overrides (``Ctx``), built once by the
+session (``agent/session.py``) and passed to ``build_graph``."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from tools.registry import Runner
+from tools.snapshot import Snapshot
+from tools.transport import BaseTransport
+
+from .journal import Journal
+from .playbook import Playbook
+from .symptom import Symptom
+from .transcript import Transcript
+
+REPRODUCE_RUNS = 8      # the most; the reproduce step stops at 3 when the answer is clear
+READY_TIMEOUT_S = 600.0
+
+
+class Overrides(BaseModel):
+    """What the user gave instead of what discovery finds, and the run's budgets (``run.json``'s and the
+    recording's ``inputs``)."""
+
+    bench: str | None = None
+    repo: str | None = None
+    python: str | None = None
+    server_pattern: str | None = None
+    bench_regex: str | None = None
+    reproduce_runs: int | None = None
+    max_runs: int | None = None
+    code_root: str | None = None
+    wheelhouse: str | None = None
+    restart_cmd: str | None = None
+    ready_timeout_s: float | None = None
+
+    @property
+    def most_reproduce_runs(self) -> int:
+        return max(2, int(self.reproduce_runs or REPRODUCE_RUNS))
+
+    @property
+    def ready_timeout(self) -> float:
+        return float(self.ready_timeout_s or READY_TIMEOUT_S)
+
+
+@dataclass
+class Ctx:
+    transport: BaseTransport
+    transcript: Transcript
+    playbook: Playbook
+    run_id: str
+    undo: Journal
+    symptom: Symptom
+    baseline: Symptom | None = None
+    baseline_snapshot: Snapshot | None = None
+    allow_mutations: bool = False
+    confirm: Callable[[str], bool] | None = None
+    advisor: Any = None
+    on_status: Callable[[str, dict[str, Any]], None] = lambda kind, data: None
+    overrides: Overrides = field(default_factory=Overrides)
+    _runners: dict[str | None, Runner] = field(default_factory=dict)
+    _ids: Any = field(default_factory=lambda: itertools.count(1))
+
+    def runner(self, hypothesis: str | None = None) -> Runner:
+        if hypothesis not in self._runners:
+            obs = self.transcript.observer(hypothesis)
+
+            def observe(event: str, data: dict[str, Any], _obs=obs) -> None:
+                _obs(event, data)
+                self.on_status(event, {**data, "hypothesis": hypothesis})
+            r = Runner(self.transport, observe, ids=self._ids)
+            self._runners[hypothesis] = r
+        return self._runners[hypothesis]
+
+    @property
+    def commands(self) -> int:
+        return sum(r.count for r in self._runners.values())
+
+    def say(self, text: str, hypothesis: str | None = None) -> None:
+        self.transcript.emit("reasoning", text=text, hypothesis=hypothesis)
+        self.on_status("reasoning", {"text": text})

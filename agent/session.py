@@ -1,0 +1,306 @@
+"""One session factory: what `run`, `resume` and `replay` each need to drive the graph, built in
+one place.
+
+::
+
+    RunOptions (the flags, run.json) ──► inputs_from_options ─┐
+    a recording's run_started header ──► inputs_from_recording ┴► Inputs ──► make_ctx(inputs, transport,
+                                                                   transcript, journal, advisor) ──► Ctx
+    open_run:    the run folder, the transport, the transcript, the journal, the host's lock, the advisor
+    open_replay: a ReplayTransport over the events, a transcript in a scratch folder, a local journal
+
+``Inputs.overrides`` (``context.Overrides``) comes from the same names in both: the flags that
+``run.json`` saves are the ones the recording's ``inputs`` hold.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sys
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+from rich.console import Console
+
+from tools.errors import DebugAgentError, RecordingError, TransportError, UsageError
+from tools.redact import private_dir, redacted_dump
+from tools.replay import ReplayTransport
+from tools.snapshot import Snapshot
+
+from . import __version__
+from .context import Ctx, Overrides
+from .discovery import DiscoveryInput, check_input
+from .hosts import SSHOptions, open_transport
+from .journal import HostLock, HostLocked, Journal, host_instance, host_side
+from .playbook import Playbook, load_playbook
+from .symptom import Symptom, check_pair, direction_flag, parse_symptom
+from .transcript import SCHEMA_VERSION, Transcript, read_events, write_markdown
+from .view import View
+
+err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
+
+
+@dataclass
+class RunOptions:
+    host: str
+    symptom: str
+    baseline: str | None = None
+    baseline_snapshot: str | None = None
+    playbook: str | None = None
+    bench: str | None = None
+    repo: str | None = None
+    python: str | None = None
+    allow_mutations: bool = False
+    as_json: bool = False
+    out: str | None = None
+    llm: str | None = None
+    llm_model: str = "gpt-4o-mini"
+    ssh: SSHOptions = field(default_factory=SSHOptions)
+    server_pattern: str | None = None
+    bench_regex: str | None = None
+    reproduce_runs: int = 8
+    max_runs: int | None = None
+    higher_is_better: bool = False
+    lower_is_better: bool = False
+    code_root: str | None = None
+    wheelhouse: str | None = None
+    restart_cmd: str | None = None
+    ready_timeout: float = 600.0
+    force_unlock: bool = False
+
+
+# ---------------------------------------------------------------- what a run was asked
+class Inputs(BaseModel):
+    """What a run was asked: the symptom and baseline, the playbook, the overrides, whether it may change the host."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    host: str
+    symptom: Symptom
+    baseline: Symptom | None = None
+    baseline_snapshot: Snapshot | None = None
+    playbook: Playbook
+    overrides: Overrides
+    allow_mutations: bool = False
+
+
+def overrides_of(d: Mapping[str, Any]) -> Overrides:
+    """The overrides from ``RunOptions``' fields or a recording's ``inputs`` (the same names)."""
+    return Overrides(bench=d.get("bench"), repo=d.get("repo"), python=d.get("python"),
+                     server_pattern=d.get("server_pattern"), bench_regex=d.get("bench_regex"),
+                     reproduce_runs=d.get("reproduce_runs"), max_runs=d.get("max_runs"), code_root=d.get("code_root"),
+                     wheelhouse=d.get("wheelhouse"), restart_cmd=d.get("restart_cmd"),
+                     ready_timeout_s=d.get("ready_timeout"))
+
+
+def _symptoms(symptom: str, baseline: str | None, direction: str | None) -> tuple[Symptom, Symptom | None]:
+    sym = parse_symptom(symptom, "--symptom", direction)
+    base = parse_symptom(baseline, "--baseline", direction) if baseline else None
+    if base:
+        check_pair(sym, base)
+    return sym, base
+
+
+def inputs_from_options(opts: RunOptions) -> Inputs:
+    """The flags checked (exit 2 on bad input, before anything connects) and parsed."""
+    direction = direction_flag(opts.higher_is_better, opts.lower_is_better)
+    symptom, baseline = _symptoms(opts.symptom, opts.baseline, direction)
+    if opts.baseline and opts.baseline_snapshot:
+        raise UsageError("--baseline and --baseline-snapshot both given", fix="give one: a number or a snapshot of the good state")
+    snap = Snapshot.load(opts.baseline_snapshot) if opts.baseline_snapshot else None
+    check_input(DiscoveryInput(server_pattern=opts.server_pattern, python=opts.python, repo=opts.repo,
+                               bench=opts.bench, bench_regex=opts.bench_regex, metric=symptom.metric))
+    return Inputs(host=opts.host, symptom=symptom, baseline=baseline, baseline_snapshot=snap,
+                  playbook=load_playbook(opts.playbook), overrides=overrides_of(asdict(opts)),
+                  allow_mutations=opts.allow_mutations)
+
+
+def inputs_from_recording(head: dict[str, Any], playbook: str | None, file: str) -> Inputs:
+    """What the recorded run was asked (its ``run_started`` header); ``playbook`` replays it against another."""
+    pb = load_playbook(playbook or head.get("playbook"))
+    inputs = head.get("inputs") or {}
+    symptom, baseline = _symptoms(head["symptom"], head.get("baseline"), inputs.get("direction"))
+    try:
+        snap = Snapshot.model_validate(head["baseline_snapshot_data"]) if head.get("baseline_snapshot_data") else None
+    except ValueError as exc:
+        raise RecordingError(f"run_started: baseline_snapshot_data is not a snapshot ({str(exc).splitlines()[0]})",
+                             file=file, line=1, fix="the recording is edited or damaged; record the run again") from exc
+    return Inputs(host=head.get("host", ""), symptom=symptom, baseline=baseline, baseline_snapshot=snap, playbook=pb,
+                  overrides=overrides_of(inputs), allow_mutations=True)
+
+
+def make_ctx(inputs: Inputs, transport: Any, transcript: Transcript, undo: Journal, run_id: str, *,
+             advisor: Any = None, confirm: Any = None) -> Ctx:
+    return Ctx(transport=transport, transcript=transcript, playbook=inputs.playbook, run_id=run_id, undo=undo,
+               symptom=inputs.symptom, baseline=inputs.baseline, baseline_snapshot=inputs.baseline_snapshot,
+               allow_mutations=inputs.allow_mutations or transport.sandbox, confirm=confirm, advisor=advisor,
+               overrides=inputs.overrides)
+
+
+# ---------------------------------------------------------------- a live run (or a resumed one)
+def header(opts: RunOptions, playbook: Any, run_id: str, snap: Snapshot | None = None) -> dict[str, Any]:
+    return {"schema_version": SCHEMA_VERSION, "debugagent_version": __version__, "run_id": run_id, "host": opts.host,
+            "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "symptom": opts.symptom, "baseline": opts.baseline, "baseline_snapshot": opts.baseline_snapshot,
+            "playbook": playbook.name, "playbook_source": os.path.basename(playbook.source), "playbook_digest": playbook.digest,
+            "inputs": {"bench": opts.bench, "repo": opts.repo, "python": opts.python, "server_pattern": opts.server_pattern,
+                       "bench_regex": opts.bench_regex, "reproduce_runs": opts.reproduce_runs, "max_runs": opts.max_runs,
+                       "allow_mutations": opts.allow_mutations, "llm": bool(opts.llm), "code_root": opts.code_root,
+                       "wheelhouse": opts.wheelhouse, "restart_cmd": opts.restart_cmd, "ready_timeout": opts.ready_timeout,
+                       "direction": direction_flag(opts.higher_is_better, opts.lower_is_better)},
+            "baseline_snapshot_data": snap.model_dump(mode="json") if snap else None}
+
+
+def start_folder(folder: Path, opts: RunOptions, resume: bool) -> str:
+    """Make the run folder (0700) and write ``run.json`` (redacted, 0600); returns the run id."""
+    if resume:
+        return json.loads((folder / "run.json").read_text()).get("run_id") or folder.name
+    try:
+        private_dir(folder)
+    except OSError as exc:
+        flag = "--out" if opts.out else "the state folder"
+        raise UsageError(f"{flag} {folder}: cannot make it ({exc.strerror})", fix="give a folder you can write to") from exc
+    # unique on the host too: it names debugagent's worktree and saved files there
+    run_id = f"{folder.name}-{secrets.token_hex(3)}"
+    d = asdict(opts)
+    d["run_id"] = run_id
+    redacted_dump(folder / "run.json", d)
+    return run_id
+
+
+def make_confirm():
+    if not sys.stdin.isatty():
+        return None
+
+    def confirm(question: str) -> bool:
+        err.print(f"[bold]Experiment[/]: {question}. Run it? [y/N] ", end="")
+        try:
+            return input().strip().lower() in ("y", "yes")
+        except EOFError:
+            return False
+    return confirm
+
+
+def make_view(inputs: Inputs, opts: RunOptions, folder: Path, resume: bool, since: float | None) -> View:
+    """The live view on the terminal (quiet under --json); a resumed run's starts where the run stands."""
+    view = View(inputs.playbook.order(), quiet=opts.as_json, since=since)
+    if resume and (folder / "events.jsonl").is_file():
+        view.load(read_events(folder / "events.jsonl"))
+    view.state.set_phase(f"connecting to {opts.host}")
+    return view
+
+
+def advisor_for(opts: RunOptions) -> Any:
+    if not opts.llm:
+        return None
+    from .llm import Advisor
+    return Advisor(opts.llm, opts.llm_model)
+
+
+@dataclass
+class Session:
+    """A run's open pieces; ``close`` releases the host's lock, closes an owned transport and the transcript."""
+
+    ctx: Ctx
+    folder: Path
+    lock: HostLock | None = None
+    owned: bool = True
+
+    @property
+    def transcript(self) -> Transcript:
+        return self.ctx.transcript
+
+    def close(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+        if self.owned:
+            self.ctx.transport.close()
+        if not self.transcript._file.closed:
+            self.transcript.close()
+            try:
+                write_markdown(self.folder)
+            except DebugAgentError:
+                pass
+
+
+def _failed_to_connect(folder: Path, opts: RunOptions, inputs: Inputs, resume: bool, view: View, exc: Exception) -> None:
+    """The host could not be opened: the run folder still says so."""
+    run_id = start_folder(folder, opts, resume)
+    transcript = Transcript(folder, run_id)
+    transcript.listeners.append(view.feed)
+    if not resume:
+        transcript.emit("run_started", **header(opts, inputs.playbook, run_id))
+    transcript.emit("error", message=str(exc), kind="transport")
+    transcript.close()
+    write_markdown(folder)
+
+
+def open_run(opts: RunOptions, inputs: Inputs, folder: Path, *, resume: bool, transport: Any, view: View) -> Session:
+    """Open the host (unless a transport is given: it is then left open), the run folder, the transcript, the
+    journal and the host's lock; nothing is changed on the host."""
+    owned = transport is None
+    try:
+        if transport is None:
+            transport = open_transport(opts.host, opts.ssh)
+    except TransportError as exc:
+        _failed_to_connect(folder, opts, inputs, resume, view, exc)
+        raise
+    try:
+        run_id = start_folder(folder, opts, resume)
+    except BaseException:
+        if owned:
+            transport.close()
+        raise
+    transcript = Transcript(folder, run_id)
+    transcript.listeners.append(view.feed)
+    remote = host_side(transport)
+    undo = Journal.open(folder / "journal.json", run_id, opts.host, remote, host_instance(transport))
+    if resume:
+        transcript.emit("resumed", text=f"resumed on {transport.host}; the last finished step is kept, the rest runs again")
+    else:
+        transcript.emit("run_started", **header(opts, inputs.playbook, run_id, inputs.baseline_snapshot))
+    lock = _locked(HostLock(remote, run_id), opts, transcript, folder, transport, owned)
+    transport.on_event = lambda kind, text: transcript.emit("error", kind=kind, message=text)
+    ctx = make_ctx(inputs, transport, transcript, undo, run_id, advisor=advisor_for(opts), confirm=make_confirm())
+    return Session(ctx=ctx, folder=folder, lock=lock, owned=owned)
+
+
+def _locked(lock: HostLock, opts: RunOptions, transcript: Transcript, folder: Path, transport: Any,
+            owned: bool) -> HostLock:
+    """The host's lock taken, or the refusal recorded (and the transport closed) before it is raised."""
+    try:
+        lock.acquire(force=opts.force_unlock)
+    except (HostLocked, OSError, TransportError) as exc:
+        transcript.emit("error", message=str(exc), kind="lock")
+        transcript.close()
+        write_markdown(folder)
+        if owned:
+            transport.close()
+        if isinstance(exc, OSError):
+            raise TransportError(str(exc), host=transport.host) from exc
+        raise
+    return lock
+
+
+# ---------------------------------------------------------------- a replay
+def open_replay(events: list[dict[str, Any]], *, playbook: str | None, out: Path, file: str) -> tuple[Ctx, ReplayTransport]:
+    """The recorded run's inputs against its recorded outputs, writing a transcript of its own in ``out``."""
+    head = events[0]
+    inputs = inputs_from_recording(head, playbook, file)
+    transport = ReplayTransport(events, file)
+    out.mkdir(parents=True, exist_ok=True)
+    transcript = Transcript(out, head["run_id"])
+    transcript.emit("run_started", **{k: v for k, v in head.items() if k not in ("event", "seq", "t", "run_id")},
+                    replay_of=file)
+    llm_answers = [e for e in events if e["event"] == "llm_call"]
+    advisor = None
+    if llm_answers:
+        from .llm import RecordedAdvisor
+        advisor = RecordedAdvisor(llm_answers)
+    undo = Journal(out / "journal.json", head["run_id"], transport.host)
+    return make_ctx(inputs, transport, transcript, undo, head["run_id"], advisor=advisor), transport

@@ -1,0 +1,309 @@
+"""The I/O steps the graph's nodes call: each reads the host (or changes it, in an experiment)
+through ``Ctx``'s runners and returns typed values; the logic they apply is in the pure
+modules (``stats``, ``verdicts``, ``conclusion``, ``facts``)."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from tools.errors import UsageError
+from tools.host import HostFacts, ServerInfo
+from tools.redact import redact
+from tools.snapshot import OPTIONAL_PROBES, Snapshot, collect
+
+from . import verdicts as vd
+from .context import Ctx
+from .discovery import run_input
+from .experiments import ConnectionLost, ExperimentError, Lab, LabSetup, Measure
+from .facts import LabFacts, build_facts
+from .results import ExperimentResult, Regression
+from .state import Current, RunState
+from .stats import Reproduction, fresh_reference_runs, reproduce, share_interval
+
+REPRODUCE_FIRST = 3
+RETRIES = 2   # an experiment whose connection was lost runs again, this many times
+
+
+# ---------------------------------------------------------------- words
+def intro(ctx: Ctx) -> str:
+    """What the user reported, and the plan."""
+    sym, base = ctx.symptom, ctx.baseline
+    text = f"The user reports {sym.text}"
+    if base:
+        text += f" against a baseline of {base.text}"
+    elif ctx.baseline_snapshot:
+        text += f" against the baseline snapshot of {ctx.baseline_snapshot.host} ({ctx.baseline_snapshot.taken_at})"
+    return text + (f" ({'lower' if sym.direction == 'lower' else 'higher'} is better). The plan: find the server, "
+                   f"reproduce the regression, gather cheap read-only evidence in one pass, then test the suspects one "
+                   f"at a time in the playbook's order ({' → '.join(ctx.playbook.order())}).")
+
+
+def bench_of(ctx: Ctx, d: dict[str, Any]) -> str | None:
+    """The benchmark command: ``--bench`` wins (a resumed run gets it again, since the saved state is redacted)."""
+    bench = ctx.overrides.bench or d.get("bench")
+    if bench and "[REDACTED]" in bench:
+        raise UsageError("the benchmark command held a secret, so the saved run does not have it",
+                         fix="give it again: debugagent resume RUN --bench '…'")
+    return bench
+
+
+# ---------------------------------------------------------------- probe
+def snapshot(ctx: Ctx, d: dict[str, Any]) -> Snapshot:
+    """The cheap read-only evidence, in one concurrent pass (GPUs read while the benchmark runs)."""
+    facts = HostFacts.model_validate(d["host_facts"]) if d.get("host_facts") else None
+    server = ServerInfo.model_validate(d["server"]) if d.get("server") else None
+    probes = ctx.playbook.probes()
+    ctx.say(gathering(probes))
+    return collect(ctx.runner(None), bench=bench_of(ctx, d), python=d.get("python"), repo=d.get("repo"),
+                   known=(facts, server), metric=d.get("metric"), probes=probes)
+
+
+def gathering(probes: set[str]) -> str:
+    """What the probe step says it collects: every probe, or those the playbook's checks name."""
+    left_out = [t for t in OPTIONAL_PROBES if t not in probes]
+    if not left_out:
+        return ("Gathering the cheap read-only evidence in one concurrent pass: GPU state (read while the benchmark "
+                "runs, since idle GPUs show low clocks and PCIe gen 1), driver, GPU tenants, packages with hashes of "
+                "their compiled files, and git state.")
+    return (f"Gathering the read-only evidence the playbook's checks name in one concurrent pass "
+            f"({', '.join(sorted(probes))}); left out, since no hypothesis checks them: {', '.join(left_out)}.")
+
+
+def _baseline_for(ctx: Ctx, unit: str | None) -> tuple[float | None, list[float], str]:
+    if ctx.baseline is not None:
+        return ctx.baseline.in_unit(unit or ctx.baseline.unit), [], ctx.baseline.text
+    bs = ctx.baseline_snapshot.bench.get("samples") if ctx.baseline_snapshot else None
+    if bs:
+        return statistics.fmean(bs), list(bs), f"the baseline snapshot's {len(bs)} runs"
+    return None, [], ""
+
+
+LEAD = {"regression": "The regression is real: ", "none": "No reproducible regression: ",
+        "better": "Better than the baseline, not worse (swapped?): "}
+
+
+def reproduce_regression(ctx: Ctx, d: dict[str, Any]) -> tuple[Regression, int]:
+    """Sequential: 3 runs, then one more while undecided, up to --reproduce-runs."""
+    if not bench_of(ctx, d):
+        return Regression(), 0
+    r = ctx.runner(None)
+    most = ctx.overrides.most_reproduce_runs
+    ctx.say(f"Reproducing first: {min(REPRODUCE_FIRST, most)} runs of the benchmark as the host is now, more while "
+            f"the answer is not clear (at most {most}).")
+    vals: list[float] = []
+    unit, runs, rep = None, 0, None
+    base, source = None, ""
+    while runs < most:
+        o = r.call("bench", {"cmd": bench_of(ctx, d), "metric": d["metric"], "cwd": d.get("repo"),
+                             "regex": ctx.overrides.bench_regex}, why=f"reproduce, run {runs + 1}")
+        runs += 1
+        if o.ok:
+            vals.append(o.output.value)
+            unit = o.output.unit or unit
+        base, base_samples, source = _baseline_for(ctx, unit)
+        if base is None or len(vals) < min(REPRODUCE_FIRST, most):
+            continue
+        claimed = ctx.symptom.worse(ctx.symptom.in_unit(unit or ctx.symptom.unit), base)
+        rep = reproduce(vals, base, ctx.symptom.direction == "lower", claimed, baseline_samples=base_samples,
+                        final=runs >= most)
+        if rep.outcome != "more":
+            break
+    reg = regression_of(vals, rep, base, source)
+    ctx.say(reproduce_words(reg, rep, len(vals)))
+    return reg, runs
+
+
+def regression_of(vals: list[float], rep: Reproduction | None, base: float | None, source: str) -> Regression:
+    """The reproduce step's answer as a ``Regression`` (only the fields it measured are set)."""
+    if not vals:
+        return Regression(measured=False, real=True, why="the benchmark failed")
+    if rep is None:
+        return Regression(measured=False, samples=vals, mean=statistics.fmean(vals), real=True,
+                          why="no baseline number to compare with")
+    return Regression(measured=True, samples=vals, mean=rep.mean, baseline=base, baseline_source=source,
+                      real=rep.outcome == "regression", delta=rep.delta, delta_se=rep.delta_se, sd=rep.sd,
+                      why=rep.text, outcome=rep.outcome, runs_needed=rep.runs_needed)
+
+
+def reproduce_words(reg: Regression, rep: Reproduction | None, n: int) -> str:
+    if not reg.samples:
+        return "The benchmark failed every time; experiments cannot be measured."
+    if rep is None:
+        return (f"Measured {statistics.fmean(reg.samples):.4g} over {n} runs; no baseline number to compare with, "
+                "so the user's report is taken as the regression and no share can be measured.")
+    lead = LEAD.get(rep.outcome) or f"Undecided after {n} runs (run with --reproduce-runs {rep.runs_needed}): "
+    return lead + rep.text + "."
+
+
+# ---------------------------------------------------------------- facts
+def _redacted(snap: Snapshot) -> Snapshot:
+    # redacted as a saved baseline snapshot and the checkpointed state are, so they compare alike
+    return Snapshot.model_validate(redact(snap.model_dump(mode="json")))
+
+
+def rule_facts(ctx: Ctx, s: RunState) -> dict[str, Any]:
+    """The facts the playbook's rules see."""
+    assert s.snapshot is not None
+    return jsonable(build_facts(_redacted(s.snapshot), baseline=ctx.baseline_snapshot,
+                                regression=s.regression.to_json(),
+                                knowledge=ctx.playbook.knowledge, symptom=ctx.symptom.model_dump(),
+                                group=ctx.playbook.group))
+
+
+def lab_facts(ctx: Ctx, s: RunState) -> LabFacts:
+    """What experiments read of the host as probed (the same redacted snapshot as the rules')."""
+    assert s.snapshot is not None
+    return LabFacts.of(_redacted(s.snapshot), ctx.baseline_snapshot)
+
+
+def jsonable(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {str(k): jsonable(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [jsonable(x) for x in v]
+    return v
+
+
+# ---------------------------------------------------------------- verdicts in the transcript
+def emit_verdict(ctx: Ctx, hid: str, h: vd.Hyp, because: str) -> None:
+    ctx.transcript.emit("verdict", hypothesis=hid, status=h.status, how=h.how, because=because, share=h.share,
+                        share_ci=list(h.share_ci) if h.share_ci else None, next=h.next)
+    ctx.on_status("verdict", {"hypothesis": hid, "status": h.status})
+
+
+def judge_all(ctx: Ctx, facts: dict[str, Any]) -> dict[str, vd.Hyp]:
+    """Each hypothesis judged on the evidence (``verdicts.judge``) and opened in the transcript with its verdict,
+    one after the other (a rule that fails on these facts stops there)."""
+    hyps: dict[str, vd.Hyp] = {}
+    for hid in ctx.playbook.order():
+        hp = ctx.playbook.get(hid)
+        hyps[hid] = vd.judge(ctx.playbook, hid, facts)
+        ctx.transcript.emit("hypothesis_opened", hypothesis=hid, title=hp.title, checks=list(hp.checks))
+        emit_verdict(ctx, hid, hyps[hid], "; ".join(hyps[hid].because))
+    return hyps
+
+
+# ---------------------------------------------------------------- plan
+def candidates(ctx: Ctx, s: RunState, hyps: dict[str, vd.Hyp]) -> list[tuple[str, dict[str, Any]]]:
+    base_head = ctx.baseline_snapshot.repo.head if ctx.baseline_snapshot and ctx.baseline_snapshot.repo else None
+    return vd.candidates(hyps, ctx.playbook.order(), s.done, {h.id: h.cost for h in ctx.playbook.hypotheses},
+                         base_head)
+
+
+def add_groups(ctx: Ctx, s: RunState, hyps: dict[str, vd.Hyp]) -> bool:
+    """The known suspects do not explain the regression: test the not-judged flags and variables, in groups."""
+    if ctx.baseline_snapshot is not None:
+        return False
+    nj = vd.NotJudged.model_validate((s.facts or {}).get("not_judged") or {})
+    added = vd.add_groups(hyps, nj)
+    for hid, items in added:
+        ctx.say(f"The known suspects do not explain the regression; testing what no knowledge list judges, as a "
+                f"group: {', '.join(items)} (split like a bisection if it recovers).", hid)
+    return bool(added)
+
+
+def choose(ctx: Ctx, s: RunState) -> dict[str, Any]:
+    """The next experiment by expected value (``verdicts.order_experiments``), asked for where mutations are not
+    allowed; not-judged values in groups last. Returns the state's update."""
+    hyps = {k: h.model_copy(deep=True) for k, h in s.hyps.items()}
+    cands = candidates(ctx, s, hyps)
+    if vd.explains_enough(hyps):
+        cands = [c for c in cands if c[1].get("group")]   # a group that recovered is still split to name its culprit
+        if not cands:
+            ctx.say(vd.enough_words(hyps))
+            return {"current": None}
+    elif not cands and add_groups(ctx, s, hyps):
+        cands = candidates(ctx, s, hyps)
+    if ctx.advisor is not None and len(cands) > 1:
+        cands = ctx.advisor.order(cands, s.facts or {}, dump_hyps(hyps), ctx.transcript)
+    return ask(ctx, s, hyps, cands)
+
+
+def ask(ctx: Ctx, s: RunState, hyps: dict[str, vd.Hyp], cands: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """The first candidate the user allows (``--allow-mutations`` allows all); the others noted as not run."""
+    notes, done = list(s.notes), list(s.done)
+    for hid, spec in cands:
+        title = spec.get("title") or spec["kind"]
+        if ctx.allow_mutations or (ctx.confirm is not None and ctx.confirm(f"{title} (to test {hid}; undone afterwards)")):
+            ctx.say(f"Next: {title}, to test {hid} ({hyps[hid].because[0]}).", hid)
+            return {"current": Current(hyp=hid, spec=spec), "hyps": hyps, "done": done, "notes": notes}
+        note = f"{hid}: experiment \"{title}\" not run (it changes the host: give --allow-mutations or answer yes)"
+        ctx.say(note, hid)
+        notes.append(note)
+        hyps[hid] = vd.not_run(hyps[hid], spec, title)
+        done.append(vd.exp_key(hid, spec))
+    return {"current": None, "hyps": hyps, "done": done, "notes": notes}
+
+
+def dump_hyps(hyps: dict[str, vd.Hyp]) -> dict[str, dict[str, Any]]:
+    return {k: h.model_dump(mode="json") for k, h in hyps.items()}
+
+
+# ---------------------------------------------------------------- experiment
+def lab_for(ctx: Ctx, s: RunState, hid: str) -> Lab:
+    """A lab for one experiment, measuring as the reproduce step did, with the run's budget and setup."""
+    d, reg = s.discovered, s.regression
+    max_runs = int(ctx.overrides.max_runs or 0)
+    # re-measure the reference just before the change (a benchmark run in a worktree also re-measures it between
+    # its runs); also for a code revert that restarts the server: the reference is gone then
+    fresh = fresh_reference_runs(reg.sd, reg.delta)
+    fresh = min(fresh, max_runs - 2) if max_runs else fresh
+    lab = Lab(ctx.runner, lambda ev, **kw: ctx.transcript.emit(ev, hypothesis=hid, **kw), ctx.undo,
+              Measure(bench=bench_of(ctx, d), metric=d["metric"], cwd=d.get("repo"), regex=ctx.overrides.bench_regex,
+                      ready_timeout_s=ctx.overrides.ready_timeout,
+                      max_runs=max(2, max_runs - fresh) if max_runs else 0),
+              ctx.run_id, ctx.symptom.direction == "lower",
+              LabSetup.from_inputs(ctx.overrides, (d.get("host_facts") or {}).get("profile")))
+    lab.discovery = run_input(ctx.overrides, d["metric"], d.get("server"))
+    lab.fresh_runs = fresh   # how many to run; ``remeasure`` sets how many it had
+    return lab
+
+
+def remeasure(ctx: Ctx, lab: Lab, hid: str, s: RunState) -> list[float]:
+    """The reference runs: the reproduce step's, and the ones re-measured just before the change."""
+    reference = list(s.regression.samples)
+    for _ in range(lab.fresh_runs):
+        v = lab.bench(ctx.runner(hid), s.discovered.get("repo"), "the reference state, re-measured before the change")
+        reference += [v] if v is not None else []
+    lab.fresh_runs = len(reference) - len(s.regression.samples)
+    return reference
+
+
+def run_experiment(ctx: Ctx, s: RunState) -> tuple[Current, int]:
+    """Run the chosen experiment (again, up to ``RETRIES`` times, when the connection was lost); the result
+    and the benchmark runs it took."""
+    cur = s.current
+    assert cur is not None
+    hid, spec, reg = cur.hyp, cur.spec, s.regression
+    lab = lab_for(ctx, s, hid)
+    reference = remeasure(ctx, lab, hid, s)
+    ctx.transcript.emit("experiment", hypothesis=hid, phase="start", text=spec.get("title") or spec["kind"], spec=spec)
+    facts, retried = lab_facts(ctx, s), cur.retried
+    while True:
+        try:
+            result = lab.run(hid, spec, facts, reference, reg.size)
+            result = decided(result, getattr(lab, "last_decision", None), reg)
+        except ConnectionLost as exc:
+            ctx.say(str(exc), hid)
+            if retried < RETRIES:
+                retried += 1
+                continue
+            result = ExperimentResult.failed(spec["kind"], str(exc))
+        except ExperimentError as exc:
+            result = ExperimentResult.failed(spec["kind"], str(exc))
+        break
+    ctx.transcript.emit("experiment", hypothesis=hid, phase="result", text=result.text, share=result.share,
+                        significant=result.significant)
+    return cur.model_copy(update={"result": result, "retried": retried}), lab.bench_runs
+
+
+def decided(result: ExperimentResult, d: Any, reg: Regression) -> ExperimentResult:
+    """The three-way outcome and the share's interval (with the regression's own uncertainty)."""
+    if d is None:
+        return result
+    out: dict[str, Any] = {"outcome": d.outcome, "improvement": d.improvement, "share_ci": None, "share_se": None}
+    if reg.size:
+        share, lo, hi = share_interval(d.improvement, d.improvement_se, d.df, reg.size, reg.delta_se or 0.0)
+        out.update(share=round(share, 3), share_ci=(round(lo, 3), round(hi, 3)), share_se=(hi - share) / 1.96)
+    return result.model_copy(update=out)

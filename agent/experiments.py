@@ -36,7 +36,6 @@ from .stats import (
     bisect_step,
     culprit_confidence,
     decide,
-    fresh_agrees,
     pooled_sd,
     run_budget,
 )
@@ -401,9 +400,9 @@ class Lab:
         """A restart recovered the regression: was it the change, or the restart itself? A server that slows
         down while it runs (a cache that grows, fragmented memory, a leak) is fast again after any restart, so
         the experiment's server is compared with the server as found, restarted by the undo just now and
-        measured the same way. The change stays a cause if it also beats that control (one-sided, as the fresh
-        reference runs are checked); it is not a cause if the restart alone recovers the regression; else
-        undecided."""
+        measured the same way. The change stays a cause if a plain restart recovers little of the regression (the
+        experiment's own test, three-valued) or if the change beats the control as a cause; it is not a cause if
+        the restart alone recovers the regression and the change adds nothing to it; else undecided."""
         vals = result.samples
         n = max(self.CONTROL_RUNS[0], min(len(vals), self.CONTROL_RUNS[1]))
         cap = self.measure_spec.max_runs or 0
@@ -413,25 +412,37 @@ class Lab:
             return result.model_copy(update={"text": f"{result.text}; not compared with a plain restart of the server "
                                              f"as found (--max-runs {cap} left no runs for that control)"})
         self.emit("experiment", phase="plan", text=f"control: the server as found, restarted by the undo, is measured "
-                  f"{n} times, so that what a plain restart recovers is not taken for the change's effect")
+                  f"{n} or more times, so that what a plain restart recovers is not taken for the change's effect")
         # the server the experiment started is gone (the undo stopped it): while the benchmark waits for the one
         # the undo started, that one is watched instead (under a hook, none is: a supervisor may replace it)
         self._started = self._found_again
-        ctrl = [self._measured(r, self.measure_spec.cwd, f"control: the server as found, restarted (run {i + 1} of {n})")
-                for i in range(n)]
-        said = f"control: the server as found, restarted, gives mean {statistics.fmean(ctrl):.4g} ({n} runs)"
-        if fresh_agrees(bad, ctrl, vals, self.lower):
-            return result.model_copy(update={"control": ctrl, "text": f"{result.text}; {said}: the change beats it "
-                                             "too, so the restart alone does not explain it"})
-        alone = decide(bad, ctrl, regression, self.lower, final=True)
-        d = decide(ctrl, vals, regression, self.lower, final=True)
-        if alone.significant:
-            d = d.model_copy(update={"outcome": "not_cause"})
+        most = max(n, min(self.CONTROL_RUNS[1], cap - (self.bench_runs - self._runs_at_start))) if cap \
+            else self.CONTROL_RUNS[1]
+        ctrl: list[float] = []
+        while True:   # sequential, as the experiment itself: more runs while neither question is decided
+            while len(ctrl) < n:
+                ctrl.append(self._measured(r, self.measure_spec.cwd,
+                                           f"control: the server as found, restarted (run {len(ctrl) + 1})"))
+            alone = decide(bad, ctrl, regression, self.lower, final=True)   # what a plain restart recovers
+            d = decide(ctrl, vals, regression, self.lower, final=True)        # what the change adds to a restart
+            if alone.outcome != "more" or d.significant or n >= most:
+                break
+            n += 1
+        said = f"control: the server as found, restarted, gives mean {statistics.fmean(ctrl):.4g} ({len(ctrl)} runs)"
+        if alone.outcome == "not_cause":
+            return result.model_copy(update={"control": ctrl, "text": f"{result.text}; {said}: a plain restart "
+                                             f"recovers little of it ({alone.share:.0%}), so the restart alone does "
+                                             "not explain it"})
+        if d.significant:
+            return result.model_copy(update={"control": ctrl, "text": f"{result.text}; {said}: the change still "
+                                             f"beats it ({d.text}), so the restart alone does not explain it"})
+        if alone.significant and d.outcome == "not_cause":
             why = (f"so the restart, not the change, recovered it (a plain restart recovers {alone.share:.0%} of the "
                    "regression): the server slows down while it runs")
         else:
             d = d.model_copy(update={"outcome": "more"})
-            why = "so what the change adds to a plain restart is undecided"
+            why = (f"so what the change adds to a plain restart (which recovers {alone.share:.0%} of the regression) "
+                   "is undecided")
         self.last_decision = d   # the outcome and the share are the change's over the restarted server as found
         return result.model_copy(update={"control": ctrl, "significant": False, "outcome": d.outcome,
                                          "share": round(d.share, 3), "share_ci": None, "decision": why,

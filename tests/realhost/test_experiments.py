@@ -205,7 +205,7 @@ def test_flag_and_env_var_each_measured_by_a_restart(realhost, tmp_path):
     assert set(causes) == {"serving_config", "env_var"}
     assert all(c["how"] == "experiment" and 0.25 < c["explains"] < 0.95 for c in causes.values())
     texts = [e.get("text") or "" for e in o["events"] if e["event"] == "experiment" and e.get("phase") == "result"]
-    assert sum("the change beats it too" in t for t in texts) == 2, texts
+    assert sum("so the restart alone does not explain it" in t for t in texts) == 2, texts
     h.wait_ready()
     after = found_state(h)
     assert same_but_pid(before, after) and "--disable-cuda-graph" in after["argv"]

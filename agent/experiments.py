@@ -36,11 +36,14 @@ from .stats import (
     bisect_step,
     culprit_confidence,
     decide,
+    effect,
     pooled_sd,
     run_budget,
+    share_interval,
 )
 
 BISECT_STEP_MOST = 5
+RESTART_PART = 0.5   # the part of a change's recovery that a plain restart may give before the change is doubted
 
 
 class ExperimentError(Exception):
@@ -400,9 +403,9 @@ class Lab:
         """A restart recovered the regression: was it the change, or the restart itself? A server that slows
         down while it runs (a cache that grows, fragmented memory, a leak) is fast again after any restart, so
         the experiment's server is compared with the server as found, restarted by the undo just now and
-        measured the same way. The change stays a cause if a plain restart recovers little of the regression (the
-        experiment's own test, three-valued) or if the change beats the control as a cause; it is not a cause if
-        the restart alone recovers the regression and the change adds nothing to it; else undecided."""
+        measured the same way: what part of the change's recovery a plain restart also gives, with its interval.
+        The change stays a cause when that part is surely below half, is not one when it is surely above half
+        (the restart did it), and is undecided in between after the most control runs."""
         vals = result.samples
         n = max(self.CONTROL_RUNS[0], min(len(vals), self.CONTROL_RUNS[1]))
         cap = self.measure_spec.max_runs or 0
@@ -419,30 +422,28 @@ class Lab:
         most = max(n, min(self.CONTROL_RUNS[1], cap - (self.bench_runs - self._runs_at_start))) if cap \
             else self.CONTROL_RUNS[1]
         ctrl: list[float] = []
-        while True:   # sequential, as the experiment itself: more runs while neither question is decided
+        gain = effect(bad, vals, self.lower).improvement   # what the change recovered
+        while True:   # sequential, as the experiment itself: more runs while the restart's part is unclear
             while len(ctrl) < n:
                 ctrl.append(self._measured(r, self.measure_spec.cwd,
                                            f"control: the server as found, restarted (run {len(ctrl) + 1})"))
-            alone = decide(bad, ctrl, regression, self.lower, final=True)   # what a plain restart recovers
-            d = decide(ctrl, vals, regression, self.lower, final=True)        # what the change adds to a restart
-            if alone.outcome != "more" or d.significant or n >= most:
+            e = effect(bad, ctrl, self.lower)            # what a plain restart recovers, as a part of ``gain``
+            part, lo, hi = share_interval(e.improvement, e.se, e.df, gain)
+            if hi < RESTART_PART or lo > RESTART_PART or n >= most:
                 break
             n += 1
-        said = f"control: the server as found, restarted, gives mean {statistics.fmean(ctrl):.4g} ({len(ctrl)} runs)"
-        if alone.outcome == "not_cause":
-            return result.model_copy(update={"control": ctrl, "text": f"{result.text}; {said}: a plain restart "
-                                             f"recovers little of it ({alone.share:.0%}), so the restart alone does "
-                                             "not explain it"})
-        if d.significant:
-            return result.model_copy(update={"control": ctrl, "text": f"{result.text}; {said}: the change still "
-                                             f"beats it ({d.text}), so the restart alone does not explain it"})
-        if alone.significant and d.outcome == "not_cause":
-            why = (f"so the restart, not the change, recovered it (a plain restart recovers {alone.share:.0%} of the "
-                   "regression): the server slows down while it runs")
+        said = (f"control: the server as found, restarted, gives mean {statistics.fmean(ctrl):.4g} ({len(ctrl)} runs): "
+                f"a plain restart recovers {part:.0%} of what the change did (95% CI {lo:.0%} to {hi:.0%})")
+        if hi < RESTART_PART:
+            return result.model_copy(update={"control": ctrl, "text": f"{result.text}; {said}, so the restart alone "
+                                             "does not explain it"})
+        d = decide(ctrl, vals, regression, self.lower, final=True)   # the change over the restarted server
+        if lo > RESTART_PART:
+            d = d.model_copy(update={"outcome": "not_cause"})
+            why = "so the restart, not the change, recovered it: the server slows down while it runs"
         else:
             d = d.model_copy(update={"outcome": "more"})
-            why = (f"so what the change adds to a plain restart (which recovers {alone.share:.0%} of the regression) "
-                   "is undecided")
+            why = "so what the change adds to a plain restart is undecided"
         self.last_decision = d   # the outcome and the share are the change's over the restarted server as found
         return result.model_copy(update={"control": ctrl, "significant": False, "outcome": d.outcome,
                                          "share": round(d.share, 3), "share_ci": None, "decision": why,

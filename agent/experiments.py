@@ -409,8 +409,9 @@ class Lab:
         vals = result.samples
         n = max(self.CONTROL_RUNS[0], min(len(vals), self.CONTROL_RUNS[1]))
         cap = self.measure_spec.max_runs or 0
-        if cap:   # --max-runs counts every benchmark run of the experiment, the control's included
-            n = min(n, cap - (self.bench_runs - self._runs_at_start))
+        # --max-runs counts every benchmark run of the experiment, the control's included
+        left = cap - (self.bench_runs - self._runs_at_start) if cap else self.CONTROL_RUNS[1]
+        n = min(n, left)
         if n < 2:
             return result.model_copy(update={"text": f"{result.text}; not compared with a plain restart of the server "
                                              f"as found (--max-runs {cap} left no runs for that control)"})
@@ -419,8 +420,7 @@ class Lab:
         # the server the experiment started is gone (the undo stopped it): while the benchmark waits for the one
         # the undo started, that one is watched instead (under a hook, none is: a supervisor may replace it)
         self._started = self._found_again
-        most = max(n, min(self.CONTROL_RUNS[1], cap - (self.bench_runs - self._runs_at_start))) if cap \
-            else self.CONTROL_RUNS[1]
+        most = max(n, min(self.CONTROL_RUNS[1], left))
         ctrl: list[float] = []
         gain = effect(bad, vals, self.lower).improvement   # what the change recovered
         while True:   # sequential, as the experiment itself: more runs while the restart's part is unclear

@@ -17,6 +17,7 @@ from tools.transport import BaseTransport
 
 from .journal import Journal
 from .playbook import Playbook
+from .signals import held
 from .symptom import Symptom
 from .transcript import Transcript
 
@@ -74,7 +75,7 @@ class Ctx:
             def observe(event: str, data: dict[str, Any], _obs=obs) -> None:
                 _obs(event, data)
                 self.on_status(event, {**data, "hypothesis": hypothesis})
-            r = Runner(self.transport, observe, ids=self._ids)
+            r = Runner(self.transport, observe, ids=self._ids, hold=held)
             self._runners[hypothesis] = r
         return self._runners[hypothesis]
 

@@ -13,7 +13,6 @@ import os
 import re
 import signal
 import sqlite3
-import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,6 +31,7 @@ from .graph import RECURSION_LIMIT, Ctx, build_graph
 from .hosts import SSHOptions, open_transport
 from .journal import HostLock, Journal, host_instance, host_side, others_on_host
 from .session import RunOptions, Session, inputs_from_options, make_view, open_run
+from .signals import Interrupted, Signals
 from .state import conclusion_of, to_jsonable
 from .transcript import Transcript, write_markdown
 from .view import clip
@@ -41,38 +41,14 @@ __all__ = ["RunOptions", "execute", "investigate", "resume_run", "undo_run"]
 err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
 
 
-class Interrupted(KeyboardInterrupt):
-    """SIGINT, SIGTERM or SIGHUP: the run stops, restores the host, and exits 130."""
-
-    def __init__(self, signum: int) -> None:
-        self.signum = signum
-        super().__init__(signal.Signals(signum).name)
-
-
-class Signals:
-    """SIGINT, SIGTERM and SIGHUP raise :class:`Interrupted` once; later ones are ignored, so a
-    second Ctrl-C (or systemd's follow-up) cannot cut the undo short."""
-
-    NAMES = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-    def __init__(self) -> None:
-        self.old: dict[int, Any] = {}
-        self.received: list[int] = []
-
-    def handler(self, signum: int, frame: Any) -> None:
-        self.received.append(signum)
-        if len(self.received) == 1:
-            raise Interrupted(signum)
-
-    def __enter__(self) -> Signals:
-        if threading.current_thread() is threading.main_thread():   # handlers can only be set there
-            for sig in self.NAMES:
-                self.old[sig] = signal.signal(sig, self.handler)
-        return self
-
-    def __exit__(self, *a: Any) -> None:
-        for sig, h in self.old.items():
-            signal.signal(sig, h)
+def held_note(signum: int) -> None:
+    """Said at once when a signal waits for the change under way (a plain write: a signal handler must not
+    re-enter the console)."""
+    name = signal.Signals(signum).name
+    try:
+        os.write(2, f"{name}: the change under way on the host finishes first; then every change is undone\n".encode())
+    except OSError:
+        pass
 
 
 def say_err(text: str) -> None:
@@ -143,7 +119,7 @@ def drive(session: Session, resume: bool) -> dict[str, Any] | None:
     try:
         if resume:
             check_checkpoints(folder, conn, config)
-        with Signals():
+        with Signals(on_held=held_note):
             return _guarded(ctx, folder, lambda: graph.invoke(None if resume else {}, config))
     except RestoreError as exc:
         if not exc.fix:

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,8 +149,12 @@ Observer = Callable[[str, dict[str, Any]], None]
 class Runner:
     """Sends typed tool calls over a transport and reports each to ``observer``."""
 
-    def __init__(self, transport: Transport, observer: Observer | None = None, ids: Any = None) -> None:
+    def __init__(self, transport: Transport, observer: Observer | None = None, ids: Any = None,
+                 hold: Callable[[], AbstractContextManager[Any]] | None = None) -> None:
         self.transport = transport
+        # a mutation's command and the recording of its result run inside ``hold()``: a run's signal
+        # handling keeps a signal until both are done (an interrupted wait would not stop the command on the host)
+        self.hold = hold or nullcontext
         self.observer = observer or (lambda event, data: None)
         self.count = 0
         self._ids = ids  # a shared itertools.count when several runners share one transcript
@@ -170,6 +175,11 @@ class Runner:
         data_in = inp.model_dump(mode="json")
         self.observer("tool_call", {"call_id": call_id, "tool": tool, "input": data_in, "command": command,
                                     "display": self.transport.display(shown), "why": why})
+        with self.hold() if row.mutates else nullcontext():
+            return self._send(row, tool, inp, command, data_in, call_id, timeout)
+
+    def _send(self, row: Tool, tool: str, inp: BaseModel, command: str, data_in: dict[str, Any], call_id: int,
+              timeout: float | None) -> Outcome:
         t = timeout or row.timeout
         start = time.monotonic()
         kw = {"retry": not row.mutates} if self.transport.supports_retry else {}

@@ -1,0 +1,84 @@
+"""SIGINT, SIGTERM and SIGHUP during a run: raised once as :class:`Interrupted`, never half-way through a change.
+
+A signal that arrives while a mutation's command is under way on the host (``held``) is
+kept until that command has returned and its result is recorded: stopping the wait
+would not stop the command on the host, and an undo sent at once could reach the host
+before it and be undone by it (a restart still starting a server after the undo looked).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, ClassVar
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP: the run stops, restores the host, and exits 130."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
+class Signals:
+    """SIGINT, SIGTERM and SIGHUP raise :class:`Interrupted` once; later ones are ignored, so a
+    second Ctrl-C (or systemd's follow-up) cannot cut the undo short. Inside ``held()`` the first
+    one waits for the end of the held section."""
+
+    NAMES = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    active: ClassVar[Signals | None] = None
+
+    def __init__(self, on_held: Any = None) -> None:
+        self.old: dict[int, Any] = {}
+        self.received: list[int] = []
+        self.depth = 0
+        self.pending: int | None = None
+        self.on_held = on_held or (lambda signum: None)
+
+    def handler(self, signum: int, frame: Any) -> None:
+        self.received.append(signum)
+        if len(self.received) == 1:
+            if self.depth:
+                self.pending = signum
+                self.on_held(signum)
+                return
+            raise Interrupted(signum)
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            if not self.depth and self.pending is not None:
+                signum, self.pending = self.pending, None
+                raise Interrupted(signum)
+
+    def __enter__(self) -> Signals:
+        if threading.current_thread() is threading.main_thread():   # handlers can only be set there
+            for sig in self.NAMES:
+                self.old[sig] = signal.signal(sig, self.handler)
+            Signals.active = self
+        return self
+
+    def __exit__(self, *a: Any) -> None:
+        for sig, h in self.old.items():
+            signal.signal(sig, h)
+        if Signals.active is self:
+            Signals.active = None
+
+
+@contextmanager
+def held() -> Iterator[None]:
+    """A section a signal does not cut (a mutation's command and the recording of its result); outside a run's
+    ``Signals``, a plain section."""
+    s = Signals.active
+    if s is None:
+        yield
+        return
+    with s.hold():
+        yield

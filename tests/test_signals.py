@@ -1,0 +1,61 @@
+"""A signal during a run is raised once, and never half-way through a change on the host."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from agent.signals import Interrupted, Signals, held
+from tools.registry import Runner
+from tools.transport import FakeTransport
+
+
+def signalled_mid_command(sig: signal.Signals):
+    """A host whose every command is still running when ``sig`` reaches the run."""
+    def handler(command: str) -> str:
+        os.kill(os.getpid(), sig)
+        time.sleep(0.3)          # the handler runs here, on the main thread
+        return "done\n"
+    return handler
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
+def test_a_signal_during_a_mutation_waits_for_its_result(sig):
+    seen: list[tuple[str, dict]] = []
+    told: list[int] = []
+    r = Runner(FakeTransport(signalled_mid_command(sig)), lambda e, d: seen.append((e, d)), hold=held)
+    with Signals(on_held=told.append), pytest.raises(Interrupted) as exc:
+        r.call("remove_file", {"path": "/tmp/debugagent-x.env"})
+    assert exc.value.signum == sig
+    assert told == [sig]
+    # the change's command ran to its end and its result is recorded before the run stops
+    assert [e for e, _ in seen] == ["tool_call", "tool_result"]
+    assert seen[1][1]["stdout"] == "done\n"
+
+
+def test_a_signal_during_a_probe_stops_it_at_once():
+    seen: list[str] = []
+    r = Runner(FakeTransport(signalled_mid_command(signal.SIGTERM)), lambda e, d: seen.append(e), hold=held)
+    started = time.monotonic()
+    with Signals(), pytest.raises(Interrupted):
+        r.call("host_info")
+    assert time.monotonic() - started < 0.29   # raised inside the wait, not after it
+    assert seen == ["tool_call"]
+
+
+def test_a_second_signal_is_ignored_and_a_later_section_runs_whole():
+    r = Runner(FakeTransport(signalled_mid_command(signal.SIGTERM)), hold=held)
+    with Signals() as s:
+        with pytest.raises(Interrupted):
+            r.call("remove_file", {"path": "/tmp/debugagent-x.env"})
+        out = r.call("remove_file", {"path": "/tmp/debugagent-x.env"})   # the undo: not cut short
+        assert out.ok and len(s.received) == 2
+
+
+def test_outside_a_run_a_held_section_is_plain():
+    assert Signals.active is None
+    with held():
+        pass

@@ -31,9 +31,13 @@ KINDS = {
     "launch-blocking": "restart_server",          # a server restart without CUDA_LAUNCH_BLOCKING
     "power-capped": "set_power_limit",            # the power limit raised
     "code-regression-bisect": "git_worktree_remove",  # a worktree, then bisection in it
+    "flashinfer-wheelhouse": "remove_tree",       # a package overlay from the wheelhouse, then a restart onto it
+    "governor-powersave": "set_governor",         # the CPU governor set to performance
 }
 CHANGE = {"restart_server": "restart_server", "set_power_limit": "set_power_limit",
-          "git_worktree_remove": "git_worktree_add"}
+          "git_worktree_remove": "git_worktree_add", "remove_tree": "overlay_install", "set_governor": "set_governor"}
+# what an experiment leaves in the host's /tmp while it runs (all of it gone once the host is as found)
+LEFT = "ls -d /tmp/debugagent-* 2>/dev/null; true"
 
 
 def transport(s) -> SSHTransport:
@@ -49,10 +53,11 @@ def state(s) -> dict:
         repo = snap.repo.repo if snap.repo else None
         wt = t.run(f"git -C {q(repo)} worktree list --porcelain").stdout if repo else ""
         journals = t.run('ls "$HOME/.cache/debugagent/" 2>/dev/null | grep journal; true').stdout
+        left = t.run(LEFT).stdout
         fs = r.call("find_servers")
         servers = [p.argv for p in fs.output.processes] if fs.ok else None
     return {"snap": snap, "argv": snap.server.argv if snap.server else None, "env": snap.server.env if snap.server else None,
-            "worktrees": wt, "journals": journals, "servers": len(servers or [])}
+            "worktrees": wt, "journals": journals, "left": left, "servers": len(servers or [])}
 
 
 # GPU readings that follow the load, not the host's settings: a benchmark the killed run started may still be
@@ -65,7 +70,7 @@ def assert_as_found(before: dict, after: dict) -> None:
     changes = [c for c in diff(before["snap"], after["snap"])
                if not (c.path.startswith("gpus.") and c.path.rsplit(".", 1)[-1] in LOAD_READINGS)]
     assert changes == []
-    for k in ("argv", "env", "worktrees", "journals", "servers"):
+    for k in ("argv", "env", "worktrees", "journals", "left", "servers"):
         assert before[k] == after[k], k
 
 
@@ -175,6 +180,16 @@ def test_sigterm_and_sighup_undo_and_exit_130(sig, tmp_path):
 @pytest.mark.parametrize("phase", ["journalled", "changed", "measuring"])
 def test_every_signal_at_every_phase_of_power_and_worktree(name, sig, phase, tmp_path):
     """A power limit and a worktree (with bisection): every signal at every phase leaves, after `undo`, the host as found."""
+    kill_then_restore(name, sig, phase, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["flashinfer-wheelhouse", "governor-powersave"])
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+@pytest.mark.parametrize("phase", ["journalled", "changed", "measuring"])
+def test_every_signal_at_every_phase_of_a_package_overlay_and_the_governor(name, sig, phase, tmp_path):
+    """A package overlay installed from the wheelhouse (then a restart onto it), and the CPU governor: every
+    signal at every phase leaves, after `undo`, the host as found, the overlay's folder gone."""
     kill_then_restore(name, sig, phase, tmp_path)
 
 

@@ -76,7 +76,7 @@ def discover(ctx: Ctx, s: RunState) -> dict[str, Any]:
     for line in narrate(d):
         ctx.say(line)
     state = state_of(d)
-    check_benchmark(ctx, state)
+    state["first_run"] = check_benchmark(ctx, state)   # the reproduce step's first run
     return {"discovered": state}
 
 

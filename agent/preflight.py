@@ -66,11 +66,12 @@ def metric_problem(text: str, exit_code: int | None, bench: str, symptom: Sympto
                       fix=f"use {_example(best[0], best[2], symptom, baseline)}")
 
 
-def check_benchmark(ctx: Any, discovered: dict[str, Any]) -> None:
-    """Run the benchmark once, before anything else; stop (exit 2) when it does not report the named metric."""
+def check_benchmark(ctx: Any, discovered: dict[str, Any]) -> dict[str, Any] | None:
+    """Run the benchmark once, before anything else; stop (exit 2) when it does not report the named metric.
+    Returns the run's reading (``value``, ``unit``): the host as found, measured once (the reproduce step's first run)."""
     bench = discovered.get("bench")
     if not bench:
-        return
+        return None
     o = ctx.runner(None).call("bench", {"cmd": bench, "metric": ctx.symptom.metric, "cwd": discovered.get("repo"),
                                         "regex": ctx.overrides.bench_regex},
                               why=f"check once that the benchmark prints `{ctx.symptom.metric}`")
@@ -79,3 +80,4 @@ def check_benchmark(ctx: Any, discovered: dict[str, Any]) -> None:
                              ctx.overrides.bench_regex)
     if problem is not None:
         raise problem
+    return {"value": o.output.value, "unit": o.output.unit} if o.ok else None

@@ -89,26 +89,29 @@ def reproduce_regression(ctx: Ctx, d: dict[str, Any]) -> tuple[Regression, int]:
         return Regression(), 0
     r = ctx.runner(None)
     most = ctx.overrides.most_reproduce_runs
-    ctx.say(f"Reproducing first: {min(REPRODUCE_FIRST, most)} runs of the benchmark as the host is now, more while "
-            f"the answer is not clear (at most {most}).")
-    vals: list[float] = []
-    unit, runs, rep = None, 0, None
+    first = d.get("first_run")
+    ctx.say(f"Reproducing first: {min(REPRODUCE_FIRST, most)} runs of the benchmark as the host is now"
+            + (" (the check's run is the first)" if first else "") + f", more while the answer is not clear (at most {most}).")
+    vals: list[float] = [first["value"]] if first else []
+    unit, runs, rep = (first["unit"] if first else None), len(vals), None
     base, source = None, ""
-    while runs < most:
+    while True:
+        if runs:
+            base, base_samples, source = _baseline_for(ctx, unit)
+            if base is not None and len(vals) >= min(REPRODUCE_FIRST, most):
+                claimed = ctx.symptom.worse(ctx.symptom.in_unit(unit or ctx.symptom.unit), base)
+                rep = reproduce(vals, base, ctx.symptom.direction == "lower", claimed, baseline_samples=base_samples,
+                                final=runs >= most)
+                if rep.outcome != "more":
+                    break
+        if runs >= most:
+            break
         o = r.call("bench", {"cmd": bench_of(ctx, d), "metric": d["metric"], "cwd": d.get("repo"),
                              "regex": ctx.overrides.bench_regex}, why=f"reproduce, run {runs + 1}")
         runs += 1
         if o.ok:
             vals.append(o.output.value)
             unit = o.output.unit or unit
-        base, base_samples, source = _baseline_for(ctx, unit)
-        if base is None or len(vals) < min(REPRODUCE_FIRST, most):
-            continue
-        claimed = ctx.symptom.worse(ctx.symptom.in_unit(unit or ctx.symptom.unit), base)
-        rep = reproduce(vals, base, ctx.symptom.direction == "lower", claimed, baseline_samples=base_samples,
-                        final=runs >= most)
-        if rep.outcome != "more":
-            break
     reg = regression_of(vals, rep, base, source)
     ctx.say(reproduce_words(reg, rep, len(vals)))
     return reg, runs
@@ -261,13 +264,14 @@ def lab_for(ctx: Ctx, s: RunState, hid: str) -> Lab:
 
 
 def remeasure(ctx: Ctx, lab: Lab, hid: str, s: RunState) -> list[float]:
-    """The reference runs: the reproduce step's, and the ones re-measured just before the change."""
-    reference = list(s.regression.samples)
+    """The reference runs re-measured just before the change (the lab asks once, when nothing it does can still
+    fail before the change: a package experiment first looks for the build to install)."""
+    got = []
     for _ in range(lab.fresh_runs):
         v = lab.bench(ctx.runner(hid), s.discovered.get("repo"), "the reference state, re-measured before the change")
-        reference += [v] if v is not None else []
-    lab.fresh_runs = len(reference) - len(s.regression.samples)
-    return reference
+        got += [v] if v is not None else []
+    lab.fresh_runs = len(got)
+    return got
 
 
 def run_experiment(ctx: Ctx, s: RunState) -> tuple[Current, int]:
@@ -277,7 +281,8 @@ def run_experiment(ctx: Ctx, s: RunState) -> tuple[Current, int]:
     assert cur is not None
     hid, spec, reg = cur.hyp, cur.spec, s.regression
     lab = lab_for(ctx, s, hid)
-    reference = remeasure(ctx, lab, hid, s)
+    lab.remeasure = lambda: remeasure(ctx, lab, hid, s)
+    reference = list(reg.samples)   # the reproduce step's runs; the lab adds the re-measured ones
     ctx.transcript.emit("experiment", hypothesis=hid, phase="start", text=spec.get("title") or spec["kind"], spec=spec)
     facts, retried = lab_facts(ctx, s), cur.retried
     while True:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -269,3 +270,31 @@ def test_cli_bad_inputs_exit_2(tmp_path):
     r = cli("run", "--host", "sim:power-capped", "--symptom", "decode 74 tok/s", "--baseline", "decode 89 tok/s",
             "--baseline-snapshot", str(tmp_path / "x.json"))
     assert r.returncode == 2
+
+
+def bench_calls(out: dict) -> list[tuple[dict, dict]]:
+    evs = [json.loads(x) for x in (Path(out["transcript"]) / "events.jsonl").read_text().splitlines()]
+    results = {e["call_id"]: e for e in evs if e["event"] == "tool_result"}
+    return [(e, results[e["call_id"]]) for e in evs if e["event"] == "tool_call" and e["tool"] == "bench"]
+
+
+def test_the_benchmarks_check_run_is_the_first_reproduce_run_and_every_run_is_counted(tmp_path):
+    """The run that checks the benchmark prints the metric measures the host as found: it is the reproduce
+    step's first sample (no run wasted), and `bench_runs` counts every benchmark run the host saw."""
+    out = investigate(RunOptions(host="sim:launch-blocking", symptom="verify 30ms", baseline="verify 20ms",
+                                 as_json=True, out=str(tmp_path / "run")))
+    calls = bench_calls(out)
+    assert calls[0][0]["why"].startswith("check once") and calls[1][0]["why"] == "reproduce, run 2"
+    first = [r["output"]["value"] for c, r in calls if c.get("hypothesis") is None]
+    assert len(first) == 3 and out["regression"]["mean"] == pytest.approx(statistics.fmean(first), abs=1e-3)
+    assert "over 3 runs" in out["regression"]["why"]
+    assert out["bench_runs"] == len(calls)
+
+
+def test_a_package_experiment_with_no_build_to_install_spends_no_benchmark_run(tmp_path):
+    """No wheel of the installed version's other build on the host: the package experiment stops before the
+    reference is re-measured."""
+    out = investigate(RunOptions(host="sim:eagle3-flashinfer-rebuilt", symptom="verify 30ms", baseline="verify 20ms",
+                                 as_json=True, out=str(tmp_path / "run")))
+    assert not [c for c, _ in bench_calls(out) if c.get("hypothesis") == "compiled_dependency"]
+    assert any(s["hypothesis"] == "compiled_dependency" for s in out["suspects"])

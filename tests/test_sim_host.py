@@ -3,6 +3,7 @@ sealed host reveals nothing of its scenario (locally and through `sim serve`'s s
 
 from __future__ import annotations
 
+import os
 import re
 import statistics
 from pathlib import Path
@@ -351,3 +352,26 @@ def test_build_bytes_name_no_version_or_build(sim_host):
     salt = host_salt("x")
     assert so_bytes("a", "1.0", "b1", salt) != so_bytes("a", "1.0", "b2", salt)
     assert len({len(so_bytes("a", "1.0", b, salt)) for b in ("b1", "b2", "b3", "b4")}) > 1
+
+
+def test_kernel_cores_cpu_and_memory_are_the_hosts_not_this_machines(sim_host):
+    """`uname`, `nproc`, /proc/cpuinfo and /proc/meminfo on a simulated host show the scenario's host (its kernel,
+    cores, CPU model and memory), never the machine the simulator runs on, and host_info reads them."""
+    t = sim_host("sim:launch-blocking")
+    h = t.scenario.host
+    assert t.run("uname -r").stdout == f"{h.kernel}\n" != f"{os.uname().release}\n"
+    assert t.run("uname -n").stdout == f"{h.hostname}\n"
+    assert t.run("uname -s; uname -m").stdout == "Linux\nx86_64\n"
+    a = t.run("uname -a").stdout
+    assert a.startswith(f"Linux {h.hostname} {h.kernel} ") and os.uname().release not in a
+    assert t.run("nproc").stdout == f"{h.cpu.cores}\n"
+    cpuinfo = t.run("cat /proc/cpuinfo").stdout
+    assert cpuinfo.count("processor\t:") == h.cpu.cores
+    assert set(re.findall(r"model name\t: (.*)", cpuinfo)) == {h.cpu.model}
+    mine = set(re.findall(r"model name\t: (.*)", Path("/proc/cpuinfo").read_text()))
+    assert h.cpu.model not in mine
+    mem = re.search(r"MemTotal:\s+(\d+) kB", t.run("cat /proc/meminfo").stdout)
+    assert mem and int(mem.group(1)) == h.memory_gib * 1024 * 1024
+    assert f"MemTotal:       {mem.group(1)} kB" not in Path("/proc/meminfo").read_text()
+    info = Runner(t).call("host_info").output
+    assert info.kernel == h.kernel and info.cores == h.cpu.cores

@@ -60,6 +60,45 @@ from .standin import so_bytes
 
 DEFAULT_INSTALLED = "2026-11-02T09:00:00+00:00"
 LOADAVG = "0.42 0.37 0.31 1/812 41235\n"  # /proc/loadavg of every simulated host, whatever this machine's load
+
+
+def cpuinfo(model: str, cores: int) -> str:
+    """/proc/cpuinfo of a simulated host: ``cores`` processors of ``model``."""
+    one = ("processor\t: {i}\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\nmodel name\t: {model}\n"
+           "stepping\t: 8\ncpu MHz\t\t: 2000.000\ncache size\t: 107520 KB\nphysical id\t: {sock}\nsiblings\t: {per}\n"
+           "core id\t\t: {core}\ncpu cores\t: {per}\nflags\t\t: fpu vme de pse tsc msr pae mce cx8 apic sep mtrr "
+           "avx2 avx512f amx_bf16 amx_tile amx_int8\nbogomips\t: 4000.00\n\n")
+    per = max(1, cores // 2) if cores > 1 else 1
+    return "".join(one.format(i=i, model=model, sock=i // per, per=per, core=i % per) for i in range(cores))
+
+
+def meminfo(gib: int) -> str:
+    """/proc/meminfo of a simulated host with ``gib`` GiB, mostly free (its first lines, as `free` reads them)."""
+    total = gib * 1024 * 1024
+    free, avail = total * 93 // 100, total * 97 // 100
+    return (f"MemTotal:       {total} kB\nMemFree:        {free} kB\nMemAvailable:   {avail} kB\n"
+            f"Buffers:          {total // 2000} kB\nCached:         {total // 40} kB\nSwapCached:            0 kB\n"
+            "SwapTotal:             0 kB\nSwapFree:              0 kB\n")
+
+
+def uname_script(hostname: str, kernel: str) -> str:
+    """`uname` of a simulated host: its kernel release and node name; the machine and system as a GPU node's.
+    Options as GNU uname takes them (clustered short ones, long ones, ``-a``); fields in uname's order."""
+    values = {"s": "Linux", "n": hostname, "r": kernel, "v": "#1 SMP PREEMPT_DYNAMIC Tue Nov 11 09:12:44 UTC 2025",
+              "m": "x86_64", "p": "x86_64", "i": "x86_64", "o": "GNU/Linux"}
+    longs = {"kernel-name": "s", "nodename": "n", "kernel-release": "r", "kernel-version": "v", "machine": "m",
+             "processor": "p", "hardware-platform": "i", "operating-system": "o", "all": "snrvmpio"}
+    sets = " ".join(f"{k}={shlex.quote(v)}" for k, v in values.items())
+    cases = "".join(f"    --{name}) want=\"${{want}}{keys}\";;\n" for name, keys in longs.items())
+    return ("#!/bin/sh\n" + sets + "\nwant=\n[ $# -eq 0 ] && want=s\nfor a in \"$@\"; do\n  case \"$a\" in\n" + cases +
+            "    --*) echo \"uname: unrecognized option '$a'\" >&2; exit 1;;\n"
+            "    -?*) x=${a#-}; case \"$x\" in *[!asnrvmpio]*) echo \"uname: invalid option -- '$x'\" >&2; exit 1;; esac\n"
+            "         case \"$x\" in *a*) want=snrvmpio;; *) want=\"$want$x\";; esac;;\n"
+            "    *) echo \"uname: extra operand '$a'\" >&2; exit 1;;\n  esac\ndone\nout=\n"
+            "for k in s n r v m p i o; do case \"$want\" in *$k*) eval \"out=\\\"\\${out:+\\$out }\\$$k\\\"\";; esac; done\n"
+            "echo \"$out\"\n")
+
+
 FIRST_COMMIT = 1763283600  # 2025-11-16T09:00Z
 GUEST = Path(__file__).resolve().parent / "guest"
 SERVICE_DIR = "/run/nvidia-gpu"
@@ -471,6 +510,8 @@ class SimHost:
             (d / "scaling_available_governors").write_text("performance powersave schedutil ondemand\n")
         drv = self.state["driver"]
         (self.base / "proc-loadavg").write_text(LOADAVG)  # bound over /proc/loadavg: the host's, not this machine's
+        (self.base / "proc-cpuinfo").write_text(cpuinfo(cpu["model"], int(cpu["cores"])))   # and these too
+        (self.base / "proc-meminfo").write_text(meminfo(int(self.state["memory_gib"])))
         d = self.base / "proc-driver-nvidia"
         d.mkdir(parents=True, exist_ok=True)
         (d / "version").write_text(
@@ -480,6 +521,8 @@ class SimHost:
             (self.path("/proc/driver")).mkdir(parents=True, exist_ok=True)
             shutil.copytree(d, self.path("/proc/driver/nvidia"))
             (self.path("/proc") / "loadavg").write_text(LOADAVG)
+            for name in ("cpuinfo", "meminfo"):
+                shutil.copy(self.base / f"proc-{name}", self.path("/proc") / name)
         lib = self.path("/usr/local/nvidia/lib64")
         so = lib / f"libcuda.so.{drv['version']}"
         so.write_bytes(b"\x7fELF" + drv["version"].encode() * 8)
@@ -522,6 +565,8 @@ class SimHost:
             (bindir / name).chmod(0o755)
         (bindir / "nproc").write_text(f"#!/bin/sh\necho {int(self.state['cpu']['cores'])}\n")
         (bindir / "nproc").chmod(0o755)
+        (bindir / "uname").write_text(uname_script(self.state["hostname"], self.state["kernel"]))
+        (bindir / "uname").chmod(0o755)
         if not self.sealed:
             (bindir / "hostname").write_text(f"#!/bin/sh\necho {shlex.quote(self.state['hostname'])}\n")
             (bindir / "hostname").chmod(0o755)

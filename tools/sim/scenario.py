@@ -176,11 +176,14 @@ class GpuProcessSpec(Strict):
 class Cpu(Strict):
     governor: str = "performance"
     cores: int = 64
+    model: str = "Intel(R) Xeon(R) Platinum 8480+"   # /proc/cpuinfo's "model name"
 
 
 class Host(Strict):
     hostname: str
     user: str = "root"
+    kernel: str = "6.8.0-49-generic"   # `uname -r`
+    memory_gib: int = 2048             # /proc/meminfo's MemTotal
     driver: Driver
     gpus: list[Gpu]
     python: str

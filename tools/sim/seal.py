@@ -71,7 +71,8 @@ def bwrap_args(sim: SimHost) -> list[str]:
     if not base.startswith("/usr/") or base.startswith("/usr/local/"):
         prefix = os.path.dirname(os.path.dirname(base))
         a += ["--ro-bind", prefix, prefix]
-    a += ["--ro-bind", str(sim.base / "proc-loadavg"), "/proc/loadavg", "--tmpfs", "/proc/driver", "--dir", "/proc/driver/nvidia",
+    a += ["--ro-bind", str(sim.base / "proc-loadavg"), "/proc/loadavg", "--ro-bind", str(sim.base / "proc-cpuinfo"),
+          "/proc/cpuinfo", "--ro-bind", str(sim.base / "proc-meminfo"), "/proc/meminfo", "--tmpfs", "/proc/driver", "--dir", "/proc/driver/nvidia",
           "--ro-bind", str(sim.base / "proc-driver-nvidia" / "version"), "/proc/driver/nvidia/version",
           "--chdir", "/"]
     return a

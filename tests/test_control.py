@@ -1,0 +1,62 @@
+"""The restart control (``Lab._control``): a restart that recovered the regression is checked against the server
+as found, restarted by the undo, measured the same way. The benchmark here is a fake host that prints the values
+a test gives it, so each rule of the decision is reached on purpose."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from agent.experiments import Lab, Measure
+from agent.journal import Journal
+from agent.results import ExperimentResult
+from tools.registry import Runner
+from tools.transport import FakeTransport
+
+BAD = [31.0, 31.1, 30.9, 31.0]                 # the reference: the server as found (ms, lower is better)
+CHANGED = [26.0, 26.1, 25.9, 26.0, 26.05, 25.95]   # the change, after its restart: 5 ms better
+REGRESSION = 7.0                               # the regression the reproduce step measured
+
+
+def control(tmp_path, ctrl: list[float]) -> tuple[ExperimentResult, int]:
+    values = itertools.cycle(ctrl)
+    calls = []
+
+    def host(command: str) -> str:
+        calls.append(command)
+        return f"tpot={next(values)} ms\n"
+    t = FakeTransport(host)
+    lab = Lab(lambda h: Runner(t), lambda ev, **kw: None, Journal(tmp_path / "journal.json", "r1", "fake"),
+              Measure("gpu-bench", "tpot", None, max_runs=0), "r1", True)   # no --max-runs: 3 to 6 control runs
+    result = ExperimentResult(kind="restore_baseline_flags", text="with --enforce-eager removed", samples=CHANGED,
+                              mean=26.0, share=0.71, significant=True, outcome="cause")
+    out = lab._control(Runner(t), None, result, list(BAD), REGRESSION)
+    return out, len(calls)
+
+
+def test_a_restart_that_recovers_nothing_keeps_the_cause(tmp_path):
+    out, runs = control(tmp_path, [31.05, 30.95, 31.0])
+    assert out.significant and out.outcome == "cause" and "the restart alone does not explain it" in out.text
+    assert runs == len(CHANGED)   # as many control runs as the change had (3 to 6)
+
+
+def test_a_restart_that_recovers_it_all_blames_nothing(tmp_path):
+    out, _ = control(tmp_path, [26.05, 25.95, 26.0])
+    assert not out.significant and out.outcome == "not_cause"
+    assert "the server slows down while it runs" in out.text
+
+
+def test_a_restart_that_recovers_half_keeps_the_cause_by_what_the_change_adds(tmp_path):
+    """Half of the recovery is the restart's (the interval holds one half), but the change is still far better
+    than the restarted server: a cause, with the share it adds over the restarted server."""
+    out, runs = control(tmp_path, [28.45, 28.55, 28.5])
+    assert out.significant and out.outcome == "cause"
+    assert "beats the restarted server" in out.text
+    assert runs == 6                                     # the most control runs: the restart's part stayed unclear
+    assert out.share == pytest.approx(2.5 / REGRESSION, abs=0.02)   # what the change adds, not all 5 ms
+
+
+def test_a_restart_that_recovers_half_with_the_change_no_better_is_undecided(tmp_path):
+    out, _ = control(tmp_path, [27.0, 30.0, 26.5, 29.5, 28.0, 26.0])
+    assert not out.significant and out.outcome == "more" and "undecided" in out.text

@@ -128,7 +128,7 @@ def test_no_planted_secret_in_any_artifact_of_a_simulated_run(tmp_path, env):
     bench = f"BENCH_API_TOKEN={BENCH_SECRET} gpu-bench"
     out = tmp_path / "run"
     r = cli("run", "--host", f"sim:{scenario}", "--symptom", "verify 30ms", "--baseline", "verify 20ms",
-            "--bench", bench, "--llm", llm, "--reproduce-runs", "3", "--max-runs", "3", "--out", str(out), env=env)
+            "--bench", bench, "--llm", llm, "--reproduce-runs", "5", "--max-runs", "3", "--out", str(out), env=env)
     assert r.returncode in (0, 3), r.stderr[-2000:]      # 3 where a loaded machine leaves the GPU sample undecided
     # the console's plain lines carry the reasoning (phases, verdicts) and readable flag names, never their secrets
     assert "[phase] experiment on" in r.stderr and "[verdict]" in r.stderr and "restart the server" in r.stderr

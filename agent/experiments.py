@@ -237,7 +237,7 @@ class Lab:
         self.bench_runs = 0
         self._reconnects = 0
         self._runs_at_start = 0
-        # the reference re-measured just before the change: ``fresh_runs`` runs by ``remeasure``, asked once
+        # the reference re-measured just before the change: ``fresh_runs`` runs asked of ``remeasure``, once
         self.fresh_runs = 0
         self.remeasure: Callable[[], list[float]] = lambda: []
         self._remeasured = False
@@ -354,14 +354,14 @@ class Lab:
                 self._found_again = {"pid": o.output.pid, "log": o.output.log}
         return []
 
-    def reference(self, bad: list[float]) -> list[float]:
-        """``bad`` (the reference state's runs) with the runs re-measured just before the change added, once."""
+    def reference(self, bad: list[float]) -> None:
+        """Add to ``bad`` (the reference state's runs) the runs re-measured just before the change, once."""
         if not self._remeasured:
             self._remeasured = True
             got = self.remeasure()
             bad.extend(got)
+            self.fresh_runs = len(got)   # asked for ``fresh_runs``; a failed run gives none
             self._runs_at_start = self.bench_runs   # --max-runs counts the experiment's runs from the change on
-        return bad
 
     def push_undo(self, tool: str, inp: dict[str, Any], text: str) -> None:
         """Journal an undo step before the change it undoes; nothing is changed if that fails."""

@@ -96,14 +96,13 @@ def reproduce_regression(ctx: Ctx, d: dict[str, Any]) -> tuple[Regression, int]:
     unit, runs, rep = (first["unit"] if first else None), len(vals), None
     base, source = None, ""
     while True:
-        if runs:
-            base, base_samples, source = _baseline_for(ctx, unit)
-            if base is not None and len(vals) >= min(REPRODUCE_FIRST, most):
-                claimed = ctx.symptom.worse(ctx.symptom.in_unit(unit or ctx.symptom.unit), base)
-                rep = reproduce(vals, base, ctx.symptom.direction == "lower", claimed, baseline_samples=base_samples,
-                                final=runs >= most)
-                if rep.outcome != "more":
-                    break
+        base, base_samples, source = _baseline_for(ctx, unit)
+        if base is not None and len(vals) >= min(REPRODUCE_FIRST, most):
+            claimed = ctx.symptom.worse(ctx.symptom.in_unit(unit or ctx.symptom.unit), base)
+            rep = reproduce(vals, base, ctx.symptom.direction == "lower", claimed, baseline_samples=base_samples,
+                            final=runs >= most)
+            if rep.outcome != "more":
+                break
         if runs >= most:
             break
         o = r.call("bench", {"cmd": bench_of(ctx, d), "metric": d["metric"], "cwd": d.get("repo"),
@@ -259,7 +258,7 @@ def lab_for(ctx: Ctx, s: RunState, hid: str) -> Lab:
               ctx.run_id, ctx.symptom.direction == "lower",
               LabSetup.from_inputs(ctx.overrides, (d.get("host_facts") or {}).get("profile")))
     lab.discovery = run_input(ctx.overrides, d["metric"], d.get("server"))
-    lab.fresh_runs = fresh   # how many to run; ``remeasure`` sets how many it had
+    lab.fresh_runs = fresh   # how many to run; ``Lab.reference`` sets how many it had
     return lab
 
 
@@ -270,7 +269,6 @@ def remeasure(ctx: Ctx, lab: Lab, hid: str, s: RunState) -> list[float]:
     for _ in range(lab.fresh_runs):
         v = lab.bench(ctx.runner(hid), s.discovered.get("repo"), "the reference state, re-measured before the change")
         got += [v] if v is not None else []
-    lab.fresh_runs = len(got)
     return got
 
 

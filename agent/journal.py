@@ -28,6 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
+from agent.signals import held
 from tools.errors import DebugAgentError, UsageError
 from tools.redact import redact
 from tools.transport import Transport, q
@@ -176,8 +177,10 @@ class HostFiles:
 
     def _run(self, command: str) -> Any:
         # every command here is idempotent (an atomic overwrite, a removal, a lock this run may hold already),
-        # so the transport may send it again after a reconnect
-        return self.transport.run(command, timeout=HOST_TIMEOUT_S)
+        # so the transport may send it again after a reconnect. It runs held: a signal waits for its answer, or
+        # the undo's removal of the journal (or the lock) could reach the host first and the late write outlive it
+        with held():
+            return self.transport.run(command, timeout=HOST_TIMEOUT_S)
 
     def write(self, name: str, text: str) -> None:
         r = self._run(write_host_file_command(name, text))

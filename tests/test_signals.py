@@ -59,3 +59,26 @@ def test_outside_a_run_a_held_section_is_plain():
     assert Signals.active is None
     with held():
         pass
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_a_signal_during_the_host_journals_write_waits_for_it(sig, tmp_path):
+    """The host's copy of the journal (and the lock) is written by a command like any other: a signal arriving
+    while it is on its way must wait for it, or the undo's removal of the host copy can reach the host first and
+    the late write leave a journal of a run that is over."""
+    from agent.journal import HostFiles, Journal
+    answered: list[str] = []
+
+    def host(command: str) -> str:
+        if "journal-" in command and "printf" in command:
+            os.kill(os.getpid(), sig)
+            time.sleep(0.3)      # the signal's handler runs here
+            answered.append("write")
+            return "written\n"
+        answered.append("other")
+        return "removed\n"
+    j = Journal(tmp_path / "journal.json", "run-1", "h", HostFiles(FakeTransport(host)))
+    with Signals(), pytest.raises(Interrupted):
+        j.record("set_governor", {"governor": "powersave"}, "set the governor back")
+    assert answered == ["write"]   # the write's answer came back before the run stopped
+    assert j.steps and j.steps[0].tool == "set_governor"

@@ -51,6 +51,15 @@ class Overrides(BaseModel):
 
 
 @dataclass
+class Warmth:
+    """Whether the server was restarted since the last benchmark run: a fresh server's first requests pay for
+    loading kernels, building caches and allocating memory, so the next run is a warm-up, not a sample. It lives
+    for the whole run, since an experiment's undo restarts the server that the next experiment measures first."""
+
+    cold: bool = False
+
+
+@dataclass
 class Ctx:
     transport: BaseTransport
     transcript: Transcript
@@ -65,6 +74,7 @@ class Ctx:
     advisor: Any = None
     on_status: Callable[[str, dict[str, Any]], None] = lambda kind, data: None
     overrides: Overrides = field(default_factory=Overrides)
+    warmth: Warmth = field(default_factory=Warmth)
     _runners: dict[str | None, Runner] = field(default_factory=dict)
     _ids: Any = field(default_factory=lambda: itertools.count(1))
 

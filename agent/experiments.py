@@ -24,7 +24,7 @@ from tools.discovery import DiscoveryInput
 from tools.errors import DebugAgentError, RestoreError
 from tools.registry import Runner
 
-from .context import Overrides
+from .context import Overrides, Warmth
 from .discovery import find_server
 from .facts import LabFacts
 from .journal import Journal
@@ -226,8 +226,11 @@ class Lab:
     """Runs experiments for the graph's experiment node."""
 
     def __init__(self, runner_for: Callable[[str | None], Runner], emit: Callable[..., None], undo: Journal,
-                 measure: Measure, run_id: str, lower_is_better: bool, setup: LabSetup | None = None) -> None:
+                 measure: Measure, run_id: str, lower_is_better: bool, setup: LabSetup | None = None,
+                 warmth: Warmth | None = None) -> None:
         self.runner_for = runner_for
+        self.warmth = warmth or Warmth()
+        self.warmups = 0   # warm-up runs after a restart: counted in ``bench_runs``, never a sample
         self.emit = emit
         self.undo = undo
         self.measure_spec = measure
@@ -247,7 +250,21 @@ class Lab:
 
     # ------------------------------------------------------------ measuring
     def bench(self, r: Runner, cwd: str | None, why: str, env: dict[str, str] | None = None) -> float | None:
-        """One benchmark value; while it fails (a server still starting) it is retried until --ready-timeout."""
+        """One benchmark value; while it fails (a server still starting) it is retried until --ready-timeout.
+        The first run after a restart is a warm-up (its value is reported, never used): a fresh server's first
+        requests pay for loading kernels and building caches, and one such run among a handful decides nothing
+        but noise (on an H200 the first run after a restart read 1396 tok/s against 1600 to 2300 after it)."""
+        if self.warmth.cold:
+            self.warmth.cold = False
+            self.warmups += 1
+            self._bench_once(r, cwd, f"warm-up of the restarted server, not counted; then {why}", env)
+        return self._bench_once(r, cwd, why, env)
+
+    def restarted(self) -> None:
+        """The server was (re)started: the next benchmark run warms it up."""
+        self.warmth.cold = True
+
+    def _bench_once(self, r: Runner, cwd: str | None, why: str, env: dict[str, str] | None = None) -> float | None:
         m = self.measure_spec
         started = time.monotonic()
         deadline = started + m.ready_timeout_s
@@ -304,6 +321,9 @@ class Lab:
         fresh = self.fresh_runs   # the last runs of ``bad`` were measured just before the change
         limit = (cap * 2 // 3 if interleave else cap) or None
         extended = False
+        w0 = self.warmups
+        if cap and self.warmth.cold:   # the warm-up after the restart counts toward --max-runs too
+            first = max(1, min(first, cap - 1))
         while True:
             # the budget follows the noise as measured so far (reference and changed state pooled); a partial
             # cause still taking shape at the budget (p < PROMISING) runs on to the cap instead
@@ -315,7 +335,7 @@ class Lab:
                 ref.append(self._measured(r, self.measure_spec.cwd, "the reference state (unchanged), between runs"))
                 runs += 1
                 fresh += 1
-            capped = bool(cap and runs + (2 if interleave else 1) > cap)
+            capped = bool(cap and runs + (self.warmups - w0) + (2 if interleave else 1) > cap)
             final = len(vals) >= most or capped
             d = decide(ref, vals, regression, self.lower, final=final, fresh=fresh)
             if final and not d.decided and not capped and not extended and d.p < PROMISING \
@@ -352,6 +372,10 @@ class Lab:
             self.undo.mark_done(step)
             if isinstance(o.output, mutate.Restarted) and o.output.pid:   # the server as found, started again
                 self._found_again = {"pid": o.output.pid, "log": o.output.log}
+                if not o.output.already_running:
+                    self.restarted()
+            elif step.tool == "restart_hook":
+                self.restarted()
         return []
 
     def reference(self, bad: list[float]) -> None:
@@ -426,6 +450,8 @@ class Lab:
         cap = self.measure_spec.max_runs or 0
         # --max-runs counts every benchmark run of the experiment, the control's included
         left = cap - (self.bench_runs - self._runs_at_start) if cap else self.CONTROL_RUNS[1]
+        if cap and self.warmth.cold:   # the restarted server's warm-up run comes first, and counts
+            left -= 1
         n = min(n, left)
         if n < 2:
             return result.model_copy(update={"text": f"{result.text}; not compared with a plain restart of the server "
@@ -520,6 +546,7 @@ class Lab:
             raise ExperimentError(o.error or "restart failed")
         self._started = {"run": run, "pid_file": pid_file, "env_file": env_file, "log": o.output.log or log,
                          "change": change, "pid": o.output.pid}
+        self.restarted()
         self._wait_ready(r, o.output.pid, o.output.log, o.output.log_size)
         return o.output.pid
 
@@ -537,6 +564,7 @@ class Lab:
         if not o.ok:
             raise ExperimentError(o.error or "restart failed")
         st["pid"] = o.output.pid
+        self.restarted()
         self._wait_ready(r, o.output.pid, o.output.log, o.output.log_size)
         return o.output.pid
 
@@ -552,6 +580,7 @@ class Lab:
                    why=f"restart with {change}, by the restart hook")
         if not o.ok:
             raise ExperimentError(o.error or "the restart hook failed")
+        self.restarted()
         new = self._await_new_server(r, old)
         if self._started is not None:
             self._started["pid"] = new

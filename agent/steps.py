@@ -211,10 +211,17 @@ def choose(ctx: Ctx, s: RunState) -> dict[str, Any]:
     hyps = {k: h.model_copy(deep=True) for k, h in s.hyps.items()}
     cands = candidates(ctx, s, hyps)
     if vd.explains_enough(hyps):
-        cands = [c for c in cands if c[1].get("group")]   # a group that recovered is still split to name its culprit
-        if not cands:
+        # a group that recovered is still split to name its culprit; a suspect the evidence points at is still
+        # tested while the confirmed causes' measured share is short of EXPLAINED_ENOUGH (an interval that
+        # reaches 100% is not a measurement that the rest is nothing)
+        total, _ = vd.explained(hyps)
+        rest = [c for c in cands if c[1].get("group") or (total < vd.EXPLAINED_ENOUGH and hyps[c[0]].status == "suspect")]
+        if not rest:
             ctx.say(vd.enough_words(hyps))
             return {"current": None}
+        if any(not c[1].get("group") for c in rest):
+            ctx.say(vd.enough_words(hyps, suspects=sorted({c[0] for c in rest if not c[1].get("group")})))
+        cands = rest
     elif not cands and add_groups(ctx, s, hyps):
         cands = candidates(ctx, s, hyps)
     if ctx.advisor is not None and len(cands) > 1:
@@ -250,13 +257,15 @@ def lab_for(ctx: Ctx, s: RunState, hid: str) -> Lab:
     # re-measure the reference just before the change (a benchmark run in a worktree also re-measures it between
     # its runs); also for a code revert that restarts the server: the reference is gone then
     fresh = fresh_reference_runs(reg.sd, reg.delta)
-    fresh = min(fresh, max_runs - 2) if max_runs else fresh
+    # a server an earlier experiment's undo restarted is warmed up first, by a run that counts too
+    warm = 1 if ctx.warmth.cold else 0
+    fresh = max(0, min(fresh, max_runs - 2 - warm)) if max_runs else fresh
     lab = Lab(ctx.runner, lambda ev, **kw: ctx.transcript.emit(ev, hypothesis=hid, **kw), ctx.undo,
               Measure(bench=bench_of(ctx, d), metric=d["metric"], cwd=d.get("repo"), regex=ctx.overrides.bench_regex,
                       ready_timeout_s=ctx.overrides.ready_timeout,
-                      max_runs=max(2, max_runs - fresh) if max_runs else 0),
+                      max_runs=max(2, max_runs - fresh - (warm if fresh else 0)) if max_runs else 0),
               ctx.run_id, ctx.symptom.direction == "lower",
-              LabSetup.from_inputs(ctx.overrides, (d.get("host_facts") or {}).get("profile")))
+              LabSetup.from_inputs(ctx.overrides, (d.get("host_facts") or {}).get("profile")), ctx.warmth)
     lab.discovery = run_input(ctx.overrides, d["metric"], d.get("server"))
     lab.fresh_runs = fresh   # how many to run; ``Lab.reference`` sets how many it had
     return lab

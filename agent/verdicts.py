@@ -202,10 +202,13 @@ def not_run(h: Hyp, spec: dict[str, Any], title: str) -> Hyp:
     return h
 
 
-def enough_words(hyps: dict[str, Hyp]) -> str:
+def enough_words(hyps: dict[str, Hyp], suspects: list[str] | None = None) -> str:
     total, ci = explained(hyps)
-    return (f"The confirmed causes explain {total:.0%} of the regression"
-            + (f" (95% CI {ci[0]:.0%} to {ci[1]:.0%})" if ci else "") + "; no further experiment is needed.")
+    said = f"The confirmed causes explain {total:.0%} of the regression" + (f" (95% CI {ci[0]:.0%} to {ci[1]:.0%})" if ci else "")
+    if suspects:
+        return (f"{said}: it may be all of it, but that is not measured, and the evidence still points at "
+                f"{', '.join(suspects)}; testing {'it' if len(suspects) == 1 else 'them'} too.")
+    return said + "; no further experiment is needed."
 
 
 # ---------------------------------------------------------------- experiment order

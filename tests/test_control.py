@@ -60,3 +60,27 @@ def test_a_restart_that_recovers_half_keeps_the_cause_by_what_the_change_adds(tm
 def test_a_restart_that_recovers_half_with_the_change_no_better_is_undecided(tmp_path):
     out, _ = control(tmp_path, [27.0, 30.0, 26.5, 29.5, 28.0, 26.0])
     assert not out.significant and out.outcome == "more" and "undecided" in out.text
+
+
+def test_the_first_run_after_a_restart_is_a_warm_up_and_the_control_waits_for_it(tmp_path):
+    """A fresh server's first requests pay for loading kernels and caches (an H200 lab server read 1396 tok/s on
+    its first run, 1600 to 2300 after): after a restart the first run is reported as a warm-up and never used, and
+    it counts as a benchmark run."""
+    values = iter([45.0, 31.05, 30.95, 31.0, 31.02, 30.98, 31.0])   # 45: the cold first run of the restarted server
+    seen: list[str] = []
+
+    def host(command: str) -> str:
+        return f"tpot={next(values)} ms\n"
+    t = FakeTransport(host)
+    lab = Lab(lambda h: Runner(t, lambda e, d: seen.append(d.get("why", "")) if e == "tool_call" else None),
+              lambda ev, **kw: None, Journal(tmp_path / "journal.json", "r1", "fake"),
+              Measure("gpu-bench", "tpot", None, max_runs=0), "r1", True)
+    lab.restarted()                      # as the undo's restart of the server as found does
+    result = ExperimentResult(kind="restore_baseline_flags", text="with --enforce-eager removed", samples=CHANGED,
+                              mean=26.0, share=0.71, significant=True, outcome="cause")
+    out = lab._control(lab.runner_for(None), None, result, list(BAD), REGRESSION)
+    assert 45.0 not in out.control and out.control[0] == 31.05
+    assert out.significant and "the restart alone does not explain it" in out.text
+    assert lab.warmups == 1 and lab.bench_runs == len(out.control) + 1
+    assert seen[0].startswith("warm-up of the restarted server, not counted")
+    assert not any(w.startswith("warm-up") for w in seen[1:])   # once per restart

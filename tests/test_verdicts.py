@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from agent import conclusion as concl
 from agent import verdicts as vd
 from agent.playbook import Finding, evaluate, load_playbook
@@ -176,3 +178,29 @@ def test_snapshot_without_numbers_measures_no_share(tmp_path):
     assert out["root_cause"]["hypothesis"] == "env_var" and out["exit_code"] == 0
     assert out["root_cause"]["explains"] is None and out["root_cause"]["explains_ci"] is None
     assert "share not measured" in out["summary"]
+
+
+def _gpu_facts_against_the_h200_baseline(**gpu_changes):
+    from agent.facts import build_facts
+    from tools.snapshot import Snapshot
+    base = Snapshot.load(str(Path(__file__).parent / "vectors" / "h200" / "lab_baseline_snapshot.json"))
+    now = base.model_copy(deep=True)
+    now.gpus[0] = now.gpus[0].model_copy(update=gpu_changes)
+    pb = load_playbook(None)
+    facts = build_facts(now, baseline=base, regression=None, knowledge=pb.knowledge, symptom={}, group=pb.group)
+    return vd.judge(pb, "gpu_clocks", facts)
+
+
+def test_a_lower_power_draw_at_full_clocks_is_no_evidence_against_the_gpu():
+    """On the H200 the slow build of a compiled extension drew 207 W where the healthy server drew 239 W, at the
+    same 1980 MHz and no event reason: the GPU had less work, it did not slow the server. That was once the run's
+    'top suspect'."""
+    h = _gpu_facts_against_the_h200_baseline(power_draw=206.57, temperature=33)
+    assert h.status == "ruled_out", h
+    assert "gpus.0.power_draw 239.43 -> 206.57" in " ".join(h.because) and "follows the load" in " ".join(h.because)
+
+
+def test_lower_clocks_under_load_than_the_baseline_stay_a_suspect():
+    h = _gpu_facts_against_the_h200_baseline(sm_clock=1500, power_draw=206.57)
+    assert h.status == "suspect" and "gpus.0.sm_clock 1980 -> 1500" in " ".join(h.because)
+    assert "power_draw" not in " ".join(h.because)

@@ -200,6 +200,9 @@ class Change(BaseModel):
     b: Any = None
     note: str = ""
     editable: bool = False  # a package installed editable (from a source checkout): its change is a change of source
+    # a reading that follows the work the GPU is given (power draw, temperature under load): a slower server draws
+    # less, so such a change alone says nothing of a cause
+    follows_load: bool = False
 
 
 GPU_TOLERANCE = {"sm_clock": 0.03, "power_draw": 0.10, "mem_clock": 0.03}
@@ -210,13 +213,15 @@ DIFF_PATHS = ("packages.NAME.version", "packages.NAME.build", "repo.head", "repo
               "server.env.VAR", *(f"gpus.N.{f}" for f in (*GPU_EXACT, *GPU_TOLERANCE, "temperature")),
               "gpu_processes", "cpu.governor", "driver.version", "driver.cuda")
 PLACEHOLDERS = ("NAME", "FLAG", "VAR", "N")
+FOLLOW_LOAD = ("power_draw", "temperature")
 
 
 def diff(a: Snapshot, b: Snapshot) -> list[Change]:
     out: list[Change] = []
 
     def add(path: str, va: Any, vb: Any, note: str = "", editable: bool = False) -> None:
-        out.append(Change(path=path, a=va, b=vb, note=note, editable=editable))
+        out.append(Change(path=path, a=va, b=vb, note=note, editable=editable,
+                          follows_load=path.startswith("gpus.") and path.rsplit(".", 1)[-1] in FOLLOW_LOAD))
 
     # packages
     pa = {p.name: p for p in (a.packages.packages if a.packages else [])}

@@ -16,7 +16,8 @@ from tools.errors import RecordingError, ReplayMiss, UnknownCommand
 from tools.replay import ReplayTransport
 
 ROOT = Path(__file__).resolve().parents[1]
-KEPT = sorted(p.parent for p in (ROOT / "transcripts").glob("*/events.jsonl"))
+# the simulated hosts' recordings, and those `scripts/gpu-lab` made on an H200 (transcripts/h200/CASE)
+KEPT = sorted(p.parent for p in [*(ROOT / "transcripts").glob("*/events.jsonl"), *(ROOT / "transcripts").glob("h200/*/events.jsonl")])
 
 
 def test_enough_recordings_are_kept():

@@ -250,6 +250,9 @@ def dump_hyps(hyps: dict[str, vd.Hyp]) -> dict[str, dict[str, Any]]:
 
 
 # ---------------------------------------------------------------- experiment
+RESTARTS = ("code_revert", "server_restart", "restore_baseline_flags", "restore_baseline_env", "package_restore")
+
+
 def lab_for(ctx: Ctx, s: RunState, hid: str) -> Lab:
     """A lab for one experiment, measuring as the reproduce step did, with the run's budget and setup."""
     d, reg = s.discovered, s.regression
@@ -257,9 +260,13 @@ def lab_for(ctx: Ctx, s: RunState, hid: str) -> Lab:
     # re-measure the reference just before the change (a benchmark run in a worktree also re-measures it between
     # its runs); also for a code revert that restarts the server: the reference is gone then
     fresh = fresh_reference_runs(reg.sd, reg.delta)
-    # a server an earlier experiment's undo restarted is warmed up first, by a run that counts too
+    # a server an earlier experiment's undo restarted is warmed up first, by a run that counts too; so is the one
+    # the experiment starts. Under a tight --max-runs the re-measured reference goes before the two runs of the
+    # changed state an experiment needs to decide anything
     warm = 1 if ctx.warmth.cold else 0
-    fresh = max(0, min(fresh, max_runs - 2 - warm)) if max_runs else fresh
+    restarts = 1 if s.current is not None and s.current.spec.get("kind") in RESTARTS else 0
+    if max_runs:
+        fresh = max(0, min(fresh, max_runs - 2 - warm - restarts))
     lab = Lab(ctx.runner, lambda ev, **kw: ctx.transcript.emit(ev, hypothesis=hid, **kw), ctx.undo,
               Measure(bench=bench_of(ctx, d), metric=d["metric"], cwd=d.get("repo"), regex=ctx.overrides.bench_regex,
                       ready_timeout_s=ctx.overrides.ready_timeout,

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PATTERN = r"-m infer\.serve"
+PATTERN = r"-m infer\.serve"   # every test's server; a run is given its own server's (``Host.pattern``)
 
 SERVE = '''"""A tiny inference server: each /generate request costs what its code, flags, environment and extension say."""
 import argparse, os, sys, time
@@ -41,7 +41,7 @@ ap.add_argument("--port", type=int, required=True)
 ap.add_argument("--tag", default="")
 ap.add_argument("--disable-cuda-graph", action="store_true")
 a = ap.parse_args()
-cost_ms = model.step_ms() + (getattr(model, "FLAG_MS", 8.0) if a.disable_cuda_graph else 0.0) + (8.0 if os.environ.get("CUDA_LAUNCH_BLOCKING") == "1" else 0.0)
+cost_ms = model.step_ms() + (getattr(model, "FLAG_MS", 20.0) if a.disable_cuda_graph else 0.0) + (20.0 if os.environ.get("CUDA_LAUNCH_BLOCKING") == "1" else 0.0)
 try:
     import fastmod
     kernel = fastmod.step
@@ -223,11 +223,17 @@ class Host:
     def server_env(self) -> dict[str, str]:
         return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(self.dir), "LANG": "C.UTF-8", **self.env}
 
+    @property
+    def pattern(self) -> str:
+        """This test's server alone: tests run side by side, each with a server of the same code (``--port`` is a
+        flag no experiment reverts, so the pattern still finds the server each experiment restarts)."""
+        return rf"-m infer\.serve --port {self.port}( |$)"
+
     def bench_cmd(self) -> str:
         return f"{sys.executable} {self.dir / 'bench.py'} {self.port}"
 
     def write_code(self, folder: Path, step: float = 10.0, extra: float = 0.0, slow_after: int = 0,
-                   flag_ms: float = 8.0, start_s: float = 0.0) -> None:
+                   flag_ms: float = 20.0, start_s: float = 0.0) -> None:
         (folder / "infer").mkdir(parents=True, exist_ok=True)
         (folder / "infer" / "__init__.py").write_text("")
         (folder / "infer" / "serve.py").write_text(SERVE)
@@ -311,7 +317,7 @@ class Host:
         """``debugagent run --host local … --allow-mutations --json`` as a subprocess; its JSON and run id."""
         cli = Path(sys.executable).parent / "debugagent"
         argv = [str(cli) if cli.exists() else sys.executable, *([] if cli.exists() else ["-m", "agent.cli"]),
-                "run", "--host", "local", "--server-pattern", PATTERN, "--bench", self.bench_cmd(), "--allow-mutations",
+                "run", "--host", "local", "--server-pattern", self.pattern, "--bench", self.bench_cmd(), "--allow-mutations",
                 "--json", "--out", str(out), "--ready-timeout", "60", *args]
         started = time.monotonic()
         r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=self.dir, env={**os.environ, **(env or {})})

@@ -43,6 +43,8 @@ from .stats import (
 )
 
 BISECT_STEP_MOST = 5
+# the experiment kinds that restart the server (a code revert does when a server runs the code)
+RESTART_KINDS = ("code_revert", "server_restart", "restore_baseline_flags", "restore_baseline_env", "package_restore")
 RESTART_PART = 0.5   # the part of a change's recovery that a plain restart may give before the change is doubted
 
 

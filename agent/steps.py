@@ -15,7 +15,7 @@ from tools.snapshot import OPTIONAL_PROBES, Snapshot, collect
 from . import verdicts as vd
 from .context import Ctx
 from .discovery import run_input
-from .experiments import ConnectionLost, ExperimentError, Lab, LabSetup, Measure
+from .experiments import RESTART_KINDS, ConnectionLost, ExperimentError, Lab, LabSetup, Measure
 from .facts import LabFacts, build_facts
 from .results import ExperimentResult, Regression
 from .state import Current, RunState
@@ -250,9 +250,6 @@ def dump_hyps(hyps: dict[str, vd.Hyp]) -> dict[str, dict[str, Any]]:
 
 
 # ---------------------------------------------------------------- experiment
-RESTARTS = ("code_revert", "server_restart", "restore_baseline_flags", "restore_baseline_env", "package_restore")
-
-
 def lab_for(ctx: Ctx, s: RunState, hid: str) -> Lab:
     """A lab for one experiment, measuring as the reproduce step did, with the run's budget and setup."""
     d, reg = s.discovered, s.regression
@@ -264,7 +261,7 @@ def lab_for(ctx: Ctx, s: RunState, hid: str) -> Lab:
     # the experiment starts. Under a tight --max-runs the re-measured reference goes before the two runs of the
     # changed state an experiment needs to decide anything
     warm = 1 if ctx.warmth.cold else 0
-    restarts = 1 if s.current is not None and s.current.spec.get("kind") in RESTARTS else 0
+    restarts = 1 if s.current is not None and s.current.spec.get("kind") in RESTART_KINDS else 0
     if max_runs:
         fresh = max(0, min(fresh, max_runs - 2 - warm - restarts))
     lab = Lab(ctx.runner, lambda ev, **kw: ctx.transcript.emit(ev, hypothesis=hid, **kw), ctx.undo,

@@ -57,6 +57,14 @@ class Warmth:
     for the whole run, since an experiment's undo restarts the server that the next experiment measures first."""
 
     cold: bool = False
+    # whether this server needs the warm-up: unknown until the first warm-up run is compared with the runs after
+    # it; a server that is not slower on its first run after a restart is not warmed up again
+    needed: bool | None = None
+
+    @property
+    def due(self) -> bool:
+        """The next benchmark run is a warm-up."""
+        return self.cold and self.needed is not False
 
 
 @dataclass

@@ -32,20 +32,23 @@ from .playbook import restored
 from .results import ExperimentResult
 from .stats import (
     AUTO_CAP,
+    CONTROL_LEVEL,
     PROMISING,
     bisect_step,
+    control,
     culprit_confidence,
     decide,
-    effect,
     pooled_sd,
     run_budget,
-    share_interval,
 )
 
 BISECT_STEP_MOST = 5
 # the experiment kinds that restart the server (a code revert does when a server runs the code)
 RESTART_KINDS = ("code_revert", "server_restart", "restore_baseline_flags", "restore_baseline_env", "package_restore")
-RESTART_PART = 0.5   # the part of a change's recovery that a plain restart may give before the change is doubted
+# the kinds that re-measure the reference state just before the change (a package restore only when no server runs):
+# the others restart the server and are controlled by the server as found, restarted after them, or run the benchmark
+# in a worktree between runs of the unchanged state
+FRESH_KINDS = ("power_limit", "governor", "package_restore")
 
 
 class ExperimentError(Exception):
@@ -233,6 +236,7 @@ class Lab:
         self.runner_for = runner_for
         self.warmth = warmth or Warmth()
         self.warmups = 0   # warm-up runs after a restart: counted in ``bench_runs``, never a sample
+        self._warm_value: float | None = None   # the first warm-up's value, until the runs after it judge it
         self.emit = emit
         self.undo = undo
         self.measure_spec = measure
@@ -248,6 +252,7 @@ class Lab:
         self._remeasured = False
         self._found_again: dict[str, Any] | None = None
         self._started: dict[str, Any] | None = None  # the server this experiment started: how to start it again
+        self.last_decision: Any = None   # the experiment's decision (``stats.Decision``), as the control leaves it
         self.discovery: Any = None  # the run's discovery input (its overrides, the server found earlier); set by the graph
 
     # ------------------------------------------------------------ measuring
@@ -258,13 +263,34 @@ class Lab:
         but noise (on an H200 the first run after a restart read 1396 tok/s against 1600 to 2300 after it)."""
         if self.warmth.cold:
             self.warmth.cold = False
-            self.warmups += 1
-            self._bench_once(r, cwd, f"warm-up of the restarted server, not counted; then {why}", env)
+            if self.warmth.needed is not False:
+                self.warmups += 1
+                w = self._bench_once(r, cwd, f"warm-up of the restarted server, not counted; then {why}", env)
+                self._warm_value = w if self.warmth.needed is None else None
         return self._bench_once(r, cwd, why, env)
 
     def restarted(self) -> None:
-        """The server was (re)started: the next benchmark run warms it up."""
+        """The server was (re)started: the next benchmark run warms it up (if this server needs that)."""
         self.warmth.cold = True
+        self._warm_value = None
+
+    def judge_warm_up(self, following: list[float], reference: list[float]) -> None:
+        """Was the first warm-up run of this diagnosis slower than the runs of the same state after it? By more
+        than the noise (one SD, pooled with the reference state's runs): the server is cold after a restart and
+        every restart is warmed up. Not: it needs no warm-up, and later restarts go without one. Judged once."""
+        w, self._warm_value = self._warm_value, None
+        if w is None or self.warmth.needed is not None or len(following) < 2:
+            return
+        m = statistics.fmean(following)
+        sd = max(pooled_sd(following, reference)[0], 1e-9 * abs(m))
+        worse = (w - m) if self.lower else (m - w)
+        self.warmth.needed = worse > sd
+        self.emit("experiment", phase="warm_up", needed=self.warmth.needed, text=(
+            f"the warm-up run read {w:.4g} against {m:.4g} ± {sd:.2g} over the {len(following)} runs after it: "
+            + (f"worse by {worse:.3g}, more than the noise, so this server is slow on its first run after a restart "
+               f"and every restart is warmed up" if self.warmth.needed else
+               "within the noise, so this server is not slow on its first run after a restart, and later restarts "
+               "are not warmed up")))
 
     def _bench_once(self, r: Runner, cwd: str | None, why: str, env: dict[str, str] | None = None) -> float | None:
         m = self.measure_spec
@@ -320,11 +346,13 @@ class Lab:
         cap = self.measure_spec.max_runs or 0
         ref, vals = list(bad), []
         runs, d = 0, None
-        fresh = self.fresh_runs   # the last runs of ``bad`` were measured just before the change
+        if not self.warmth.cold:   # a warm-up taken before this state (the reference's) is not judged by its runs
+            self._warm_value = None
+        fresh = self.fresh_runs if self._remeasured else 0   # the last runs of ``bad`` were measured just before the change
         limit = (cap * 2 // 3 if interleave else cap) or None
         extended = False
         w0 = self.warmups
-        if cap and self.warmth.cold:   # the warm-up after the restart counts toward --max-runs too
+        if cap and self.warmth.due:   # the warm-up after the restart counts toward --max-runs too
             first = max(1, min(first, cap - 1))
         while True:
             # the budget follows the noise as measured so far (reference and changed state pooled); a partial
@@ -346,6 +374,7 @@ class Lab:
                 continue
             if d.decided or final:
                 break
+        self.judge_warm_up(vals, bad)
         self.last_decision = d
         return vals, d
 
@@ -412,7 +441,7 @@ class Lab:
         if body is None:
             raise ExperimentError(f"unknown experiment kind {kind}")
         try:
-            if kind != "package_restore":   # that one first looks for a build to install: none, no runs spent
+            if kind in FRESH_KINDS and kind != "package_restore":   # that one first looks for a build to install
                 self.reference(bad)
             try:
                 result = body(r, hyp, spec, facts, bad, regression)
@@ -437,7 +466,7 @@ class Lab:
             result = self._control(r, facts, result, bad, regression)
         return result
 
-    CONTROL_RUNS = (3, 6)   # the fewest and the most runs of the restarted server as found
+    CONTROL_RUNS = (2, 6)   # the fewest and the most runs of the restarted server as found
 
     def _control(self, r: Runner, facts: LabFacts, result: ExperimentResult, bad: list[float],
                  regression: float | None) -> ExperimentResult:
@@ -446,49 +475,53 @@ class Lab:
         the experiment's server is compared with the server as found, restarted by the undo just now and
         measured the same way: what part of the change's recovery a plain restart also gives, with its interval.
         The change stays a cause when that part is surely below half, is not one when it is surely above half
-        (the restart did it), and is undecided in between after the most control runs."""
+        (the restart did it), and is undecided in between after the most control runs. These runs are also the
+        reference re-measured after the change (``stats.control``), so none is taken before it."""
         vals = result.samples
-        n = max(self.CONTROL_RUNS[0], min(len(vals), self.CONTROL_RUNS[1]))
         cap = self.measure_spec.max_runs or 0
         # --max-runs counts every benchmark run of the experiment, the control's included
         left = cap - (self.bench_runs - self._runs_at_start) if cap else self.CONTROL_RUNS[1]
-        if cap and self.warmth.cold:   # the restarted server's warm-up run comes first, and counts
+        if cap and self.warmth.due:   # the restarted server's warm-up run comes first, and counts
             left -= 1
-        n = min(n, left)
+        n = min(self.CONTROL_RUNS[0], left)
         if n < 2:
             return result.model_copy(update={"text": f"{result.text}; not compared with a plain restart of the server "
                                              f"as found (--max-runs {cap} left no runs for that control)"})
+        most = max(n, min(self.CONTROL_RUNS[1], left))
         self.emit("experiment", phase="plan", text=f"control: the server as found, restarted by the undo, is measured "
-                  f"{n} or more times, so that what a plain restart recovers is not taken for the change's effect")
+                  f"{n} to {most} times, so that what a plain restart recovers is not taken for the change's effect")
         # the server the experiment started is gone (the undo stopped it): while the benchmark waits for the one
         # the undo started, that one is watched instead (under a hook, none is: a supervisor may replace it)
         self._started = self._found_again
-        most = max(n, min(self.CONTROL_RUNS[1], left))
         ctrl: list[float] = []
-        gain = effect(bad, vals, self.lower).improvement   # what the change recovered
         while True:   # sequential, as the experiment itself: more runs while the restart's part is unclear
             while len(ctrl) < n:
                 ctrl.append(self._measured(r, self.measure_spec.cwd,
                                            f"control: the server as found, restarted (run {len(ctrl) + 1})"))
-            e = effect(bad, ctrl, self.lower)            # what a plain restart recovers, as a part of ``gain``
-            part, lo, hi = share_interval(e.improvement, e.se, e.df, gain)
-            if hi < RESTART_PART or lo > RESTART_PART or n >= most:
+            final = n >= most
+            c = control(bad, ctrl, vals, regression, self.lower, final=final)
+            if c.outcome != "more":
                 break
             n += 1
+        self.judge_warm_up(ctrl, bad)
         said = (f"control: the server as found, restarted, gives mean {statistics.fmean(ctrl):.4g} ({len(ctrl)} runs): "
-                f"a plain restart recovers {part:.0%} of what the change did (95% CI {lo:.0%} to {hi:.0%})")
-        if hi < RESTART_PART:
+                f"a plain restart recovers {c.part:.0%} of what the change did ({2 * CONTROL_LEVEL - 1:.0%} CI "
+                f"{c.low:.0%} to {c.high:.0%})")
+        if c.outcome == "change":
             return result.model_copy(update={"control": ctrl, "text": f"{result.text}; {said}, so the restart alone "
                                              "does not explain it"})
-        d = decide(ctrl, vals, regression, self.lower, final=True)   # the change over the restarted server
-        if lo > RESTART_PART:
-            d = d.model_copy(update={"outcome": "not_cause"})
-            why = "so the restart, not the change, recovered it: the server slows down while it runs"
-        elif d.significant:   # part of it may be the restart's, but the change does better than a plain restart
+        d = c.decision
+        assert d is not None
+        if c.outcome == "beyond":   # part of it may be the restart's, but the change does better than a plain restart
+            d = d.model_copy(update={"outcome": "cause"})
             self.last_decision = d   # the share is the change's over the restarted server as found
             return result.model_copy(update={"control": ctrl, "share": round(d.share, 3), "share_ci": None,
                                              "decision": d.text, "text": f"{result.text}; {said}, and the change "
                                              f"beats the restarted server ({d.text}), so it is a cause by that much"})
+        if c.outcome == "restart":
+            d = d.model_copy(update={"outcome": "not_cause"})
+            why = ("so the restart, not the change, recovered it: the server slows down while it runs, or the "
+                   "reproduce step's runs were slower than the server as found is now")
         else:
             d = d.model_copy(update={"outcome": "more"})
             why = "so what the change adds to a plain restart is undecided"
@@ -812,7 +845,6 @@ class Lab:
                                   "folder of wheels, or give the .whl), then restart the server with that folder first on "
                                   "PYTHONPATH and benchmark; or run again with --wheelhouse DIR")
         overlays = [o for _, _, o in found]
-        self.reference(bad)   # a build to install was found: the reference is re-measured now, before the restart
         change = "the baseline build" + ("s" if len(found) > 1 else "") + " of " + ", ".join(
             f"{t.name} {t.version}" for t, _, _ in found) + f" first on PYTHONPATH ({root})"
         if srv is not None:
@@ -820,6 +852,7 @@ class Lab:
             vals, d = self.sample(r, self.measure_spec.cwd, bad, regression, why=f"the benchmark with {change}")
         else:
             self.emit("experiment", phase="plan", text="no server process was found: the benchmark itself runs with the overlay first on PYTHONPATH")
+            self.reference(bad)   # no restart, so no control after it: the reference is re-measured now, before the change
             vals, d = self.sample(r, self.measure_spec.cwd, bad, regression, why=f"the benchmark with {change}",
                                   env={"PYTHONPATH": ":".join(overlays)})
         fix = "; ".join(f"{python} -m pip install --force-reinstall --no-deps {w}" for _, w, _ in found)

@@ -216,6 +216,51 @@ def fresh_reference_runs(sd: float | None, delta: float | None) -> int:
     return 2 if sd and delta < 4 * sd else 1
 
 
+# ---------------------------------------------------------------- the control of a restart
+RESTART_PART = 0.5   # the part of a change's recovery that a plain restart may give before the change is doubted
+CONTROL_LEVEL = 0.90  # one-sided level of the bounds on that part
+ALPHA_CONTROL = 0.01  # one-sided level of "the change beats a plain restart", at each look from 3 control runs
+ControlOutcome = Literal["change", "restart", "beyond", "undecided", "more"]
+
+
+class Control(BaseModel):
+    """What a plain restart of the server as found recovers, as a part of what the change recovered."""
+
+    outcome: ControlOutcome
+    part: float
+    low: float
+    high: float
+    decision: Decision | None = None   # the change over the restarted server, where that decides
+
+
+def control(reference: list[float], ctrl: list[float], changed: list[float], regression: float | None,
+            lower_is_better: bool, *, final: bool = False) -> Control:
+    """The control of an experiment that restarted the server: ``ctrl`` holds the runs of the server as found,
+    restarted. It is also the reference re-measured after the change, so a lucky reproduce sample cannot
+    decide alone.
+
+    change: a plain restart surely (one-sided CONTROL_LEVEL) gives less than RESTART_PART of the change's
+    recovery; the change keeps its result. beyond: the change beats the restarted server (one-sided p <
+    ALPHA_CONTROL from 3 control runs on, by at least MIN_SHARE of the regression): a cause by that much. restart: a plain restart
+    surely gives more than RESTART_PART and the change does not beat it, so the restart (or the reproduce
+    runs' luck), not the change, recovered it. more: add a control run; undecided at ``final``.
+    The experiment itself already decided "a cause" at ALPHA_CAUSE against the reproduce runs; the control
+    asks a second question of the same change, at its own level.
+    """
+    gain = effect(reference, changed, lower_is_better).improvement
+    e = effect(reference, ctrl, lower_is_better)
+    part, lo, hi = share_interval(e.improvement, e.se, e.df, gain if gain > 0 else 1e-12, level=2 * CONTROL_LEVEL - 1)
+    if hi < RESTART_PART:
+        return Control(outcome="change", part=part, low=lo, high=hi)
+    d = decide(ctrl, changed, regression, lower_is_better, final=True)
+    relevant = regression if regression and regression > 0 else 0.05 * abs(statistics.fmean(reference))
+    if len(ctrl) >= 3 and d.p < ALPHA_CONTROL and d.improvement >= MIN_SHARE * relevant:
+        return Control(outcome="beyond", part=part, low=lo, high=hi, decision=d)
+    if lo > RESTART_PART:
+        return Control(outcome="restart", part=part, low=lo, high=hi, decision=d)
+    return Control(outcome="undecided" if final else "more", part=part, low=lo, high=hi, decision=d)
+
+
 # ---------------------------------------------------------------- the reproduce step
 ReproOutcome = Literal["regression", "none", "better", "more"]
 

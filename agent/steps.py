@@ -15,7 +15,7 @@ from tools.snapshot import OPTIONAL_PROBES, Snapshot, collect
 from . import verdicts as vd
 from .context import Ctx
 from .discovery import run_input
-from .experiments import RESTART_KINDS, ConnectionLost, ExperimentError, Lab, LabSetup, Measure
+from .experiments import FRESH_KINDS, RESTART_KINDS, ConnectionLost, ExperimentError, Lab, LabSetup, Measure
 from .facts import LabFacts, build_facts
 from .results import ExperimentResult, Regression
 from .state import Current, RunState
@@ -254,14 +254,16 @@ def lab_for(ctx: Ctx, s: RunState, hid: str) -> Lab:
     """A lab for one experiment, measuring as the reproduce step did, with the run's budget and setup."""
     d, reg = s.discovered, s.regression
     max_runs = int(ctx.overrides.max_runs or 0)
-    # re-measure the reference just before the change (a benchmark run in a worktree also re-measures it between
-    # its runs); also for a code revert that restarts the server: the reference is gone then
-    fresh = fresh_reference_runs(reg.sd, reg.delta)
+    # re-measure the reference just before a change that nothing re-measures it after: an experiment that restarts
+    # the server is controlled by the server as found, restarted after it; a benchmark in a worktree runs between
+    # runs of the unchanged state
+    kind = s.current.spec.get("kind") if s.current is not None else None
+    fresh = fresh_reference_runs(reg.sd, reg.delta) if kind in FRESH_KINDS else 0
     # a server an earlier experiment's undo restarted is warmed up first, by a run that counts too; so is the one
     # the experiment starts. Under a tight --max-runs the re-measured reference goes before the two runs of the
     # changed state an experiment needs to decide anything
-    warm = 1 if ctx.warmth.cold else 0
-    restarts = 1 if s.current is not None and s.current.spec.get("kind") in RESTART_KINDS else 0
+    warm = 1 if ctx.warmth.due else 0
+    restarts = 1 if kind in RESTART_KINDS else 0
     if max_runs:
         fresh = max(0, min(fresh, max_runs - 2 - warm - restarts))
     lab = Lab(ctx.runner, lambda ev, **kw: ctx.transcript.emit(ev, hypothesis=hid, **kw), ctx.undo,

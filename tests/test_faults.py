@@ -267,6 +267,26 @@ def sshd_tree(s) -> list[int]:
     return found
 
 
+def freeze_sshd(s) -> list[int]:
+    """SIGSTOP the sshd listener first (no new connection can start), then every process under it, walking
+    down until a pass finds none new. A connection that ends between being listed and being stopped is
+    skipped: it is gone, so it cannot answer either."""
+    os.kill(s.proc.pid, signal.SIGSTOP)
+    stopped, todo = [s.proc.pid], [s.proc.pid]
+    while todo:
+        out = subprocess.run(["pgrep", "-P", str(todo.pop())], capture_output=True, text=True).stdout.split()
+        for pid in map(int, out):
+            if pid in stopped:
+                continue
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                continue
+            stopped.append(pid)
+            todo.append(pid)
+    return stopped
+
+
 def test_connection_dropped_for_good_leaves_a_journal_undo_finishes(tmp_path):
     """sshd dies for good while the restarted server is measured: the run exits 6 printing what is left;
     once sshd is back, `debugagent undo` finishes the journal and the host is as found."""
@@ -309,9 +329,7 @@ def test_hung_peer_is_reported_within_30s_and_undo_restores(tmp_path):
         p = subprocess.Popen(run_args(s, name, out, "--connect-timeout", "3"), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
         wait_for(lambda: phase_reached(out, "restart_server", "measuring"), p, "measuring")
-        stopped = [s.proc.pid, *sshd_tree(s)]
-        for pid in stopped:
-            os.kill(pid, signal.SIGSTOP)
+        stopped = freeze_sshd(s)
         t0 = time.monotonic()
         try:
             wait_for(lambda: any(e.get("kind") == "hung" for e in events(out)), p, "the hung peer", timeout=60)
@@ -320,7 +338,10 @@ def test_hung_peer_is_reported_within_30s_and_undo_restores(tmp_path):
             p.communicate()
         finally:
             for pid in stopped:
-                os.kill(pid, signal.SIGCONT)
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
         assert noticed < 30, noticed
         r = subprocess.run(cli("undo", str(out)), capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr

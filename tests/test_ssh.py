@@ -134,9 +134,7 @@ def test_hung_peer_is_noticed_after_idling(tmp_path):
         events = []
         t.on_event = lambda kind, text: events.append(kind)
         assert t.run("true").ok
-        stopped = descendants(s.proc.pid)
-        for pid in stopped:
-            os.kill(pid, signal.SIGSTOP)
+        stopped = [pid for pid in descendants(s.proc.pid) if signal_if_alive(pid, signal.SIGSTOP)]
         time.sleep(0.7)
         t0 = time.monotonic()
         assert t.run("echo back").stdout == "back\n"
@@ -220,6 +218,15 @@ def sshd_children(listener: int) -> list[int]:
     return [int(x) for x in out.split()]
 
 
+def signal_if_alive(pid: int, sig: int) -> bool:
+    """Send ``sig``; False when the process ended after it was listed (a connection closing on its own)."""
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (an sshd listener's connections and their sessions), deepest first."""
     out: list[int] = []
@@ -235,7 +242,7 @@ def test_dropped_connection_is_remade(plain):
     t.on_event = lambda kind, text: events.append((kind, text))
     assert t.run("true").ok
     for pid in sshd_children(plain.proc.pid):
-        os.kill(pid, signal.SIGKILL)
+        signal_if_alive(pid, signal.SIGKILL)
     time.sleep(0.3)
     r = t.run("echo back")
     assert r.stdout == "back\n" and t.reconnects == 1
@@ -249,7 +256,7 @@ def test_sshd_killed_for_good_gives_transport_error(tmp_path):
     t = connect(s)
     assert t.run("true").ok
     for pid in sshd_children(s.proc.pid):
-        os.kill(pid, signal.SIGKILL)
+        signal_if_alive(pid, signal.SIGKILL)
     s.stop()
     t0 = time.monotonic()
     with pytest.raises(TransportError):

@@ -414,6 +414,7 @@ class Doc(BaseModel):
     lines: list[str] = Field(default_factory=list)
     n: int = 0
     by_call: dict[int, int] = Field(default_factory=dict)   # call id -> msg number
+    check_run: tuple[int, float] | None = None   # the check's run (msg, value): the reproduce step's first
 
     def msg(self, text: str, tag: str = "assistant") -> int:
         self.n += 1
@@ -448,17 +449,18 @@ def render_call(doc: Doc, call: dict[str, Any], res: dict[str, Any], target: str
 
 
 def render_bench_group(doc: Doc, items: list[tuple[dict[str, Any], dict[str, Any]]], target: str | None,
-                       metric: str, unit: str, why: str) -> list[float]:
-    """Repeated benchmark runs: one message, one table (run, value), mean ± sd."""
+                       metric: str, unit: str, why: str, lead: tuple[int, float] | None = None) -> list[float]:
+    """Repeated benchmark runs: one message, one table (run, value), mean ± sd. ``lead`` (its message and
+    value) is an earlier run that belongs to the same sample: the check's run, the reproduce step's first."""
     call, _ = items[0]
     s = shown_command(call, target)
     first, last = doc.n + 1, doc.n + len(items)
     for i, (c, _) in enumerate(items):
         doc.by_call[c.get("call_id", -i)] = first + i
     doc.n = last
-    vals: list[float] = []
-    rows = []
-    for i, (_, r) in enumerate(items, 1):
+    vals: list[float] = [lead[1]] if lead else []
+    rows: list[list[Any]] = [[f"1 (msg {lead[0]})", fmt(lead[1])]] if lead else []
+    for i, (_, r) in enumerate(items, len(rows) + 1):
         out = r.get("output") or {}
         if r.get("exit_code") == 0 and out.get("value") is not None:
             vals.append(out["value"])
@@ -517,6 +519,10 @@ def render_group(doc: Doc, kind: str, items: list[tuple[dict[str, Any], dict[str
             "</details>", "")
 
 
+CHECK_WHY = "check once that the benchmark prints"
+REPRODUCE_WHY = "reproduce"
+
+
 def render_calls(doc: Doc, pairs: list[tuple[dict[str, Any], dict[str, Any]]], target: str | None,
                  metric: str, unit: str) -> None:
     i = 0
@@ -535,11 +541,15 @@ def render_calls(doc: Doc, pairs: list[tuple[dict[str, Any], dict[str, Any]]], t
             j = i
             while j < len(pairs) and pairs[j][0].get("tool") == "bench" and bench_why(pairs[j][0]) == bench_why(call):
                 j += 1
-            if j - i > 1:
-                render_bench_group(doc, pairs[i:j], target, metric, unit, bench_why(call))
+            lead = doc.check_run if bench_why(call) == REPRODUCE_WHY else None
+            if j - i > 1 or lead:
+                render_bench_group(doc, pairs[i:j], target, metric, unit, bench_why(call), lead)
                 i = j
                 continue
         render_call(doc, call, res, target)
+        value = (res.get("output") or {}).get("value") if res.get("exit_code") == 0 else None
+        if call.get("tool") == "bench" and (call.get("why") or "").startswith(CHECK_WHY) and value is not None:
+            doc.check_run = (doc.by_call.get(call.get("call_id", -1), doc.n), value)
         i += 1
 
 

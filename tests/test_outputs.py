@@ -70,13 +70,20 @@ def test_wording(quick):
 
 
 def test_benchmark_runs_are_one_table_with_mean_and_sd(quick):
-    """The reproduction's runs are one table whose mean ± sd is the events' own numbers."""
+    """The reproduction's runs, the check's run first, are one table whose mean ± sd is the events' own numbers
+    and the reproduce step's own figure."""
     _, md, events = quick
-    reproduce = {e["call_id"] for e in events if e["event"] == "tool_call" and e["why"].startswith("reproduce")}
-    vals = [e["output"]["value"] for e in events if e["event"] == "tool_result" and e["call_id"] in reproduce]
+    calls = {e["call_id"]: e["why"] for e in events if e["event"] == "tool_call"}
+    results = [e for e in events if e["event"] == "tool_result" and e.get("tool") == "bench"]
+    check = [e for e in results if calls[e["call_id"]].startswith("check once that the benchmark prints")]
+    reproduce = [e for e in results if calls[e["call_id"]].startswith("reproduce")]
+    assert len(check) == 1
+    vals = [e["output"]["value"] for e in check + reproduce]
     assert 3 <= len(vals) <= 8   # sequential: at least 3 runs, more only while the answer is not clear
-    assert "| run | " + " | ".join(str(i) for i in range(1, len(vals) + 1)) + " | mean ± sd |" in md
+    msg = re.search(r"\[msg (\d+)\] .* — check once that the benchmark prints", md).group(1)
+    assert (f"| run | 1 (msg {msg}) | " + " | ".join(str(i) for i in range(2, len(vals) + 1)) + " | mean ± sd |") in md
     assert f"{statistics.fmean(vals):.2f} ± {statistics.stdev(vals):.2f}" in md
+    assert f"over {len(vals)} runs against a baseline of 20" in md
     assert md.count("gpu-bench\"` ×") == 3   # reproduction and two experiments, each one message
 
 

@@ -21,6 +21,7 @@ from rich.markup import escape
 from tools.errors import DebugAgentError, UsageError
 from tools.redact import redact_text, write_private
 
+from .context import REPRODUCE_RUNS
 from .hosts import SSHOptions, open_transport
 
 app = typer.Typer(
@@ -65,7 +66,7 @@ def run(
     llm_model: Annotated[str, typer.Option("--llm-model", metavar="NAME", help="model name for --llm")] = "gpt-4o-mini",
     server_pattern: Annotated[str | None, typer.Option("--server-pattern", metavar="REGEX", help="regex for the server's command line (default: SGLang, vLLM, TGI, TensorRT-LLM)")] = None,
     bench_regex: Annotated[str | None, typer.Option("--bench-regex", metavar="REGEX", help="regex whose group 1 is the metric in the benchmark's output")] = None,
-    reproduce_runs: Annotated[int, typer.Option("--reproduce-runs", metavar="N", min=2, help="most benchmark runs to reproduce the regression (3 when clear)")] = 8,
+    reproduce_runs: Annotated[int, typer.Option("--reproduce-runs", metavar="N", min=2, help="most benchmark runs to reproduce the regression (3 when clear)")] = REPRODUCE_RUNS,
     max_runs: Annotated[int | None, typer.Option("--max-runs", metavar="N", min=3, help="most benchmark runs per experiment (default: a budget from the noise and the regression)")] = None,  # noqa: UP007
     code_root: Annotated[str | None, typer.Option("--code-root", metavar="DIR", help="the folder inside the checkout the server imports its code from (default: found from its cwd, PYTHONPATH, .pth or editable finder)")] = None,
     wheelhouse: Annotated[str | None, typer.Option("--wheelhouse", metavar="DIR", help="a folder of wheels (or one .whl) on the host holding the baseline builds, for the package experiment")] = None,

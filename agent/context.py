@@ -21,7 +21,7 @@ from .signals import held
 from .symptom import Symptom
 from .transcript import Transcript
 
-REPRODUCE_RUNS = 8      # the most; the reproduce step stops at 3 when the answer is clear
+REPRODUCE_RUNS = 12     # the most; the reproduce step stops at 3 when the answer is clear
 READY_TIMEOUT_S = 600.0
 
 

@@ -33,6 +33,7 @@ from .results import ExperimentResult
 from .stats import (
     AUTO_CAP,
     CONTROL_LEVEL,
+    CONTROL_RUNS,
     PROMISING,
     bisect_step,
     control,
@@ -466,7 +467,7 @@ class Lab:
             result = self._control(r, facts, result, bad, regression)
         return result
 
-    CONTROL_RUNS = (2, 6)   # the fewest and the most runs of the restarted server as found
+    CONTROL_RUNS = CONTROL_RUNS   # the fewest and the most runs of the restarted server as found
 
     def _control(self, r: Runner, facts: LabFacts, result: ExperimentResult, bad: list[float],
                  regression: float | None) -> ExperimentResult:

@@ -39,7 +39,7 @@ MIN_SHARE = 0.10
 ALPHA_REPRODUCE = 0.002
 RELEVANT_PCT = 1.0      # a regression must be at least this percent of the baseline to be reported
 MIN_BUDGET = 4         # an experiment may stop earlier once decided, but never gives up before this
-AUTO_CAP = 16           # the most runs of the changed state when no --max-runs is given
+AUTO_CAP = 20           # the most runs of the changed state when no --max-runs is given
 PROMISING = 0.05        # at its budget, an experiment this close to "a cause" (a partial cause) runs on to the cap
 POWER = 0.95
 PARTIAL = 0.3           # the run budget is sized to find a cause of this share ...
@@ -220,6 +220,7 @@ def fresh_reference_runs(sd: float | None, delta: float | None) -> int:
 RESTART_PART = 0.5   # the part of a change's recovery that a plain restart may give before the change is doubted
 CONTROL_LEVEL = 0.90  # one-sided level of the bounds on that part
 ALPHA_CONTROL = 0.01  # one-sided level of "the change beats a plain restart", at each look from 3 control runs
+CONTROL_RUNS = (2, 8)  # the fewest and the most runs of the restarted server as found
 ControlOutcome = Literal["change", "restart", "beyond", "undecided", "more"]
 
 

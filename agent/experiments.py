@@ -290,8 +290,8 @@ class Lab:
             f"the warm-up run read {w:.4g} against {m:.4g} ± {sd:.2g} over the {len(following)} runs after it: "
             + (f"worse by {worse:.3g}, more than the noise, so this server is slow on its first run after a restart "
                f"and every restart is warmed up" if self.warmth.needed else
-               "within the noise, so this server is not slow on its first run after a restart, and later restarts "
-               "are not warmed up")))
+               ("within the noise" if worse > 0 else "no slower than the runs after it")
+               + ", so this server is not slow on its first run after a restart, and later restarts are not warmed up")))
 
     def _bench_once(self, r: Runner, cwd: str | None, why: str, env: dict[str, str] | None = None) -> float | None:
         m = self.measure_spec

@@ -117,3 +117,20 @@ def test_a_server_not_slow_on_its_first_run_is_not_warmed_up_again(tmp_path):
     assert lab.bench(lab.runner_for(None), None, "the next state") == 31.0
     assert seen == ["the next state"] and lab.warmups == 1   # no warm-up, and it is not counted as one
 
+
+
+def test_a_warm_up_faster_than_the_runs_after_it_is_said_so(tmp_path):
+    """A first run after a restart that is faster than the runs after it is not "within the noise" of them: it is
+    said to be no slower, and the server still needs no warm-up."""
+    values = iter([30.5, 31.05, 30.95])
+    events: list[dict] = []
+    t = FakeTransport(lambda command: f"tpot={next(values)} ms\n")
+    lab = Lab(lambda h: Runner(t), lambda ev, **kw: events.append(kw), Journal(tmp_path / "journal.json", "r1", "fake"),
+              Measure("gpu-bench", "tpot", None, max_runs=0), "r1", True)
+    lab.restarted()
+    result = ExperimentResult(kind="restore_baseline_flags", text="with --enforce-eager removed", samples=CHANGED,
+                              mean=26.0, share=0.71, significant=True, outcome="cause")
+    lab._control(lab.runner_for(None), None, result, list(BAD), REGRESSION)
+    said = [e["text"] for e in events if e.get("phase") == "warm_up"]
+    assert lab.warmth.needed is False and len(said) == 1
+    assert "no slower than the runs after it" in said[0] and "within the noise" not in said[0]

@@ -266,25 +266,26 @@ class Playbook(Strict):
         return out
 
 
-RULE_SECONDS = 2.0        # one rule, on one host's facts
+RULE_SECONDS = 2.0        # of CPU time, one rule on one host's facts (a loaded machine's stalls do not count)
 MAX_SIZE = 100_000        # items or characters an expression may build by `*`; jinja's range() caps at 100000 too
 MAX_TEXT = 4_000          # characters a `because` keeps
 
 
 class LimitedSandbox(ImmutableSandboxedEnvironment):
     """Jinja's immutable sandbox, plus limits: sizes built by ``*`` and ``**``, and a time limit per
-    rule checked at every attribute, item and call (``range(10**9)``, ``'x' * 10**9`` end in an error)."""
+    rule checked at every attribute, item and call (``range(10**9)``, ``'x' * 10**9`` end in an error). The
+    time is the evaluating thread's CPU time, so a rule is never failed by the machine being busy elsewhere."""
 
     intercepted_binops = frozenset({"*", "**"})
     _deadline = threading.local()
 
     def start(self) -> None:
-        self._deadline.t = time.monotonic() + RULE_SECONDS
+        self._deadline.t = time.thread_time() + RULE_SECONDS
 
     def _tick(self) -> None:
         t = getattr(self._deadline, "t", None)
-        if t is not None and time.monotonic() > t:
-            raise SecurityError(f"the expression ran past its limit of {RULE_SECONDS:g} s")
+        if t is not None and time.thread_time() > t:
+            raise SecurityError(f"the expression ran past its limit of {RULE_SECONDS:g} s of CPU time")
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         self._tick()
@@ -469,7 +470,7 @@ def evaluate(h: Hypothesis, facts: dict[str, Any], file: str = "") -> list[Findi
                 MemoryError) as exc:
             raise PlaybookError(f"rule failed on this host's facts: {type(exc).__name__}: {exc}", file=file, field=where,
                                 fix="guard the rule, e.g. `server is not none and …`; rules may not build more than "
-                                    f"{MAX_SIZE} items or run past {RULE_SECONDS:g} s") from exc
+                                    f"{MAX_SIZE} items or run past {RULE_SECONDS:g} s of CPU time") from exc
     if strong:
         return strong
     return [weak] if weak else [Finding(verdict="inconclusive", because="no rule matched", rule=-1)]

@@ -7,6 +7,11 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# no per-example deadline: one example slowed by a loaded machine is not a failure (the examples' count stays)
+settings.register_profile("suite", deadline=None)
+settings.load_profile("suite")
 
 pytest_plugins = ["debugagent_testing.fixtures"]   # sim_host, replay_recording: the fixtures we ship
 

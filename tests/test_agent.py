@@ -286,8 +286,9 @@ def test_the_benchmarks_check_run_is_the_first_reproduce_run_and_every_run_is_co
     calls = bench_calls(out)
     assert calls[0][0]["why"].startswith("check once") and calls[1][0]["why"] == "reproduce, run 2"
     first = [r["output"]["value"] for c, r in calls if c.get("hypothesis") is None]
-    assert len(first) == 3 and out["regression"]["mean"] == pytest.approx(statistics.fmean(first), abs=1e-3)
-    assert "over 3 runs" in out["regression"]["why"]
+    # 3 when the first runs decide; more while the noise leaves it unclear (the simulated noise is drawn anew)
+    assert 3 <= len(first) <= 12 and out["regression"]["mean"] == pytest.approx(statistics.fmean(first), abs=1e-3)
+    assert f"over {len(first)} runs" in out["regression"]["why"]
     assert out["bench_runs"] == len(calls)
 
 

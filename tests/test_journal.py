@@ -146,7 +146,18 @@ def test_a_dead_holder_on_this_machine_is_called_stale(tmp_path):
 SLOW_STOP = ("import pathlib, signal, sys, time\n"
              "stopping = pathlib.Path(sys.argv[1][6:] + '/stopping')\n"
              "signal.signal(signal.SIGTERM, lambda *a: (stopping.touch(), time.sleep(1.5), sys.exit(0)))\n"
+             "(stopping.parent / 'ready').touch()\n"
              "while True: time.sleep(1)\n")
+
+
+def wait_ready(folder: Path) -> None:
+    """Until SLOW_STOP's process has its SIGTERM handler (a slow start on a loaded machine would die of the
+    default action instead)."""
+    import time
+    deadline = time.monotonic() + 60
+    while not (folder / "ready").exists():
+        assert time.monotonic() < deadline, "the slow-stopping server never started"
+        time.sleep(0.05)
 
 
 def running_as(argv: list[str]) -> list[int]:
@@ -177,14 +188,14 @@ def test_an_undo_restart_waits_for_an_interrupted_runs_restart_still_under_way(t
     reaper.start()
     env_file, pid_file, log = str(tmp_path / "debugagent-t.env"), str(tmp_path / "debugagent-t.pid"), str(tmp_path / "log")
     try:
-        time.sleep(0.5)
+        wait_ready(tmp_path)
         change = RestartServer(pid=proc.pid, argv=argv, cwd=str(tmp_path), env_file=env_file, unset=["MARK"],
                                save_env=True, pid_file=pid_file, log=log)
         undo = RestartServer(stop_pid_file=pid_file, expect_argv=argv, argv=argv, cwd=str(tmp_path), env_file=env_file,
                              keep_if_running=proc.pid, log=log)
         th = threading.Thread(target=lambda: t.run(change.command(), timeout=60))
         th.start()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while not (tmp_path / "stopping").exists():   # the restart is under way: the original is being stopped
             assert time.monotonic() < deadline
             time.sleep(0.02)

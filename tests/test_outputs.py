@@ -79,7 +79,7 @@ def test_benchmark_runs_are_one_table_with_mean_and_sd(quick):
     reproduce = [e for e in results if calls[e["call_id"]].startswith("reproduce")]
     assert len(check) == 1
     vals = [e["output"]["value"] for e in check + reproduce]
-    assert 3 <= len(vals) <= 8   # sequential: at least 3 runs, more only while the answer is not clear
+    assert 3 <= len(vals) <= 12   # sequential: at least 3 runs, more only while the answer is not clear
     msg = re.search(r"\[msg (\d+)\] .* — check once that the benchmark prints", md).group(1)
     assert (f"| run | 1 (msg {msg}) | " + " | ".join(str(i) for i in range(2, len(vals) + 1)) + " | mean ± sd |") in md
     assert f"{statistics.fmean(vals):.2f} ± {statistics.stdev(vals):.2f}" in md

@@ -112,12 +112,15 @@ def test_console_script_server_and_worker_environment(sim_host):
     slow = statistics.fmean(r.call("bench", {"cmd": "gpu-bench", "metric": "itl"}).output.value for _ in range(3))
     pid = r.call("find_servers").output.processes[0].pid
     d = r.call("server_details", {"pid": pid}).output
+    ctl = t.sim.controller
+    before = max((w.seq for w in ctl.live("worker")), default=0)
     assert r.call("restart_server", {"pid": pid, "argv": d.argv, "cwd": d.cwd, "env_file": f"/tmp/e-{pid}",
                                      "unset": ["CUDA_LAUNCH_BLOCKING"], "save_env": True}).ok
     import time
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not t.sim.controller.live("worker"):
-        time.sleep(0.05)
+    while time.monotonic() < deadline and not any(w.seq > before for w in ctl.live("worker")):
+        time.sleep(0.05)   # the new server's worker (the old one may still be registered for a moment)
+    assert any(w.seq > before for w in ctl.live("worker")), "the restarted server's worker never registered"
     fast = statistics.fmean(r.call("bench", {"cmd": "gpu-bench", "metric": "itl"}).output.value for _ in range(3))
     assert slow > 15 and fast < 13
 

@@ -100,7 +100,7 @@ def test_live_view_in_tmux(tmp_path):
     # no wheelhouse on that host: nothing confirms the cause, so exit 3 with compiled_dependency the top suspect
     assert caps and "__EXIT__3" in caps[-1][1], caps[-1][1] if caps else "no capture"
     first = next((t, p) for t, p in caps if p.strip())
-    assert first[0] < 10, "nothing on screen for the first seconds"
+    assert first[0] < 25, "nothing on screen for the first seconds"
     seen_phase = next(t for t, p in caps if re.search(r"debugagent (connecting|discover|probe|reproduce)", p))
     seen_elapsed = next(t for t, p in caps if re.search(r"· \d+ s elapsed", p))
     seen_number = next(t for t, p in caps if re.search(r": \d+\.\d+( ± \d+\.\d+)? ms over \d+ run", p))

@@ -205,7 +205,10 @@ def test_flag_and_env_var_each_measured_by_a_restart(realhost, tmp_path):
     assert set(causes) == {"serving_config", "env_var"}
     assert all(c["how"] == "experiment" and 0.25 < c["explains"] < 0.95 for c in causes.values())
     texts = [e.get("text") or "" for e in o["events"] if e["event"] == "experiment" and e.get("phase") == "result"]
-    assert sum("so the restart alone does not explain it" in t for t in texts) == 2, texts
+    # each restart was checked against the server as found, restarted, and kept as a cause (by all it recovered,
+    # or by what it adds over a plain restart when the restarted server read faster by chance)
+    kept = ("so the restart alone does not explain it", "beats the restarted server")
+    assert sum(any(k in t for k in kept) for t in texts) == 2, texts
     h.wait_ready()
     after = found_state(h)
     assert same_but_pid(before, after) and "--disable-cuda-graph" in after["argv"]
@@ -223,8 +226,11 @@ def test_a_restart_that_recovers_by_itself_blames_nothing(realhost, tmp_path):
     h.flags = ["--disable-cuda-graph"]
     h.start()
     fresh = h.baseline(3)
-    while h.baseline(1) < fresh + 6.0:   # it has been up a while: the slowdown has set in
-        pass
+    for _ in range(1000):   # it has been up a while: the slowdown has set in (after 150 requests)
+        if h.baseline(1) >= fresh + 6.0:
+            break
+    else:
+        pytest.fail(f"the server did not slow down past {fresh + 6.0:.2f} ms after 1000 runs")
     bad = h.baseline(3)
     before = found_state(h)
 

@@ -467,8 +467,6 @@ class Lab:
             result = self._control(r, facts, result, bad, regression)
         return result
 
-    CONTROL_RUNS = CONTROL_RUNS   # the fewest and the most runs of the restarted server as found
-
     def _control(self, r: Runner, facts: LabFacts, result: ExperimentResult, bad: list[float],
                  regression: float | None) -> ExperimentResult:
         """A restart recovered the regression: was it the change, or the restart itself? A server that slows
@@ -481,14 +479,14 @@ class Lab:
         vals = result.samples
         cap = self.measure_spec.max_runs or 0
         # --max-runs counts every benchmark run of the experiment, the control's included
-        left = cap - (self.bench_runs - self._runs_at_start) if cap else self.CONTROL_RUNS[1]
+        left = cap - (self.bench_runs - self._runs_at_start) if cap else CONTROL_RUNS[1]
         if cap and self.warmth.due:   # the restarted server's warm-up run comes first, and counts
             left -= 1
-        n = min(self.CONTROL_RUNS[0], left)
+        n = min(CONTROL_RUNS[0], left)
         if n < 2:
             return result.model_copy(update={"text": f"{result.text}; not compared with a plain restart of the server "
                                              f"as found (--max-runs {cap} left no runs for that control)"})
-        most = max(n, min(self.CONTROL_RUNS[1], left))
+        most = max(n, min(CONTROL_RUNS[1], left))
         self.emit("experiment", phase="plan", text=f"control: the server as found, restarted by the undo, is measured "
                   f"{n} to {most} times, so that what a plain restart recovers is not taken for the change's effect")
         # the server the experiment started is gone (the undo stopped it): while the benchmark waits for the one

@@ -83,6 +83,9 @@ class Ctx:
     on_status: Callable[[str, dict[str, Any]], None] = lambda kind, data: None
     overrides: Overrides = field(default_factory=Overrides)
     warmth: Warmth = field(default_factory=Warmth)
+    # the server as found, restarted: the runs an experiment's control measured, which later controls of the same
+    # run start from (what a plain restart gives is a property of the server, not of the change being tested)
+    found_restarted: list[float] = field(default_factory=list)
     _runners: dict[str | None, Runner] = field(default_factory=dict)
     _ids: Any = field(default_factory=lambda: itertools.count(1))
 

@@ -39,6 +39,7 @@ from .stats import (
     control,
     culprit_confidence,
     decide,
+    noise_sd,
     pooled_sd,
     run_budget,
 )
@@ -233,8 +234,10 @@ class Lab:
 
     def __init__(self, runner_for: Callable[[str | None], Runner], emit: Callable[..., None], undo: Journal,
                  measure: Measure, run_id: str, lower_is_better: bool, setup: LabSetup | None = None,
-                 warmth: Warmth | None = None) -> None:
+                 warmth: Warmth | None = None, found_restarted: list[float] | None = None) -> None:
         self.runner_for = runner_for
+        # the runs of the server as found, restarted, that earlier controls of this run measured; added to here
+        self.found_restarted = found_restarted if found_restarted is not None else []
         self.warmth = warmth or Warmth()
         self.warmups = 0   # warm-up runs after a restart: counted in ``bench_runs``, never a sample
         self._warm_value: float | None = None   # the first warm-up's value, until the runs after it judge it
@@ -255,6 +258,8 @@ class Lab:
         self._started: dict[str, Any] | None = None  # the server this experiment started: how to start it again
         self.last_decision: Any = None   # the experiment's decision (``stats.Decision``), as the control leaves it
         self.discovery: Any = None  # the run's discovery input (its overrides, the server found earlier); set by the graph
+        # runs of the same benchmark on the baseline (the baseline snapshot's): they add to the estimate of the noise
+        self.noise: tuple[list[float], ...] = ()
 
     # ------------------------------------------------------------ measuring
     def bench(self, r: Runner, cwd: str | None, why: str, env: dict[str, str] | None = None) -> float | None:
@@ -280,7 +285,7 @@ class Lab:
         than the noise (one SD, pooled with the reference state's runs): the server is cold after a restart and
         every restart is warmed up. Not: it needs no warm-up, and later restarts go without one. Judged once."""
         w, self._warm_value = self._warm_value, None
-        if w is None or self.warmth.needed is not None or len(following) < 2:
+        if w is None or self.warmth.needed is not None or not following or len(following) + len(reference) < 3:
             return
         m = statistics.fmean(following)
         sd = max(pooled_sd(following, reference)[0], 1e-9 * abs(m))
@@ -358,7 +363,7 @@ class Lab:
         while True:
             # the budget follows the noise as measured so far (reference and changed state pooled); a partial
             # cause still taking shape at the budget (p < PROMISING) runs on to the cap instead
-            most = (limit or AUTO_CAP) if extended else run_budget(pooled_sd(ref, vals)[0], regression, len(ref), limit)
+            most = (limit or AUTO_CAP) if extended else run_budget(noise_sd(ref, vals, self.noise)[0], regression, len(ref), limit)
             for _ in range(first if not vals else 1):
                 vals.append(self._measured(r, cwd, why, env))
                 runs += 1
@@ -368,7 +373,7 @@ class Lab:
                 fresh += 1
             capped = bool(cap and runs + (self.warmups - w0) + (2 if interleave else 1) > cap)
             final = len(vals) >= most or capped
-            d = decide(ref, vals, regression, self.lower, final=final, fresh=fresh)
+            d = decide(ref, vals, regression, self.lower, final=final, fresh=fresh, noise=self.noise)
             if final and not d.decided and not capped and not extended and d.p < PROMISING \
                     and len(vals) < (limit or AUTO_CAP):
                 extended = True
@@ -482,28 +487,35 @@ class Lab:
         left = cap - (self.bench_runs - self._runs_at_start) if cap else CONTROL_RUNS[1]
         if cap and self.warmth.due:   # the restarted server's warm-up run comes first, and counts
             left -= 1
-        n = min(CONTROL_RUNS[0], left)
-        if n < 2:
+        earlier = list(self.found_restarted)
+        n = max(min(CONTROL_RUNS[0], left), len(earlier))
+        if n < 1:
             return result.model_copy(update={"text": f"{result.text}; not compared with a plain restart of the server "
                                              f"as found (--max-runs {cap} left no runs for that control)"})
-        most = max(n, min(CONTROL_RUNS[1], left))
-        self.emit("experiment", phase="plan", text=f"control: the server as found, restarted by the undo, is measured "
-                  f"{n} to {most} times, so that what a plain restart recovers is not taken for the change's effect")
+        most = max(n, min(CONTROL_RUNS[1], len(earlier) + left))
+        self.emit("experiment", phase="plan", text=(
+            f"control: the server as found, restarted, as an earlier control measured it ({len(earlier)} runs), "
+            f"measured again after this undo only while that does not decide (at most {most} runs in all)" if earlier
+            else f"control: the server as found, restarted by the undo, is measured {n} to {most} times, so that what "
+            "a plain restart recovers is not taken for the change's effect"))
         # the server the experiment started is gone (the undo stopped it): while the benchmark waits for the one
         # the undo started, that one is watched instead (under a hook, none is: a supervisor may replace it)
         self._started = self._found_again
-        ctrl: list[float] = []
+        ctrl: list[float] = list(earlier)
         while True:   # sequential, as the experiment itself: more runs while the restart's part is unclear
             while len(ctrl) < n:
                 ctrl.append(self._measured(r, self.measure_spec.cwd,
                                            f"control: the server as found, restarted (run {len(ctrl) + 1})"))
+                self.found_restarted.append(ctrl[-1])
             final = n >= most
-            c = control(bad, ctrl, vals, regression, self.lower, final=final)
+            c = control(bad, ctrl, vals, regression, self.lower, final=final, noise=self.noise)
             if c.outcome != "more":
                 break
             n += 1
-        self.judge_warm_up(ctrl, bad)
-        said = (f"control: the server as found, restarted, gives mean {statistics.fmean(ctrl):.4g} ({len(ctrl)} runs): "
+        self.judge_warm_up(ctrl[len(earlier):], bad)
+        runs = (f"{len(ctrl)} runs, {len(earlier)} of them measured after an earlier experiment's undo" if earlier
+                else f"{len(ctrl)} run{'s' if len(ctrl) != 1 else ''}")
+        said = (f"control: the server as found, restarted, gives mean {statistics.fmean(ctrl):.4g} ({runs}): "
                 f"a plain restart recovers {c.part:.0%} of what the change did ({2 * CONTROL_LEVEL - 1:.0%} CI "
                 f"{c.low:.0%} to {c.high:.0%})")
         if c.outcome == "change":
@@ -777,7 +789,8 @@ class Lab:
             else:
                 lo = mid
         # the culprit against its parent, both as measured (the ends are the reverted commit and HEAD)
-        conf = culprit_confidence(seen.get(lo, good_vals), seen.get(hi, bad), self.lower)
+        ends = tuple(g for g, measured in ((good_vals, lo in seen), (bad, hi in seen)) if measured)   # not counted twice
+        conf = culprit_confidence(seen.get(lo, good_vals), seen.get(hi, bad), self.lower, (*ends, *self.noise))
         step_conf = min([s["confidence"] for s in steps] or [1.0])
         return dict(rng[hi], confidence=round(min(conf, step_conf), 4)), steps
 

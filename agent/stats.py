@@ -89,10 +89,23 @@ class Effect(BaseModel):
     normal: bool
 
 
-def effect(reference: list[float], changed: list[float], lower_is_better: bool) -> Effect:
+def noise_sd(reference: list[float], changed: list[float], noise: tuple[list[float], ...] = ()) -> tuple[float, int]:
+    """The noise SD of two samples and its degrees of freedom. ``noise``: runs of other states of the same host and
+    benchmark (the baseline snapshot's), each group around its own mean: they add degrees of freedom, never a lower
+    SD than the two samples' own (a quiet baseline must not make a noisy state look quiet)."""
+    sd, df = pooled_sd(reference, changed)
+    if noise:
+        sd_all, df = pooled_sd(reference, changed, *noise)
+        sd = max(sd, sd_all)
+    return sd, df
+
+
+def effect(reference: list[float], changed: list[float], lower_is_better: bool,
+           noise: tuple[list[float], ...] = ()) -> Effect:
+    """``noise``: as in ``noise_sd``."""
     mr, mc = statistics.fmean(reference), statistics.fmean(changed)
     imp = (mr - mc) if lower_is_better else (mc - mr)
-    sd, df = pooled_sd(reference, changed)
+    sd, df = noise_sd(reference, changed, noise)
     sd = _floor(sd, mr, mc)
     se = sd * math.sqrt(1 / len(reference) + 1 / len(changed))
     df = max(df, 1)
@@ -139,7 +152,8 @@ def share_interval(improvement: float, se: float, df: int, regression: float, re
     return share, share - q * s_se, share + q * s_se
 
 
-def fresh_agrees(reference: list[float], fresh: list[float], changed: list[float], lower_is_better: bool) -> bool:
+def fresh_agrees(reference: list[float], fresh: list[float], changed: list[float], lower_is_better: bool,
+                 noise: tuple[list[float], ...] = ()) -> bool:
     """Is the changed state also better than the reference runs taken during the experiment (noise
     pooled from all runs; one-sided p < ALPHA_FRESH)? The reproduce step stops early when its
     runs look bad, which biases them: a cause must beat the fresh reference too."""
@@ -147,21 +161,22 @@ def fresh_agrees(reference: list[float], fresh: list[float], changed: list[float
         return True
     mr, mc = statistics.fmean(fresh), statistics.fmean(changed)
     imp = (mr - mc) if lower_is_better else (mc - mr)
-    sd, df = pooled_sd(reference, changed)
+    sd, df = noise_sd(reference, changed, noise)
     se = _floor(sd, mr, mc) * math.sqrt(1 / len(fresh) + 1 / len(changed))
     return float(sps.t.sf(imp / se, max(df, 1))) < ALPHA_FRESH
 
 
 def decide(reference: list[float], changed: list[float], regression: float | None, lower_is_better: bool, *,
-           regression_se: float = 0.0, final: bool = False, fresh: int = 0) -> Decision:
+           regression_se: float = 0.0, final: bool = False, fresh: int = 0,
+           noise: tuple[list[float], ...] = ()) -> Decision:
     """Decide an experiment from the reference state's runs and the changed state's runs.
 
     cause: recovers significantly (one-sided p < ALPHA_CAUSE) and at least MIN_SHARE of the
     regression. not a cause: the upper bound of what it recovers is below NOT_CAUSE_SHARE of
     the regression (or it made things worse). Otherwise more runs, or at the budget
-    (``final``) still "more", which the caller reports as inconclusive.
+    (``final``) still "more", which the caller reports as inconclusive. ``noise``: as in ``effect``.
     """
-    e = effect(reference, changed, lower_is_better)
+    e = effect(reference, changed, lower_is_better, noise)
     reg = regression if regression and regression > 0 else None
     q_not = t_quantile(1 - ALPHA_NOT, e.df)
     upper = e.improvement + q_not * e.se
@@ -171,7 +186,8 @@ def decide(reference: list[float], changed: list[float], regression: float | Non
         share, share_lo, share_hi = share_interval(e.improvement, e.se, e.df, reg, regression_se)
         share_se = (share_hi - share) / t_quantile(0.975, e.df)
     big_enough = e.improvement >= MIN_SHARE * relevant
-    agrees = fresh_agrees(reference, reference[len(reference) - fresh:] if fresh else [], changed, lower_is_better)
+    agrees = fresh_agrees(reference, reference[len(reference) - fresh:] if fresh else [], changed, lower_is_better,
+                          noise)
     if e.p_better < ALPHA_CAUSE and big_enough and agrees:
         outcome: Outcome = "cause"
     elif upper < NOT_CAUSE_SHARE * relevant:
@@ -220,7 +236,8 @@ def fresh_reference_runs(sd: float | None, delta: float | None) -> int:
 RESTART_PART = 0.5   # the part of a change's recovery that a plain restart may give before the change is doubted
 CONTROL_LEVEL = 0.90  # one-sided level of the bounds on that part
 ALPHA_CONTROL = 0.01  # one-sided level of "the change beats a plain restart", at each look from 3 control runs
-CONTROL_RUNS = (2, 8)  # the fewest and the most runs of the restarted server as found
+CONTROL_RUNS = (1, 8)  # the fewest and the most runs of the restarted server as found (one decides when the
+# regression is far outside the noise: a plain restart that reads like the reproduce runs again settles it)
 ControlOutcome = Literal["change", "restart", "beyond", "undecided", "more"]
 
 
@@ -235,7 +252,7 @@ class Control(BaseModel):
 
 
 def control(reference: list[float], ctrl: list[float], changed: list[float], regression: float | None,
-            lower_is_better: bool, *, final: bool = False) -> Control:
+            lower_is_better: bool, *, final: bool = False, noise: tuple[list[float], ...] = ()) -> Control:
     """The control of an experiment that restarted the server: ``ctrl`` holds the runs of the server as found,
     restarted. It is also the reference re-measured after the change, so a lucky reproduce sample cannot
     decide alone.
@@ -244,20 +261,21 @@ def control(reference: list[float], ctrl: list[float], changed: list[float], reg
     recovery; the change keeps its result. beyond: the change beats the restarted server (one-sided p <
     ALPHA_CONTROL from 3 control runs on, by at least MIN_SHARE of the regression): a cause by that much. restart: a plain restart
     surely gives more than RESTART_PART and the change does not beat it, so the restart (or the reproduce
-    runs' luck), not the change, recovered it. more: add a control run; undecided at ``final``.
+    runs' luck), not the change, recovered it (never from one control run, whose own noise is unseen). more: add
+    a control run; undecided at ``final``. ``noise``: as in ``effect``.
     The experiment itself already decided "a cause" at ALPHA_CAUSE against the reproduce runs; the control
     asks a second question of the same change, at its own level.
     """
-    gain = effect(reference, changed, lower_is_better).improvement
-    e = effect(reference, ctrl, lower_is_better)
+    gain = effect(reference, changed, lower_is_better, noise).improvement
+    e = effect(reference, ctrl, lower_is_better, noise)
     part, lo, hi = share_interval(e.improvement, e.se, e.df, gain if gain > 0 else 1e-12, level=2 * CONTROL_LEVEL - 1)
     if hi < RESTART_PART:
         return Control(outcome="change", part=part, low=lo, high=hi)
-    d = decide(ctrl, changed, regression, lower_is_better, final=True)
+    d = decide(ctrl, changed, regression, lower_is_better, final=True, noise=noise)
     relevant = regression if regression and regression > 0 else 0.05 * abs(statistics.fmean(reference))
     if len(ctrl) >= 3 and d.p < ALPHA_CONTROL and d.improvement >= MIN_SHARE * relevant:
         return Control(outcome="beyond", part=part, low=lo, high=hi, decision=d)
-    if lo > RESTART_PART:
+    if lo > RESTART_PART and len(ctrl) >= 2:   # one run, whose own noise is unseen, never overturns a cause
         return Control(outcome="restart", part=part, low=lo, high=hi, decision=d)
     return Control(outcome="undecided" if final else "more", part=part, low=lo, high=hi, decision=d)
 
@@ -354,9 +372,11 @@ def bisect_step(good: list[float], bad: list[float], step: list[float], final: b
     return Step(outcome="more", confidence=0.5, mean=m)
 
 
-def culprit_confidence(parent: list[float], culprit: list[float], lower_is_better: bool) -> float:
-    """The confidence that the culprit is worse than its parent: 1 - one-sided p of the difference."""
-    if len(parent) < 1 or len(culprit) < 1 or len(parent) + len(culprit) < 3:
+def culprit_confidence(parent: list[float], culprit: list[float], lower_is_better: bool,
+                       noise: tuple[list[float], ...] = ()) -> float:
+    """The confidence that the culprit is worse than its parent: 1 - one-sided p of the difference. ``noise``: the
+    runs of the bisection's two ends, which estimate the noise when one clear run decided each side."""
+    if len(parent) < 1 or len(culprit) < 1 or pooled_sd(parent, culprit, *noise)[1] < 1:
         return 0.5
-    e = effect(culprit, parent, lower_is_better)   # improvement going from the culprit back to its parent
+    e = effect(culprit, parent, lower_is_better, noise)   # improvement going from the culprit back to its parent
     return 1.0 - e.p_better

@@ -84,20 +84,23 @@ LEAD = {"regression": "The regression is real: ", "none": "No reproducible regre
 
 
 def reproduce_regression(ctx: Ctx, d: dict[str, Any]) -> tuple[Regression, int]:
-    """Sequential: 3 runs, then one more while undecided, up to --reproduce-runs."""
+    """Sequential: 3 runs (2 when the baseline snapshot's runs estimate the noise too), then one more while
+    undecided, up to --reproduce-runs."""
     if not bench_of(ctx, d):
         return Regression(), 0
     r = ctx.runner(None)
     most = ctx.overrides.most_reproduce_runs
     first = d.get("first_run")
-    ctx.say(f"Reproducing first: {min(REPRODUCE_FIRST, most)} runs of the benchmark as the host is now"
+    # the baseline snapshot's runs (two or more) are the baseline: they estimate the noise too, so one run fewer
+    looks = min(REPRODUCE_FIRST - (1 if len(_baseline_for(ctx, None)[1]) >= 2 else 0), most)
+    ctx.say(f"Reproducing first: {looks} runs of the benchmark as the host is now"
             + (" (the check's run is the first)" if first else "") + f", more while the answer is not clear (at most {most}).")
     vals: list[float] = [first["value"]] if first else []
     unit, runs, rep = (first["unit"] if first else None), len(vals), None
     base, source = None, ""
     while True:
         base, base_samples, source = _baseline_for(ctx, unit)
-        if base is not None and len(vals) >= min(REPRODUCE_FIRST, most):
+        if base is not None and len(vals) >= looks:
             claimed = ctx.symptom.worse(ctx.symptom.in_unit(unit or ctx.symptom.unit), base)
             rep = reproduce(vals, base, ctx.symptom.direction == "lower", claimed, baseline_samples=base_samples,
                             final=runs >= most)
@@ -271,10 +274,19 @@ def lab_for(ctx: Ctx, s: RunState, hid: str) -> Lab:
                       ready_timeout_s=ctx.overrides.ready_timeout,
                       max_runs=max(2, max_runs - fresh - (warm if fresh else 0)) if max_runs else 0),
               ctx.run_id, ctx.symptom.direction == "lower",
-              LabSetup.from_inputs(ctx.overrides, (d.get("host_facts") or {}).get("profile")), ctx.warmth)
+              LabSetup.from_inputs(ctx.overrides, (d.get("host_facts") or {}).get("profile")), ctx.warmth,
+              ctx.found_restarted)
     lab.discovery = run_input(ctx.overrides, d["metric"], d.get("server"))
+    lab.noise = baseline_noise(ctx)
     lab.fresh_runs = fresh   # how many to run; ``Lab.reference`` sets how many it had
     return lab
+
+
+def baseline_noise(ctx: Ctx) -> tuple[list[float], ...]:
+    """The baseline snapshot's benchmark runs (two or more), which the experiments' tests pool into their estimate
+    of the noise, as the reproduce step does; none without a baseline snapshot."""
+    bs = ctx.baseline_snapshot.bench.get("samples") if ctx.baseline_snapshot and ctx.baseline_snapshot.bench else None
+    return (list(bs),) if bs and len(bs) >= 2 else ()
 
 
 def remeasure(ctx: Ctx, lab: Lab, hid: str, s: RunState) -> list[float]:

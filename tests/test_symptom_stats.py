@@ -163,3 +163,13 @@ def test_mann_whitney_when_the_noise_is_not_normal():
     ref = [30.0, 30.1, 29.9, 30.2, 30.0, 29.8, 30.1, 90.0]
     e = effect(ref, [20.0, 20.1, 19.9, 20.2, 20.0, 19.8], True)
     assert not e.normal and e.p_better < 0.01
+
+
+def test_a_culprit_and_parent_decided_by_one_clear_run_each_are_confident():
+    """A bisection whose last two steps each took one clear run (673 and 1793 tok/s on an H200, the ends around
+    600 and 1900) has a confident culprit: the ends' runs estimate the noise. Without them it is a coin toss."""
+    from agent.stats import culprit_confidence
+    ends = ([1924.0, 1900.0, 1950.0], [608.0, 600.0, 620.0])
+    assert culprit_confidence([1793.0], [673.2], False, ends) > 0.99
+    assert culprit_confidence([1793.0], [673.2], False) == 0.5
+    assert culprit_confidence([1793.0], [1790.0], False, ends) < 0.9   # no real step: no confidence

@@ -513,8 +513,10 @@ class Lab:
                 break
             n += 1
         self.judge_warm_up(ctrl[len(earlier):], bad)
-        runs = (f"{len(ctrl)} runs, {len(earlier)} of them measured after an earlier experiment's undo" if earlier
-                else f"{len(ctrl)} run{'s' if len(ctrl) != 1 else ''}")
+        runs = f"{len(ctrl)} run{'s' if len(ctrl) != 1 else ''}"
+        if earlier:
+            runs += (", measured after an earlier experiment's undo" if len(ctrl) == len(earlier) else
+                     f", {len(earlier)} of them measured after an earlier experiment's undo")
         said = (f"control: the server as found, restarted, gives mean {statistics.fmean(ctrl):.4g} ({runs}): "
                 f"a plain restart recovers {c.part:.0%} of what the change did ({2 * CONTROL_LEVEL - 1:.0%} CI "
                 f"{c.low:.0%} to {c.high:.0%})")

@@ -144,7 +144,7 @@ def test_a_later_control_starts_from_the_runs_an_earlier_control_measured(tmp_pa
     earlier = [31.02]
     out, runs = control(tmp_path, [99.0], earlier)   # 99 would be noticed: no new run is taken
     assert runs == 0 and out.control == [31.02] and out.outcome == "cause"
-    assert "1 of them measured after an earlier experiment's undo" in out.text
+    assert "(1 run, measured after an earlier experiment's undo)" in out.text
     # undecided from the earlier runs alone (half of the recovery may be the restart's): measured again
     earlier = [28.5]
     out, runs = control(tmp_path, [28.45, 28.55], earlier)

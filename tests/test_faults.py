@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.procs import descendants, freeze_tree, signal_if_alive, thaw
 from tools.registry import Runner
 from tools.sim import load_scenario
 from tools.sim.serve import SSHD, remote_command, start, start_sshd
@@ -257,36 +258,6 @@ def restart_sshd(s) -> None:
     s.proc = start_sshd(s.folder, s.port, force_command=remote_command(s.sim)).proc
 
 
-def sshd_tree(s) -> list[int]:
-    """Every process under the sshd listener (its connections, their privilege-separated children)."""
-    todo, found = [s.proc.pid], []
-    while todo:
-        out = subprocess.run(["pgrep", "-P", str(todo.pop())], capture_output=True, text=True).stdout.split()
-        found += [int(x) for x in out]
-        todo += [int(x) for x in out]
-    return found
-
-
-def freeze_sshd(s) -> list[int]:
-    """SIGSTOP the sshd listener first (no new connection can start), then every process under it, walking
-    down until a pass finds none new. A connection that ends between being listed and being stopped is
-    skipped: it is gone, so it cannot answer either."""
-    os.kill(s.proc.pid, signal.SIGSTOP)
-    stopped, todo = [s.proc.pid], [s.proc.pid]
-    while todo:
-        out = subprocess.run(["pgrep", "-P", str(todo.pop())], capture_output=True, text=True).stdout.split()
-        for pid in map(int, out):
-            if pid in stopped:
-                continue
-            try:
-                os.kill(pid, signal.SIGSTOP)
-            except ProcessLookupError:
-                continue
-            stopped.append(pid)
-            todo.append(pid)
-    return stopped
-
-
 def test_connection_dropped_for_good_leaves_a_journal_undo_finishes(tmp_path):
     """sshd dies for good while the restarted server is measured: the run exits 6 printing what is left;
     once sshd is back, `debugagent undo` finishes the journal and the host is as found."""
@@ -297,14 +268,11 @@ def test_connection_dropped_for_good_leaves_a_journal_undo_finishes(tmp_path):
         p = subprocess.Popen(run_args(s, name, out, "--connect-timeout", "3"), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
         wait_for(lambda: phase_reached(out, "restart_server", "measuring"), p, "measuring")
-        tree = sshd_tree(s)
+        tree = descendants(s.proc.pid)
         s.proc.kill()      # the listener first: no reconnect can land in between
         s.proc.wait()
         for pid in tree:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:   # ended with its listener
-                pass
+            signal_if_alive(pid, signal.SIGKILL)   # or it ended with its listener
         _, err = p.communicate(timeout=240)
         assert p.returncode == 6, err
         assert "could not be fully restored" in err and "left to undo: restart the server as it was found" in err
@@ -329,7 +297,7 @@ def test_hung_peer_is_reported_within_30s_and_undo_restores(tmp_path):
         p = subprocess.Popen(run_args(s, name, out, "--connect-timeout", "3"), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
         wait_for(lambda: phase_reached(out, "restart_server", "measuring"), p, "measuring")
-        stopped = freeze_sshd(s)
+        stopped = freeze_tree(s.proc.pid)
         t0 = time.monotonic()
         try:
             wait_for(lambda: any(e.get("kind") == "hung" for e in events(out)), p, "the hung peer", timeout=60)
@@ -337,11 +305,7 @@ def test_hung_peer_is_reported_within_30s_and_undo_restores(tmp_path):
             p.kill()
             p.communicate()
         finally:
-            for pid in stopped:
-                try:
-                    os.kill(pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
+            thaw(stopped)
         assert noticed < 30, noticed
         r = subprocess.run(cli("undo", str(out)), capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr

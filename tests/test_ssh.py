@@ -15,6 +15,7 @@ import paramiko
 import pytest
 
 from agent.run import RunOptions, investigate
+from tests.procs import children, descendants, signal_if_alive
 from tools.errors import AuthError, ConnectError, HostKeyError, TransportError
 from tools.registry import Runner
 from tools.sim import builtin_names, load_scenario
@@ -142,10 +143,7 @@ def test_hung_peer_is_noticed_after_idling(tmp_path):
         t.close()
     finally:
         for pid in stopped:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            signal_if_alive(pid, signal.SIGKILL)
         s.stop()
 
 
@@ -217,35 +215,13 @@ def test_unreachable_host_exits_4_fast(tmp_path):
     assert time.monotonic() - t0 < 2 * start + 5, (time.monotonic() - t0, start)
 
 
-def sshd_children(listener: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(listener)], capture_output=True, text=True).stdout
-    return [int(x) for x in out.split()]
-
-
-def signal_if_alive(pid: int, sig: int) -> bool:
-    """Send ``sig``; False when the process ended after it was listed (a connection closing on its own)."""
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (an sshd listener's connections and their sessions), deepest first."""
-    out: list[int] = []
-    for child in sshd_children(pid):
-        out += descendants(child) + [child]
-    return out
-
-
 def test_dropped_connection_is_remade(plain):
     """The connection's sshd process is killed: the next command reconnects, says so, and succeeds."""
     t = connect(plain)
     events = []
     t.on_event = lambda kind, text: events.append((kind, text))
     assert t.run("true").ok
-    for pid in sshd_children(plain.proc.pid):
+    for pid in children(plain.proc.pid):
         signal_if_alive(pid, signal.SIGKILL)
     time.sleep(0.3)
     r = t.run("echo back")
@@ -259,7 +235,7 @@ def test_sshd_killed_for_good_gives_transport_error(tmp_path):
     s = start_sshd(tmp_path / "d")
     t = connect(s)
     assert t.run("true").ok
-    for pid in sshd_children(s.proc.pid):
+    for pid in children(s.proc.pid):
         signal_if_alive(pid, signal.SIGKILL)
     s.stop()
     t0 = time.monotonic()
@@ -364,10 +340,7 @@ class KillAt:
                 listener = self.served.proc.pid
                 doomed = descendants(listener) + ([listener] if self.for_good else [])
                 for pid in doomed:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                    signal_if_alive(pid, signal.SIGKILL)
                 if self.for_good:
                     self.served.proc.wait()
                 time.sleep(0.3)

@@ -113,6 +113,12 @@ def inputs_from_options(opts: RunOptions) -> Inputs:
     if opts.baseline and opts.baseline_snapshot:
         raise UsageError("--baseline and --baseline-snapshot both given", fix="give one: a number or a snapshot of the good state")
     snap = Snapshot.load(opts.baseline_snapshot) if opts.baseline_snapshot else None
+    measured = (snap.bench.get("metric") or "") if snap and snap.bench.get("samples") else ""
+    if measured and measured.lower() != symptom.metric.lower():   # its runs are the baseline, and part of the noise
+        raise UsageError(f"--baseline-snapshot {opts.baseline_snapshot}: its benchmark measured `{measured}`, but "
+                         f"--symptom names `{symptom.metric}`",
+                         fix=f"take the snapshot with `debugagent snapshot --metric {symptom.metric} ...`, or give "
+                         f"--baseline with the good number of `{symptom.metric}`")
     check_input(DiscoveryInput(server_pattern=opts.server_pattern, python=opts.python, repo=opts.repo,
                                bench=opts.bench, bench_regex=opts.bench_regex, metric=symptom.metric))
     return Inputs(host=opts.host, symptom=symptom, baseline=baseline, baseline_snapshot=snap,

@@ -239,3 +239,20 @@ def test_empty_and_multiline_arguments_survive_a_restart(tmp_path):
                 except ProcessLookupError:
                     pass
         proc.wait()
+
+
+def test_a_baseline_snapshot_of_another_metric_is_refused(tmp_path):
+    """A snapshot whose benchmark measured another metric (ttft in s) is no baseline for --symptom decode: its
+    runs would be compared with decode's, and pooled into its noise. Exit 2 naming both metrics, before connecting."""
+    from tools.sim import SimTransport
+    from tools.snapshot import collect, dump
+    with SimTransport("sim:power-capped@good") as t:
+        snap = collect(Runner(t), bench_runs=2)
+    assert snap.bench.get("samples") and snap.bench["metric"] == "decode"
+    data = json.loads(dump(snap))
+    data["bench"]["metric"] = "ttft"
+    p = tmp_path / "ttft-snap.json"
+    p.write_text(json.dumps(data))
+    refused(cli("run", "--host", "sim:power-capped", "--symptom", "decode 74 tok/s", "--baseline-snapshot", str(p),
+                "--out", str(tmp_path / "r")), "ttft-snap.json", "`ttft`", "`decode`")
+    assert not (tmp_path / "r").exists()

@@ -103,8 +103,10 @@ def no_regression_summary(regression: Regression) -> str:
         return (f"No regression: the host measures better than the baseline ({regression.why}); "
                 "were --symptom and --baseline swapped? Nothing is blamed.")
     if regression.outcome == "more":
+        then = (f"run with --reproduce-runs {regression.runs_needed}" if regression.runs_needed else
+                "take the baseline snapshot again with more --bench-runs")
         return (f"Regression smaller than the noise can show in {len(regression.samples)} runs "
-                f"({regression.why}); run with --reproduce-runs {regression.runs_needed}. Nothing is blamed.")
+                f"({regression.why}); {then}. Nothing is blamed.")
     return f"No reproducible regression: {regression.why}. Nothing is blamed."
 
 

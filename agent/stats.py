@@ -330,9 +330,14 @@ def reproduce(samples: list[float], baseline: float, lower_is_better: bool, clai
     if outcome == "more":
         target = claim or max(abs(delta), relevant)
         z = float(sps.norm.ppf(1 - ALPHA_REPRODUCE) + sps.norm.ppf(POWER))
-        need = max(len(samples) + 1, math.ceil((z * sd / target) ** 2))
-        if final:
+        # se² = sd²·(1/n + 1/m): more runs of this state shrink only the first term; the baseline's m runs stay
+        room = (target / (z * sd)) ** 2 - (1 / len(bs) if bs else 0.0)
+        need = max(len(samples) + 1, math.ceil(1 / room)) if room > 0 else None
+        if final and need is not None:
             text += f"; undecided: a regression this small against this noise needs about {need} runs"
+        elif final:
+            text += (f"; undecided: no number of runs of this state can show a regression this small against this "
+                     f"noise and the baseline's {len(bs)} runs (take the baseline snapshot again with more --bench-runs)")
     return Reproduction(outcome=outcome, mean=m, sd=sd, delta=delta, delta_se=se, text=text, runs_needed=need)
 
 

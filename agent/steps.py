@@ -137,7 +137,9 @@ def reproduce_words(reg: Regression, rep: Reproduction | None, n: int) -> str:
     if rep is None:
         return (f"Measured {statistics.fmean(reg.samples):.4g} over {n} runs; no baseline number to compare with, "
                 "so the user's report is taken as the regression and no share can be measured.")
-    lead = LEAD.get(rep.outcome) or f"Undecided after {n} runs (run with --reproduce-runs {rep.runs_needed}): "
+    then = (f"run with --reproduce-runs {rep.runs_needed}" if rep.runs_needed else
+            "take the baseline snapshot again with more --bench-runs")
+    lead = LEAD.get(rep.outcome) or f"Undecided after {n} runs ({then}): "
     return lead + rep.text + "."
 
 

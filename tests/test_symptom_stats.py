@@ -173,3 +173,19 @@ def test_a_culprit_and_parent_decided_by_one_clear_run_each_are_confident():
     assert culprit_confidence([1793.0], [673.2], False, ends) > 0.99
     assert culprit_confidence([1793.0], [673.2], False) == 0.5
     assert culprit_confidence([1793.0], [1790.0], False, ends) < 0.9   # no real step: no confidence
+
+
+def test_runs_needed_counts_the_baseline_snapshots_own_runs():
+    """Against a baseline of a few runs, more runs of this state shrink only part of the uncertainty: the runs it
+    would take count that, and where no number of runs can show the regression, the answer says to take the
+    baseline again with more runs instead of naming a number that could not show it (values of an H200 run)."""
+    from agent.stats import reproduce
+    bad = [1135.0, 1577.0, 1549.0, 1338.0, 1038.0, 1421.0, 1194.0, 1550.0, 1228.0, 1009.0, 1540.0, 1197.0]
+    base = [1672.33, 2051.58, 1580.48]
+    never = reproduce(bad, 1768.0, False, 450.0, baseline_samples=base, final=True)
+    assert never.outcome == "more" and never.runs_needed is None
+    assert "no number of runs" in never.text and "--bench-runs" in never.text and "needs about" not in never.text
+    with_base = reproduce(bad[:4], 1768.0, False, 450.0, baseline_samples=base * 3, final=True)
+    against_number = reproduce(bad[:4], 1768.0, False, 450.0, final=True)
+    assert with_base.outcome == against_number.outcome == "more"
+    assert with_base.runs_needed == 10 and against_number.runs_needed == 5

@@ -494,7 +494,8 @@ class Lab:
                                              f"as found (--max-runs {cap} left no runs for that control)"})
         most = max(n, min(CONTROL_RUNS[1], len(earlier) + left))
         self.emit("experiment", phase="plan", text=(
-            f"control: the server as found, restarted, as an earlier control measured it ({len(earlier)} runs), "
+            f"control: the server as found, restarted, as an earlier control measured it ({len(earlier)} "
+            f"run{'s' if len(earlier) != 1 else ''}), "
             f"measured again after this undo only while that does not decide (at most {most} runs in all)" if earlier
             else f"control: the server as found, restarted by the undo, is measured {n} to {most} times, so that what "
             "a plain restart recovers is not taken for the change's effect"))

@@ -92,7 +92,7 @@ def reproduce_regression(ctx: Ctx, d: dict[str, Any]) -> tuple[Regression, int]:
     most = ctx.overrides.most_reproduce_runs
     first = d.get("first_run")
     # the baseline snapshot's runs (two or more) are the baseline: they estimate the noise too, so one run fewer
-    looks = min(REPRODUCE_FIRST - (1 if len(_baseline_for(ctx, None)[1]) >= 2 else 0), most)
+    looks = min(REPRODUCE_FIRST - len(baseline_noise(ctx)), most)
     ctx.say(f"Reproducing first: {looks} runs of the benchmark as the host is now"
             + (" (the check's run is the first)" if first else "") + f", more while the answer is not clear (at most {most}).")
     vals: list[float] = [first["value"]] if first else []
@@ -287,8 +287,8 @@ def lab_for(ctx: Ctx, s: RunState, hid: str) -> Lab:
 def baseline_noise(ctx: Ctx) -> tuple[list[float], ...]:
     """The baseline snapshot's benchmark runs (two or more), which the experiments' tests pool into their estimate
     of the noise, as the reproduce step does; none without a baseline snapshot."""
-    bs = ctx.baseline_snapshot.bench.get("samples") if ctx.baseline_snapshot and ctx.baseline_snapshot.bench else None
-    return (list(bs),) if bs and len(bs) >= 2 else ()
+    bs = _baseline_for(ctx, None)[1]
+    return (bs,) if len(bs) >= 2 else ()
 
 
 def remeasure(ctx: Ctx, lab: Lab, hid: str, s: RunState) -> list[float]:

@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from .results import Regression
+from .stats import more_runs_advice
 from .verdicts import Hyp, NotJudged
 
 SCHEMA = 2
@@ -103,10 +104,8 @@ def no_regression_summary(regression: Regression) -> str:
         return (f"No regression: the host measures better than the baseline ({regression.why}); "
                 "were --symptom and --baseline swapped? Nothing is blamed.")
     if regression.outcome == "more":
-        then = (f"run with --reproduce-runs {regression.runs_needed}" if regression.runs_needed else
-                "take the baseline snapshot again with more --bench-runs")
         return (f"Regression smaller than the noise can show in {len(regression.samples)} runs "
-                f"({regression.why}); {then}. Nothing is blamed.")
+                f"({regression.why}); {more_runs_advice(regression.runs_needed)}. Nothing is blamed.")
     return f"No reproducible regression: {regression.why}. Nothing is blamed."
 
 

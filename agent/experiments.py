@@ -28,6 +28,7 @@ from .context import Overrides, Warmth
 from .discovery import find_server
 from .facts import LabFacts
 from .journal import Journal
+from .markdown import plural
 from .playbook import restored
 from .results import ExperimentResult
 from .stats import (
@@ -494,8 +495,7 @@ class Lab:
                                              f"as found (--max-runs {cap} left no runs for that control)"})
         most = max(n, min(CONTROL_RUNS[1], len(earlier) + left))
         self.emit("experiment", phase="plan", text=(
-            f"control: the server as found, restarted, as an earlier control measured it ({len(earlier)} "
-            f"run{'s' if len(earlier) != 1 else ''}), "
+            f"control: the server as found, restarted, as an earlier control measured it ({plural(len(earlier), 'run')}), "
             f"measured again after this undo only while that does not decide (at most {most} runs in all)" if earlier
             else f"control: the server as found, restarted by the undo, is measured {n} to {most} times, so that what "
             "a plain restart recovers is not taken for the change's effect"))
@@ -514,7 +514,7 @@ class Lab:
                 break
             n += 1
         self.judge_warm_up(ctrl[len(earlier):], bad)
-        runs = f"{len(ctrl)} run{'s' if len(ctrl) != 1 else ''}"
+        runs = plural(len(ctrl), "run")
         if earlier:
             runs += (", measured after an earlier experiment's undo" if len(ctrl) == len(earlier) else
                      f", {len(earlier)} of them measured after an earlier experiment's undo")

@@ -281,6 +281,15 @@ def control(reference: list[float], ctrl: list[float], changed: list[float], reg
 
 
 # ---------------------------------------------------------------- the reproduce step
+MORE_BASELINE_RUNS = "take the baseline snapshot again with more --bench-runs"
+
+
+def more_runs_advice(runs_needed: int | None) -> str:
+    """What an undecided reproduce step tells the user to do: the runs it would take, or (none would do against
+    the baseline snapshot's few runs) a baseline of more runs."""
+    return f"run with --reproduce-runs {runs_needed}" if runs_needed else MORE_BASELINE_RUNS
+
+
 ReproOutcome = Literal["regression", "none", "better", "more"]
 
 
@@ -337,7 +346,7 @@ def reproduce(samples: list[float], baseline: float, lower_is_better: bool, clai
             text += f"; undecided: a regression this small against this noise needs about {need} runs"
         elif final:
             text += (f"; undecided: no number of runs of this state can show a regression this small against this "
-                     f"noise and the baseline's {len(bs)} runs (take the baseline snapshot again with more --bench-runs)")
+                     f"noise and the baseline's {len(bs)} runs ({MORE_BASELINE_RUNS})")
     return Reproduction(outcome=outcome, mean=m, sd=sd, delta=delta, delta_se=se, text=text, runs_needed=need)
 
 

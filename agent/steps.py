@@ -19,7 +19,7 @@ from .experiments import FRESH_KINDS, RESTART_KINDS, ConnectionLost, ExperimentE
 from .facts import LabFacts, build_facts
 from .results import ExperimentResult, Regression
 from .state import Current, RunState
-from .stats import Reproduction, fresh_reference_runs, reproduce, share_interval
+from .stats import Reproduction, fresh_reference_runs, more_runs_advice, reproduce, share_interval
 
 REPRODUCE_FIRST = 3
 RETRIES = 2   # an experiment whose connection was lost runs again, this many times
@@ -137,9 +137,7 @@ def reproduce_words(reg: Regression, rep: Reproduction | None, n: int) -> str:
     if rep is None:
         return (f"Measured {statistics.fmean(reg.samples):.4g} over {n} runs; no baseline number to compare with, "
                 "so the user's report is taken as the regression and no share can be measured.")
-    then = (f"run with --reproduce-runs {rep.runs_needed}" if rep.runs_needed else
-            "take the baseline snapshot again with more --bench-runs")
-    lead = LEAD.get(rep.outcome) or f"Undecided after {n} runs ({then}): "
+    lead = LEAD.get(rep.outcome) or f"Undecided after {n} runs ({more_runs_advice(rep.runs_needed)}): "
     return lead + rep.text + "."
 
 

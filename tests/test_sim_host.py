@@ -378,3 +378,33 @@ def test_kernel_cores_cpu_and_memory_are_the_hosts_not_this_machines(sim_host):
     assert f"MemTotal:       {mem.group(1)} kB" not in Path("/proc/meminfo").read_text()
     info = Runner(t).call("host_info").output
     assert info.kernel == h.kernel and info.cores == h.cpu.cores
+
+
+def test_host_ends_with_a_stopped_session():
+    """A command entered into a sealed host whose ``nsenter`` is stopped (a frozen SSH session) does not keep the
+    namespace alive after the host closes: its pid 1 exits instead of waiting for the child for ever."""
+    import signal
+    import subprocess
+    import time
+
+    from tools.sim import SimTransport
+    t = SimTransport("sim:launch-blocking")
+    pid = t.sim.init_pid
+    ns_init = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+    p = subprocess.Popen(t.sim.argv("sleep 300"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not open(f"/proc/{p.pid}/task/{p.pid}/children").read().split():
+            time.sleep(0.01)
+        assert open(f"/proc/{p.pid}/task/{p.pid}/children").read().split(), "nsenter did not start its command"
+        os.kill(p.pid, signal.SIGSTOP)
+        t.close()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and Path(f"/proc/{ns_init}").exists():
+            time.sleep(0.05)
+        assert not Path(f"/proc/{ns_init}").exists(), "the namespace's pid 1 is still there"
+        assert p.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()

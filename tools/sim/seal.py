@@ -115,9 +115,34 @@ def start(sim: SimHost) -> tuple[subprocess.Popen, int]:
     raise ScenarioError(f"bwrap could not seal the host: {err.strip()[:300]}", file=sim.scenario.source)
 
 
-def stop(proc: subprocess.Popen, init_pid: int = 0) -> None:  # noqa: D103
-    """End the host: SIGKILL to the namespace's pid 1 ends every process in it; then bwrap."""
+def _entering(init_pid: int) -> list[int]:
+    """The ``nsenter --target=INIT_PID`` processes of this machine (they live outside the namespace)."""
+    want = f"--target={init_pid}".encode()
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            argv = open(f"/proc/{d}/cmdline", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"nsenter") and want in argv:
+            pids.append(int(d))
+    return pids
+
+
+def stop(proc: subprocess.Popen, init_pid: int = 0) -> None:
+    """End the host: SIGKILL to the namespace's pid 1 ends every process in it; then bwrap.
+
+    First every ``nsenter`` into it is killed: its child inside the namespace dies with pid 1,
+    and if the ``nsenter`` is stopped (a frozen SSH session) it never reaps that child, so the
+    namespace's pid 1 would wait for it for ever."""
     if init_pid:
+        for pid in _entering(init_pid):
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
         try:
             ppid = int(open(f"/proc/{init_pid}/stat").read().rsplit(")", 1)[1].split()[1])
             os.kill(ppid, 9)

@@ -8,6 +8,7 @@ line number.
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -72,14 +73,23 @@ def replay_run(run_dir: str, *, playbook: str | None = None, as_json: bool = Fal
     if not path.exists():
         raise UsageError(f"{run_dir}: no events.jsonl", fix="give a transcript folder written by `debugagent run`")
     events = read_events(path)
+    # without --out the replayed transcript goes to a temporary folder that is kept only when it differs
+    temporary = not out
     folder = Path(out) if out else Path(tempfile.mkdtemp(prefix="debugagent-replay-"))
+    keep = not temporary
     try:
         res = replay_events(events, playbook=playbook, out=folder, file=str(path))
+        keep = keep or not res["same"]
     except ReplayMiss as exc:
         if as_json:
             print(json.dumps({"same": False, "miss": {"step": exc.step, "asked": exc.asked,
                                                       "recorded_next": exc.recorded_next}}))
         raise
+    finally:
+        if not keep:
+            shutil.rmtree(folder, ignore_errors=True)
+    if not keep:
+        res["transcript"] = None   # same conclusion: the replayed transcript was not kept
     if as_json:
         print(json.dumps({k: v for k, v in res.items() if k != "conclusion"}, indent=1))
     elif res["same"]:

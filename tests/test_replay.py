@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -67,9 +68,12 @@ def test_changed_rule_fails_replay_with_verdict_diff(tmp_path):
     with pytest.raises(ReplayMiss) as e:
         replay_events(read_events(run / "events.jsonl"), playbook=str(p), out=tmp_path / "replay")
     assert "CUDA_LAUNCH_BLOCKIN" not in str(e.value) and e.value.exit_code == 5
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
     r = subprocess.run([sys.executable, "-m", "agent.cli", "playbook", "test", str(p), "--transcript", str(run)],
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, env={**os.environ, "TMPDIR": str(tmp)})
     assert r.returncode == 5 and "the recording does not hold" in r.stderr
+    assert list(tmp.iterdir()) == []   # the replay stopped: it leaves no half-written transcript behind
 
 
 def test_unrecorded_command_stops_the_replay():
@@ -102,10 +106,15 @@ def test_tampered_recording_exit_2_with_line(tmp_path, damage):
     assert "events.jsonl:" in r.stderr
 
 
-def test_replay_cli_same_conclusion():
-    """`debugagent replay RUN` exits 0 and says the conclusion is the same."""
-    r = subprocess.run([sys.executable, "-m", "agent.cli", "replay", str(KEPT[0])], capture_output=True, text=True)
+def test_replay_cli_same_conclusion(tmp_path):
+    """`debugagent replay RUN` exits 0 and says the conclusion is the same; the replayed transcript it wrote to a
+    temporary folder is gone (a changed one is kept, and named)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    r = subprocess.run([sys.executable, "-m", "agent.cli", "replay", str(KEPT[0])], capture_output=True, text=True,
+                       env={**os.environ, "TMPDIR": str(tmp)})
     assert r.returncode == 0 and "same conclusion" in r.stderr
+    assert list(tmp.iterdir()) == []
 
 
 def test_playbook_authors_helpers(tmp_path):

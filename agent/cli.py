@@ -153,7 +153,7 @@ def snapshot(
     repo: Annotated[str | None, typer.Option("--repo", metavar="DIR", help="the server's git checkout on the host")] = None,
     python: Annotated[str | None, typer.Option("--python", metavar="PATH", help="the server's Python interpreter on the host")] = None,
     server_pattern: Annotated[str | None, typer.Option("--server-pattern", metavar="REGEX", help="regex for the server's command line (default: SGLang, vLLM, TGI, TensorRT-LLM)")] = None,
-    bench_runs: Annotated[int, typer.Option("--bench-runs", metavar="N", min=0, help="benchmark runs recorded in the snapshot (its baseline numbers)")] = 3,
+    bench_runs: Annotated[int, typer.Option("--bench-runs", metavar="N", min=0, help="benchmark runs recorded in the snapshot: its baseline numbers and their noise (a run's test cannot be surer than these few runs let it)")] = 5,
     identity_file: IdentOpt = None, known_hosts: KnownOpt = None, accept_new_host_key: AcceptOpt = False,
     connect_timeout: TimeoutOpt = 10.0,
 ) -> None:

@@ -165,3 +165,12 @@ def restart_sshd(s) -> None:
     s.proc = start_sshd(s.folder, s.port, force_command=remote_command(s.sim)).proc
 
 
+def every_signal_at_every_phase(names: list[str]):
+    """The slow matrix: each of ``names`` killed by SIGKILL, SIGTERM and SIGHUP at each phase."""
+    def mark(test):
+        for m in (pytest.mark.parametrize("phase", ["journalled", "changed", "measuring"]),
+                  pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name),
+                  pytest.mark.parametrize("name", names), pytest.mark.slow):
+            test = m(test)
+        return test
+    return mark

@@ -20,6 +20,8 @@ import time
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from .shell import pids_where
+
 if TYPE_CHECKING:
     from .sandbox import SimHost
 
@@ -118,17 +120,7 @@ def start(sim: SimHost) -> tuple[subprocess.Popen, int]:
 def _entering(init_pid: int) -> list[int]:
     """The ``nsenter --target=INIT_PID`` processes of this machine (they live outside the namespace)."""
     want = f"--target={init_pid}".encode()
-    pids = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            argv = open(f"/proc/{d}/cmdline", "rb").read().split(b"\0")
-        except OSError:
-            continue
-        if argv and argv[0].endswith(b"nsenter") and want in argv:
-            pids.append(int(d))
-    return pids
+    return pids_where(lambda argv: argv[0].endswith(b"nsenter") and want in argv)
 
 
 def stop(proc: subprocess.Popen, init_pid: int = 0) -> None:

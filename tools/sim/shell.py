@@ -21,6 +21,22 @@ def enter(init_pid: int, home: str, env: dict[str, str], argv: list[str]) -> lis
             "--", "/usr/bin/env", "-i", *(f"{k}={v}" for k, v in env.items()), *argv]
 
 
+def pids_where(match) -> list[int]:
+    """The pids of this machine whose argv (a list of bytes) ``match`` accepts."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if match(argv):
+            pids.append(int(entry.name))
+    return pids
+
+
 class SimShell:
     def __init__(self, sandbox: str, bin_dir: str, roots: list[str], user: str) -> None:
         self.sandbox = sandbox
@@ -80,18 +96,7 @@ class SimShell:
 
     def own_pids(self) -> list[int]:
         """Real pids of every process started from this sandbox (its python)."""
-        pids = []
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry.name}/cmdline", "rb") as f:
-                    cmd = f.read()
-            except OSError:
-                continue
-            if self._marker in cmd.split(b"\0", 1)[0]:
-                pids.append(int(entry.name))
-        return pids
+        return pids_where(lambda argv: self._marker in argv[0])
 
     def sync_proc(self) -> None:
         """Make the sandbox's /proc hold exactly the live processes of this sandbox."""

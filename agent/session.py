@@ -281,6 +281,8 @@ def _locked(lock: HostLock, opts: RunOptions, transcript: Transcript, folder: Pa
     """The host's lock taken, or the refusal recorded (and the transport closed) before it is raised."""
     try:
         lock.acquire(force=opts.force_unlock)
+        if lock.took_over:
+            transcript.emit("reasoning", text=lock.took_over)
     except (HostLocked, OSError, TransportError) as exc:
         transcript.emit("error", message=str(exc), kind="lock")
         transcript.close()

@@ -52,8 +52,9 @@ def test_sigterm_sighup_at_the_other_phases_of_a_restart(sig, phase, tmp_path):
 
 
 def test_next_run_finishes_a_killed_runs_journal(tmp_path):
-    """kill -9 mid-experiment; the next run on the host refuses while the dead run's lock stands, then with
-    --force-unlock restores what the dead run left before measuring anything, and concludes right."""
+    """kill -9 mid-experiment; the next run on the host takes over the dead run's lock (its process is provably
+    gone: no --force-unlock), says so, restores what the dead run left before measuring anything, and
+    concludes right."""
     name = "launch-blocking"
     with start(name) as s:
         before = state(s)
@@ -62,14 +63,12 @@ def test_next_run_finishes_a_killed_runs_journal(tmp_path):
         wait_for(lambda: phase_reached(a, "restart_server", "measuring"), p, "measuring")
         p.kill()
         p.communicate()
-        r = subprocess.run(run_args(s, name, tmp_path / "b"), capture_output=True, text=True, timeout=120)
-        assert r.returncode == 2 and "in use by run" in r.stderr and "--force-unlock" in r.stderr, r.stderr
-        assert "no longer running here" in r.stderr
-        r = subprocess.run(run_args(s, name, tmp_path / "c", "--force-unlock"), capture_output=True, text=True,
-                           timeout=300)
+        dead = events(a)[0]["run_id"]
+        r = subprocess.run(run_args(s, name, tmp_path / "c"), capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["root_cause"]["hypothesis"] == "env_var"
         text = (tmp_path / "c" / "events.jsonl").read_text()
+        assert f"took over the lock of run {dead} (pid {p.pid}" in text and "no longer running" in text
         assert "left 2 undo step(s) unfinished on this host" in text
         recovered = json.loads(next((tmp_path / "c").glob("recovered-*.json")).read_text())
         assert all(st["done"] for st in recovered["steps"])

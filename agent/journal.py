@@ -148,12 +148,13 @@ def lock_command(info: LockInfo, force: bool, stale: str | None = None) -> str:
     f = f"{HOST_DIR}/{LOCK}"
     body = q(info.model_dump_json())
     take = f"( set -o noclobber; printf %s {body} > {f} ) 2>/dev/null"
-    mine = f"grep -qF {q(json.dumps(info.run_id))} {f} 2>/dev/null"
     pre = f"rm -f {f}; " if force else ""
     if stale is not None and not force:
         pre = f'[ "$(cat {f} 2>/dev/null)" = {q(stale)} ] && rm -f {f}; '
+    # a lock of this very run id is answered "held" too: only debugagent can tell whether its holder (the run
+    # itself, still live, or a process that is gone) may be taken over (HostLock.acquire)
     return (f"umask 077; mkdir -p {HOST_DIR} || exit 1; {pre}if {take}; then echo acquired; "
-            f"elif {mine}; then printf %s {body} > {f} && echo acquired; else echo held; cat {f}; fi")
+            f"else echo held; cat {f}; fi")
 
 
 def unlock_command(run_id: str) -> str:
@@ -360,7 +361,12 @@ class HostLock:
             if ok:
                 self.held = True
                 return
-            if holder and not tried_stale and owner_gone(holder):
+            own = holder is not None and holder.run_id == self.run_id
+            if own and holder is not None and holder.pid == os.getpid() and holder.machine == socket.gethostname():
+                owner_gone_or_me = True          # this process holds it already
+            else:
+                owner_gone_or_me = holder is not None and owner_gone(holder)
+            if holder and not tried_stale and owner_gone_or_me:
                 tried_stale = True
                 # the holder is provably gone (this machine, its process dead or its pid reused, or a reboot
                 # since): take its lock over, only if it is still that holder's (compare, then remove). What
@@ -369,14 +375,21 @@ class HostLock:
                 ok, _, _ = self.remote.lock(info, stale=raw)
                 if ok:
                     self.held = True
-                    self.took_over = (f"took over the lock of {holder.describe()}: that process is no longer "
-                                      f"running on {holder.machine}")
+                    if not own:
+                        self.took_over = (f"took over the lock of {holder.describe()}: that process is no longer "
+                                          f"running on {holder.machine}")
                     return
                 continue
             if time.monotonic() >= deadline:
                 break
             time.sleep(min(2.0, max(0.1, deadline - time.monotonic())))
         who = holder.describe() if holder else f"an unreadable lock ({raw[:80]!r})"
+        if holder is not None and holder.run_id == self.run_id:
+            raise HostLocked(f"run {self.run_id} is still running (pid {holder.pid} on {holder.machine}, since "
+                             f"{holder.since}): restoring {self.remote.transport.host} under it would leave two "
+                             f"servers and its verdicts measured on a host it did not change",
+                             fix=f"stop that run first (Ctrl-C, or kill -TERM {holder.pid}: it undoes its own changes), "
+                                 "then `debugagent undo` it if anything is left; --force-unlock only if it is gone")
         raise HostLocked(f"{self.remote.transport.host} is in use by {who}; two runs on one host would record each "
                          f"other's changes as the host's own state.",
                          fix="wait for that run to finish, or pass --force-unlock if it is gone (a stale lock)")

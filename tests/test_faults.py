@@ -102,6 +102,34 @@ def test_second_concurrent_run_is_refused(tmp_path):
     assert_as_found(before, after)
 
 
+def test_undo_of_a_live_run_is_refused(tmp_path):
+    """`debugagent undo RUN` while RUN is still live (stopped mid-experiment, its lock held by its live process):
+    exit 2 naming the run and how to stop it, nothing undone under it; the run then finishes on its own and
+    the host is as found (undo once took over the live run's lock and restored the server under it)."""
+    name = "launch-blocking"
+    with start(name) as s:
+        before = state(s)
+        a = tmp_path / "a"
+        p = subprocess.Popen(run_args(s, name, a), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: phase_reached(a, "restart_server", "measuring"), p, "measuring")
+        p.send_signal(signal.SIGSTOP)
+        try:
+            steps = journal_steps(a)
+            r = subprocess.run(cli("undo", str(a)), capture_output=True, text=True, timeout=120)
+            after_undo = journal_steps(a)
+        finally:
+            p.send_signal(signal.SIGCONT)
+        assert r.returncode == 2, r.stderr
+        run_id = events(a)[0]["run_id"]
+        assert f"run {run_id} is still running (pid {p.pid}" in r.stderr and f"kill -TERM {p.pid}" in r.stderr, r.stderr
+        assert [st["done"] for st in after_undo] == [st["done"] for st in steps]   # nothing undone under it
+        outp, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        assert json.loads(outp)["root_cause"]["hypothesis"] == "env_var"
+        after = state(s)
+    assert_as_found(before, after)
+
+
 def test_connection_dropped_for_good_leaves_a_journal_undo_finishes(tmp_path):
     """sshd dies for good while the restarted server is measured: the run exits 6 printing what is left;
     once sshd is back, `debugagent undo` finishes the journal and the host is as found."""

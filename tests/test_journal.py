@@ -169,6 +169,33 @@ def test_a_reused_pid_or_a_reboot_is_a_gone_holder_and_a_live_one_is_not(tmp_pat
     (host_dir() / "host.lock").unlink()
 
 
+def test_the_same_run_id_held_by_a_live_process_is_refused(tmp_path):
+    """`undo` or `resume` of a run whose process is still live: refused naming it (the same run id is not
+    enough); once that process is gone, the same run id takes its lock back without --force-unlock."""
+    import socket
+
+    from agent.journal import _boot_id, _start_ticks
+    t = LocalTransport()
+    host_dir().mkdir(parents=True, exist_ok=True)
+    p = subprocess.Popen(["sleep", "60"])
+    try:
+        held = LockInfo(run_id="r1", pid=p.pid, machine=socket.gethostname(), since="then", boot=_boot_id(),
+                        start=_start_ticks(p.pid))
+        (host_dir() / "host.lock").write_text(held.model_dump_json())
+        with pytest.raises(HostLocked) as e:
+            HostLock(HostFiles(t), "r1").acquire()
+        assert f"run r1 is still running (pid {p.pid}" in str(e.value) and f"kill -TERM {p.pid}" in str(e.value)
+        assert (host_dir() / "host.lock").read_text() == held.model_dump_json()   # untouched
+    finally:
+        p.kill()
+        p.wait()
+    lock = HostLock(HostFiles(t), "r1")
+    lock.acquire()
+    assert lock.held and not lock.took_over     # its own lock: no "took over" line
+    lock.release()
+    assert not (host_dir() / "host.lock").exists()
+
+
 def test_a_stale_lock_is_taken_over_only_if_unchanged(tmp_path):
     """The takeover removes the stale holder's lock only while the file still reads exactly that: a lock another
     run took in between stays."""

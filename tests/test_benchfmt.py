@@ -221,3 +221,12 @@ def test_result_parser_never_crashes_on_odd_values(obj):
     except ParseError:
         return
     assert all(not math.isnan(m.value) for m in r.metrics)
+
+
+def test_a_result_file_followed_by_stderr_or_broken_still_reads():
+    """An indented JSON file with stderr after it is read; an unreadable one is named and stdout is read instead."""
+    g = text("genai_perf_profile_export_genai_perf.json") + "\nWARNING something on stderr\n"
+    assert read_bench("", "time_to_first_token.avg", file_text=g) == (171.2, "ms")
+    assert read_bench("ttft=5 ms\n", "ttft", file_text="<html>") == (5.0, "ms")
+    with pytest.raises(ParseError, match="the result file: .*neither JSON"):
+        read_bench("nothing\n", "ttft", file_text="<html>")

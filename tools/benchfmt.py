@@ -141,6 +141,13 @@ def load_json(text: str) -> Any:
         return json.loads(t)
     except ValueError:
         pass
+    if t.startswith("{"):   # one document with something after it (stderr appended to the file's text)
+        try:
+            obj, _ = json.JSONDecoder().raw_decode(t)
+            if isinstance(obj, dict) and not t.splitlines()[0].strip().endswith("}"):
+                return obj
+        except ValueError:
+            pass
     for line in reversed(t.splitlines()):
         line = line.strip()
         if line.startswith("{"):
@@ -406,7 +413,10 @@ def bench_metrics(stdout: str, file_text: str | None = None) -> list[BenchResult
     table, ``NAME=VALUE UNIT`` pairs."""
     out: list[BenchResult] = []
     if file_text is not None and file_text.strip():
-        out.append(parse_result(file_text))
+        try:
+            out.append(parse_result(file_text))
+        except ParseError as exc:   # say why, and read stdout still
+            out.append(BenchResult(format="pairs", metrics=[], notes=[f"the result file: {exc.message}"]))
     for line in reversed((stdout or "").splitlines()):
         if line.lstrip().startswith("{"):
             try:
@@ -447,5 +457,6 @@ def read_bench(text: str, metric: str, regex: str | None = None, file_text: str 
             return hit.value, hit.unit or None
     named = [n for r in readings for n in r.names()][:8]
     where = f"; it reports {', '.join(f'`{n}`' for n in named)}" if named else ""
+    where += "".join(f"; {n}" for r in readings for n in r.notes if n.startswith("the result file"))
     raise ParseError(f"no `{metric}=VALUE UNIT` in the benchmark's output{where}", tool="bench",
                      excerpt=text[-160:])

@@ -158,6 +158,9 @@ def test_the_output_file_a_command_names(cmd, path):
     ("serve=12 req/s\n", "serve", (12.0, "req/s")),
     ("ttft=1.2 s\n", "ttft", (1.2, "s")),
     ("decode=82 tokens/sec\n", "decode", (82.0, "tok/s")),
+    ("gemm=700 TFLOPS\n", "gemm", (700.0, "tflops")),
+    ("latency: 30 over 10 iters\n", "latency", (30.0, None)),
+    ("verify=30 samples\n", "verify", (30.0, None)),
 ])
 def test_name_value_unit_pairs(out, metric, expected):
     """`NAME=VALUE UNIT`, last match wins; a unit ending `/s` is a rate (`samples/s` is not seconds)."""

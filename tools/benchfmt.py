@@ -332,7 +332,8 @@ def parse_table(text: str) -> BenchResult:
 
 
 # a unit: a time, or any rate whose name ends /s (samples/s is a rate, not s), or %; nothing glued after it
-PAIR_UNIT = r"(?P<unit>[A-Za-zµ]+/s(?:ec)?(?:/[A-Za-z]+)?|ms|us|µs|seconds|secs|sec|s|%|[A-Za-z]+)?(?![\w/])"
+PAIR_UNIT = (r"(?P<unit>[A-Za-zµ]+/s(?:ec)?(?:/[A-Za-z]+)?|msec|usec|ms|us|µs|seconds|secs|sec|s|min|%|(?i:[kmgtp]?flops)|"
+             r"tps)?(?![\w/])")
 _PAIR = re.compile(r"(?<![\w.])(?P<name>[A-Za-z_][\w.\-]*)\s*[=:]\s*(?P<value>-?[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)"
                    rf"[ \t]*{PAIR_UNIT}")
 

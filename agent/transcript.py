@@ -62,8 +62,9 @@ class Transcript:
     def emit(self, event: str, **data: Any) -> None:
         assert event in EVENTS, event
         self.log.msg(event, **data)
+        shown = redact(data) if self.listeners else data   # the live view shows what the file holds
         for listen in self.listeners:
-            listen(event, data)
+            listen(event, shown)
 
     def observer(self, hypothesis: str | None = None):
         def observe(event: str, data: dict[str, Any]) -> None:

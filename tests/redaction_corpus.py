@@ -514,3 +514,75 @@ def own_docs(seed: int = 31) -> list[Doc]:
         ]) + "\n", [pw, pw2, opq[:14], f"{pw} x", vault]))
     docs.append(Doc("o-readable", "\n".join(OWN_READABLE) + "\n"))
     return docs
+
+
+# ---------------------------------------------------------------- fresh: written after the rules above were fixed
+# (measured once before any change they led to: 22 of 25 secrets hidden, 29 of 30 readable lines kept; the misses
+# were curl's `-u USER:PW` and PGPASS, the over-redaction `Auth: OK`)
+FRESH_SECRETS = [
+    ("curl -u deploy:Fr3shPw01x https://h/api", "Fr3shPw01x"),
+    ("curl --user deploy:Fr3shPw02x https://h/api", "Fr3shPw02x"),
+    ('export DATABASE_PASSWORD="p@ss Fr3shPw03x"', "Fr3shPw03x"),
+    ("TF_VAR_db_password=Fr3shPw04x", "Fr3shPw04x"),
+    ("spring.datasource.password=Fr3shPw05x", "Fr3shPw05x"),
+    ('OPENAI_API_KEY = "Fr3shPw06xyzabc"', "Fr3shPw06x"),
+    ("--mongo-uri mongodb://u:Fr3shPw07x@h:27017/db", "Fr3shPw07x"),
+    ("ssh://git:Fr3shPw08x@host/repo.git", "Fr3shPw08x"),
+    ('{"auths": {"r": {"auth": "ZGVwbG95OkZyM3NoUHcwOXg="}}}', "ZGVwbG95OkZyM3NoUHcwOXg"),
+    ("Cookie: lang=en; session=Fr3shPw10x", "Fr3shPw10x"),
+    ("wget --http-password=Fr3shPw11x http://h/f", "Fr3shPw11x"),
+    ("-----BEGIN EC PRIVATE KEY-----\nFr3shPw12xMHcCAQEE\n-----END EC PRIVATE KEY-----",
+     "-----BEGIN EC PRIVATE KEY-----\nFr3shPw12xMHcCAQEE\n-----END EC PRIVATE KEY-----"),
+    ("ARTIFACTORY_API_KEY=AKCp8Fr3shPw13x", "Fr3shPw13x"),
+    ("+SMTP_PASSWD=Fr3shPw14x", "Fr3shPw14x"),
+    ("+KC_DB_PASSWORD=Fr3shPw15x", "Fr3shPw15x"),
+    ("+LANGCHAIN_API_KEY=lsv2_pt_Fr3shPw16x", "Fr3shPw16x"),
+    ("+RUNPOD_API_KEY=Fr3shPw17xyz", "Fr3shPw17x"),
+    ("python3 -m sglang.launch_server --model m --api-key=Fr3shPw18x", "Fr3shPw18x"),
+    ("--admin-token Fr3shPw19x", "Fr3shPw19x"),
+    ("Authorization: Token Fr3shPw20xabcdef12", "Fr3shPw20x"),
+    ("https://h/download?X-Amz-Signature=Fr3shPw21xabc&X-Amz-Expires=3600", "Fr3shPw21x"),
+    ("+ETCD_ROOT_PASSWORD=Fr3shPw22x", "Fr3shPw22x"),
+    ("+PGPASS=Fr3shPw23x", "Fr3shPw23x"),
+    ("+DB_PASSWD=Fr3shPw24x", "Fr3shPw24x"),
+    ("+MONGO_INITDB_ROOT_PASSWORD=Fr3shPw25x", "Fr3shPw25x"),
+]
+FRESH_READABLE = [
+    "docker run -u 1000:1000 --gpus all img",
+    "ps -u root -o pid,args",
+    "Token indices sequence length is longer than the specified maximum sequence length for this model (5000 > 4096)",
+    "Setting `pad_token_id` to `eos_token_id`:2 for open-end generation.",
+    "The attention mask and the pad token id were not set.",
+    'INFO:     127.0.0.1:51234 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
+    "vllm serve m --tokenizer-revision main --revision abc123 --hf-config-path /models/cfg --enable-auto-tool-choice",
+    "python3 -m sglang.launch_server --tokenizer-worker-num 4 --hicache-ratio 2 --kv-cache-dtype fp8_e5m2",
+    "[sudo] password for root:\nSorry, try again.",
+    "Auth: OK",
+    "Password:\nSorry, try again.",
+    "first pass: collecting candidates",
+    "2nd pass: 0.3 s",
+    "Enter passphrase for key '/root/.ssh/id_ed25519':",
+    "Permission denied (publickey,password).",
+    "KeyboardInterrupt",
+    "NCCL_IB_HCA=mlx5_0,mlx5_1",
+    "SGLANG_TORCH_PROFILER_DIR=/tmp/prof",
+    "    run_id = f\"{folder.name}-{secrets.token_hex(3)}\"",
+    "loaded tokenizer: LlamaTokenizerFast(name_or_path='m', vocab_size=128000)",
+    "keys: 12, values: 12",
+    "Cache key: sha256:0f3a",
+    "special_tokens_map.json: 100%|██████████| 1.2k/1.2k",
+    "--session-affinity on --sticky-session",
+    "tokens/s: 4839.2",
+    "SECRET_MANAGER=vault",
+    "AUTH_DISABLED=1",
+    "KEY_BITS=2048",
+    "KEYRING_BACKEND=file",
+    "git log --grep='token'",
+    "Fix leaked token in logs (#4411)",
+]
+
+
+def fresh_docs() -> list[Doc]:
+    """One document per fresh case: a secret to hide, or a line to keep as it is."""
+    return ([Doc(f"f-secret-{i}", text + "\n", [secret]) for i, (text, secret) in enumerate(FRESH_SECRETS)]
+            + [Doc(f"f-readable-{i}", text + "\n") for i, text in enumerate(FRESH_READABLE)])

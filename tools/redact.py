@@ -51,6 +51,7 @@ SECRET_WORDS = frozenset({
     "credentials", "creds", "auth", "authorization", "cookie", "cookies", "dsn", "webhook", "signature", "sig", "salt",
     "session", "sessionid", "jwt", "bearer",
     "requirepass", "masterauth", "masterpass",   # Redis
+    "pgpass", "dbpass", "rootpass", "adminpass", "userpass", "smtppass", "mailpass",
 })
 # ... or ends in one of these (a name written as one word: PGPASSWORD, MYSQLPASSWORD, HFTOKEN, CLIENTSECRET)
 SECRET_SUFFIXES = ("password", "passwd", "passphrase", "secret", "token", "apikey", "secretkey", "privatekey",
@@ -116,7 +117,8 @@ NOT_SECRET_VALUES = frozenset({"yes", "no", "true", "false", "on", "off", "none"
                                "validation", "now", "not", "as", "of", "by", "at", "if", "it", "file", "missing",
                                "invalid", "expired", "required", "denied", "empty", "unset", "found", "error",
                                "failed", "must", "should", "will", "may", "can", "cannot", "could", "has", "have",
-                               "does", "did", "set", "given", "needed", "refused", "rejected", "[redacted]"})
+                               "does", "did", "set", "given", "needed", "refused", "rejected", "ok", "success",
+                               "passed", "valid", "optional", "n/a", "unknown", "[redacted]"})
 # an absolute path under a standard folder names where a secret is kept, not the secret
 _PATH_VALUE = re.compile(r"(?:~|/(?:etc|var|run|root|home|tmp|opt|usr|srv|mnt|data|workspace|models|secrets|dev|app|"
                          r"cache|nfs|scratch|proc|sys|work|lustre|gpfs|fsx|efs|shared|Users|private))"
@@ -215,7 +217,7 @@ _BEARER = re.compile(r"(?i)\b(bearer)(\s+)([A-Za-z0-9._~+/-]{8,}=*)|\b(basic|tok
                      r"(?=[A-Za-z0-9._~+/-]*[A-Za-z])([A-Za-z0-9._~+-][A-Za-z0-9._~+/-]{15,}=*)")
 # scheme://user:password@host  and  scheme://KEY@host (a DSN); the user of scp-like git URLs is kept
 # (the password may hold `/`, and `@` where another `@` follows before the host: git and curl take them raw)
-_URL_CRED = re.compile(r"(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*://)([^\s/@:'\"<>]*):((?:[^\s@'\"<>]|@(?=[^\s/@'\"<>]*@))+)@")
+_URL_CRED = re.compile(r"(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*://)([^\s/@:'\"<>]*):((?:[^\s@'\"<>]|@(?=[^\s/@'\"<>]{0,128}@)){1,128})@")
 _PORT_PATH = re.compile(r"\d{1,5}/.*")   # host:PORT/path@x is a URL without a password
 _URL_USER = re.compile(r"(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*://)([A-Za-z0-9_-]{16,})@")
 _WEBHOOK = re.compile(r"(?i)\b(https?://(?:hooks\.slack\.com/(?:services|workflows|triggers)|"
@@ -240,7 +242,9 @@ _FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][A-Za-z0-9_.-]*)(=|[^\S\n]+|[^\S\n]*\
 # an argument vector written as a JSON or Python list: `"--api-key", "VALUE"`
 _QUOTED_FLAG = re.compile(r"(?<=[\"'])(--?[A-Za-z][A-Za-z0-9_.-]*)([\"']\s*,\s*)(\"(?:[^\"\\]|\\.)*\"|'[^']*')")
 # (not after `/`, `~` or `:`: `/etc/passwd: denied` is a path in a message, not a key and its value)
-_KEYVAL = re.compile(r"(?<![\w.\"'/~:@\\-])([\"']?)([A-Za-z_][A-Za-z0-9_.-]*)\1(\s*:\s*)(\[REDACTED\]|\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s,}\]\"']+)")
+_KEYVAL = re.compile(r"(?<![\w.\"'/~:@\\-])([\"']?)([A-Za-z_][A-Za-z0-9_.-]*)\1([^\S\n]*:[^\S\n]*)(\[REDACTED\]|\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s,}\]\"']+)")
+# curl's `-u USER:PASSWORD` (a uid:gid, `docker run -u 1000:1000`, is none; nor is a command without a URL)
+_USER_PW = re.compile(r"(?<![\w-])(-u|--user|--proxy-user)([ \t]+|=)([^\s:'\"]+):(?!\d+(?:\s|$))([^\s'\"]+)")
 # .netrc: `machine HOST login USER password SECRET`
 _NETRC = re.compile(r"(?<![\w-])(password|passwd)([ \t]+)(?!\[REDACTED\])(\S+)")
 
@@ -292,6 +296,8 @@ class Redactor:
             text = _BEARER.sub(lambda m: f"{m.group(1)}{m.group(2)}{self._secret(m.group(3))}" if m.group(1)
                                else f"{m.group(4)}{m.group(5)}{self._secret(m.group(6))}", text)
         text = _TOKENS.sub(REDACTED, text)
+        if "-u" in low and ("curl" in low or "://" in low):   # (`docker run -u app:app` is a user and a group)
+            text = _USER_PW.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(3)}:{self._secret(m.group(4))}", text)
         if any(w in low for w in _B64_ANCHORS):
             text = _B64.sub(self._base64, text)
         if not any(w in low for w in _NAME_ANCHORS):
@@ -302,7 +308,7 @@ class Redactor:
                                    else f"{m.group(1)}{m.group(2)}{m.group(3)}{self._quoted(m.group(4))}", text)
             text = _ASSIGN.sub(lambda m: m.group(0) if not is_secret_name(m.group(1)) or plain_value(m.group(2))
                                else f"{m.group(1)}={self._quoted(m.group(2))}", text)
-            if ";" in text:
+            if "pwd=" in low and ";" in text:
                 text = _CONN_PWD.sub(self._conn_pwd, text)
         text = _FLAG.sub(self._flag, text)
         text = _QUOTED_FLAG.sub(self._flag, text)

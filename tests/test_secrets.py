@@ -453,3 +453,15 @@ def test_the_corpus_measure_can_fail():
     assert none.recall == 0.0 and none.precision == 1.0
     eager = c.measure(lambda: (lambda t: _re.sub(r"=(\S+)", "=" + REDACTED, t)), c.clean_docs())
     assert eager.false_positives > 50 and eager.precision == 0.0
+
+
+def test_a_recording_made_before_a_redaction_rule_still_replays():
+    """A command recorded by an older redactor that let `MY_PASS=...` through is matched by the same command
+    asked now (which today's rules redact): both sides are keyed by today's redaction."""
+    from tools.replay import ReplayTransport
+    old = "cd /root && env MY_PASS=PlantedOld1abc gpu-bench --attention-key-scale 0.125"
+    events = [{"event": "run_started", "host": "sim:x"},
+              {"event": "tool_call", "command": old, "display": "gpu-bench"},
+              {"event": "tool_result", "command": old, "stdout": "decode=69 tok/s\n", "stderr": "", "exit_code": 0}]
+    t = ReplayTransport(events)
+    assert t.run(old).stdout == "decode=69 tok/s\n" and t.display(old) == "gpu-bench"

@@ -51,11 +51,15 @@ SECRET_WORDS = frozenset({
     "credentials", "creds", "auth", "authorization", "cookie", "cookies", "dsn", "webhook", "signature", "sig", "salt",
     "session", "sessionid", "jwt", "bearer",
     "requirepass", "masterauth", "masterpass",   # Redis
+    "apitoken", "hftoken", "ghtoken", "bottoken", "idtoken", "sessiontoken", "csrftoken", "xsrftoken", "jobtoken",
     "pgpass", "dbpass", "rootpass", "adminpass", "userpass", "smtppass", "mailpass",
 })
-# ... or ends in one of these (a name written as one word: PGPASSWORD, MYSQLPASSWORD, HFTOKEN, CLIENTSECRET)
+# ... or ends in one of these (a name written as one word: PGPASSWORD, MYSQLPASSWORD, CLIENTSECRET, MYTOKEN),
+# but for the words of tokenizers (`tiktoken: 0.12.0` in `sglang.check_env`)
 SECRET_SUFFIXES = ("password", "passwd", "passphrase", "secret", "token", "apikey", "secretkey", "privatekey",
                    "accesskey", "masterkey", "signingkey")
+NOT_SECRET_WORDS = frozenset({"tiktoken", "detoken", "subtoken", "pretoken", "multitoken", "untoken", "retoken",
+                              "nexttoken", "bytetoken"})
 # ... or, as its last word, one of these short ones: REDIS_PASS, MY_PASS, `--pass`, MYSQL_PWD, DB_PW, GH_PAT
 # (PWD alone, and OLDPWD, are the shell's working folder: a one-word ``pwd`` is not a password)
 SECRET_LAST_WORDS = frozenset({"pass", "pw", "pwd", "pat", "keys", "passwords"})
@@ -67,7 +71,8 @@ NOT_SECRET_KINDS = {
                       "dedup", "dedupe", "order", "hot", "map", "authorized", "known", "host", "trusted", "public"}),
     "token": frozenset({"bos", "eos", "pad", "unk", "sep", "cls", "mask", "image", "video", "audio", "vision", "start",
                         "end", "stop", "special", "think", "eot", "eom", "placeholder", "draft", "per", "max", "min",
-                        "num"}),
+                        "num", "first", "second", "last", "next", "prev", "previous", "each", "every", "inter",
+                        "output", "input", "prompt", "completion", "generated", "new", "total", "avg", "mean"}),
     "pass": frozenset({"single", "two", "multi", "one", "first", "second", "last", "each", "every", "fusion", "custom",
                        "post", "pre", "grad", "forward", "backward", "compile", "compiler", "graph", "fx", "inductor",
                        "full", "extra", "lowering", "optimization", "opt",
@@ -93,7 +98,8 @@ QUALIFIERS = frozenset({
     "dtype", "rate", "cache", "tokens", "tree", "map", "scale", "scales", "scaling", "rounds", "round", "figs",
     "digits", "steps", "depth", "width", "factor", "threshold", "window", "offset", "stride", "heads", "head",
     "seconds", "secs", "ms", "bytes", "capacity", "latency", "usage", "per", "num", "total", "max", "min", "chars",
-    "stats", "metrics", "weight", "weights", "bias", "norm", "proj", "layer", "layers", "states",
+    "stats", "metrics", "weight", "weights", "bias", "norm", "proj", "layer", "layers", "states", "throughput",
+    "mean", "avg", "median", "stddev", "std", "quantile", "quantiles", "percentile", "percentiles",
     # a diagnostic about a secret, not the secret: `KeyError: 'x'`, `TokenMismatch`
     "error", "errors", "exception", "warning", "mismatch",
     # a file name (`broken-key.yaml:12`): where a secret may be, not the secret
@@ -118,7 +124,9 @@ NOT_SECRET_VALUES = frozenset({"yes", "no", "true", "false", "on", "off", "none"
                                "invalid", "expired", "required", "denied", "empty", "unset", "found", "error",
                                "failed", "must", "should", "will", "may", "can", "cannot", "could", "has", "have",
                                "does", "did", "set", "given", "needed", "refused", "rejected", "ok", "success",
-                               "passed", "valid", "optional", "n/a", "unknown", "[redacted]"})
+                               "passed", "valid", "optional", "n/a", "unknown", "[redacted]",
+                               # a placeholder in documentation: `Key: value`, `--api-key ...`
+                               "value", "values", "...", "…", "<value>", "<key>", "<token>", "<password>"})
 # an absolute path under a standard folder names where a secret is kept, not the secret
 _PATH_VALUE = re.compile(r"(?:~|/(?:etc|var|run|root|home|tmp|opt|usr|srv|mnt|data|workspace|models|secrets|dev|app|"
                          r"cache|nfs|scratch|proc|sys|work|lustre|gpfs|fsx|efs|shared|Users|private))"
@@ -127,7 +135,7 @@ _PATH_VALUE = re.compile(r"(?:~|/(?:etc|var|run|root|home|tmp|opt|usr|srv|mnt|da
 
 def plain_value(value: str) -> bool:
     """A value that is no secret under any name: a switch's state, a word of prose, a path to a file."""
-    v = value.strip().strip("'\"")
+    v = value.strip().strip("'\"`")
     return v.lower() in NOT_SECRET_VALUES or bool(_PATH_VALUE.fullmatch(v))
 
 # substrings without which no secret name can occur (SECRET_WORDS, SECRET_SUFFIXES, SECRET_LAST_WORDS, lowercased)
@@ -146,6 +154,13 @@ def name_words(name: str) -> list[str]:
     return [w.lower() for w in _WORD_SPLIT.split(name) if w]
 
 
+_PERCENTILE = re.compile(r"p\d{1,3}")
+
+
+def _qualifier(word: str) -> bool:
+    return word in QUALIFIERS or bool(_PERCENTILE.fullmatch(word))
+
+
 def _secret_word(words: list[str], i: int, flag: bool) -> bool:
     """Whether ``words[i]`` makes the name secret (a secret word not qualified by the word before it)."""
     w = words[i]
@@ -153,11 +168,15 @@ def _secret_word(words: list[str], i: int, flag: bool) -> bool:
     if w in SECRET_LAST_WORDS:   # the variable PWD is the working folder; `--pwd`, `MYSQL_PWD` are passwords
         hit = last and (len(words) > 1 or w not in _NOT_ALONE or flag)
     else:
-        hit = w in SECRET_WORDS or (w.endswith(SECRET_SUFFIXES) and len(w) > 4)
+        hit = w in SECRET_WORDS or (w.endswith(SECRET_SUFFIXES) and len(w) > 4 and w not in NOT_SECRET_WORDS)
     if not hit:
         return False
     kinds = NOT_SECRET_KINDS.get("key" if w == "keys" else w)
-    return not (kinds and i > 0 and words[i - 1] in kinds)
+    if kinds and i > 0 and words[i - 1] in kinds:
+        return False
+    # a word after it that says what about the secret the name holds: `--attention-key-scale-factor`,
+    # `inter_token_latency_s_p50`, `API_KEY_FILE_PATH`
+    return not any(_qualifier(x) for x in words[i + 1:])
 
 
 @functools.lru_cache(maxsize=65536)
@@ -173,7 +192,9 @@ def is_secret_name(name: str) -> bool:
     if not name or name.lower().lstrip("-+") in NOT_SECRET_NAMES:
         return False
     words = name_words(name)
-    if not words or words[-1] in QUALIFIERS or (len(words) > 1 and words[0] in NOT_SECRET_FIRST):
+    if words[-2:] == ["secret", "id"]:   # Vault AppRole's SECRET_ID is the credential (its ROLE_ID is not)
+        return True
+    if not words or _qualifier(words[-1]) or (len(words) > 1 and words[0] in NOT_SECRET_FIRST):
         return False
     return any(_secret_word(words, i, name.startswith("-")) for i in range(len(words)))
 

@@ -8,12 +8,18 @@ What counts as a secret:
   ``--admin-password`` are secret while ``--max-num-batched-tokens``,
   ``--speculative-num-draft-tokens`` and ``VLLM_MAX_TOKENS_PER_EXPERT`` (the flags a
   diagnosis needs) stay readable; a name ending in a word such as ``file`` or ``path``
-  (``--ssl-keyfile``, ``KEY_PATH``) names where a secret is, not the secret;
+  (``--ssl-keyfile``, ``KEY_PATH``) names where a secret is, not the secret, and one with a
+  count, size or scale after its secret word (``MAX_SESSION_TOKENS``, ``--attention-key-scale``,
+  ``--salt-rounds``) a number a diagnosis reads; one-word names (``PGPASSWORD``) and short last
+  words (``REDIS_PASS``, ``MYSQL_PWD``, ``--pass``; not the shell's ``PWD``) are secret too;
 * a value of its own shape, wherever it appears: PEM private keys (also cut off or spread
   over lines), JWTs, ``Authorization``/``Cookie`` headers and bearer tokens, credentials in
   URLs (``scheme://user:PASSWORD@``, a DSN's key), webhook URLs, well-known token prefixes
   (``hf_``, ``ghp_``, ``github_pat_``, ``glpat-``, ``sk-``, ``xox…-``, ``AKIA…``, ``AIza…``,
-  ``pypi-``, ``npm_``, ``SG.``);
+  ``ya29.``, ``hvs.``, ``pypi-``, ``npm_``, ``SG.``), connection strings (Azure ``AccountKey=``,
+  ODBC ``PWD=``), INI and netrc files, curl's ``-u USER:PASSWORD``, base64 blobs that decode to
+  a credential (a service-account key, a docker config), and a quoted command inside a flag
+  (``--bench 'client --api-key KEY'``);
 * a value seen once under a secret name: the redactor remembers it (8 characters or
   more) and hides it wherever it shows up later (a ``ps`` line, a log).
 

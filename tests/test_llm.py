@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.llm import check_llm_url, is_loopback
+from agent.llm import check_llm_url
 from agent.replay import replay_events
 from agent.run import RunOptions, investigate
 from agent.transcript import read_events
@@ -61,27 +60,14 @@ def llm_server():
     srv.shutdown()
 
 
-def outward_address() -> str | None:
-    """This machine's address on its outward interface (no packet is sent), where it is not loopback."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect(("192.0.2.1", 9))
-        except OSError:
-            return None
-        addr = s.getsockname()[0]
-    return None if is_loopback(addr) or addr == "0.0.0.0" else addr
-
-
 @pytest.fixture
-def outward_server():
-    """The same server on an address of this machine that is not loopback (plain http to it crosses a network)."""
-    addr = outward_address()
-    if addr is None:
-        pytest.skip("this machine has no address outside loopback")
-    try:
-        srv = serve(addr)
-    except OSError as exc:
-        pytest.skip(f"cannot listen on {addr}: {exc}")
+def outward_server(monkeypatch):
+    """The loopback server, taken for a remote one: ``is_loopback`` says no for 127.0.0.1, so plain http to it is
+    what plain http to another machine would be (tests reach no address but loopback)."""
+    import agent.llm
+    real = agent.llm.is_loopback
+    monkeypatch.setattr(agent.llm, "is_loopback", lambda host: False if host == "127.0.0.1" else real(host))
+    srv = serve("127.0.0.1")
     yield srv
     srv.shutdown()
 
@@ -179,24 +165,35 @@ def cli(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.Com
                           env=env, cwd=ROOT)
 
 
-def test_a_remote_plain_http_llm_is_refused_before_anything_is_sent(outward_server, tmp_path):
-    """`debugagent run --llm http://ADDR` with OPENAI_API_KEY set, ADDR a real server on a non-loopback address of
-    this machine: exit 2 naming --llm-insecure and https, no request reaches the server, no run folder is made."""
+def test_a_remote_plain_http_llm_is_refused_before_anything_is_sent(tmp_path):
+    """`debugagent run --llm http://ADDR` with OPENAI_API_KEY set, ADDR not loopback: exit 2 naming --llm-insecure
+    and https, before anything connects (the address is a documentation one: it is never contacted), no run
+    folder is made."""
     env = {**os.environ, "OPENAI_API_KEY": API_KEY, "HOME": str(tmp_path / "home"), "XDG_STATE_HOME": str(tmp_path / "state")}
-    url = f"http://{outward_server.server_address[0]}:{outward_server.server_port}/v1"
+    url = "http://192.0.2.1:9/v1"
     started = time.monotonic()
     r = cli("run", "--host", "sim:two-causes", "--symptom", "decode 69 tok/s", "--baseline", "decode 89 tok/s",
             "--llm", url, "--out", str(tmp_path / "run"), env=env)
     assert r.returncode == 2, r.stderr[-2000:]
     assert "--llm-insecure" in r.stderr and "https://" in r.stderr and url in r.stderr and API_KEY not in r.stderr
-    assert time.monotonic() - started < 60 and outward_server.requests == [] and not (tmp_path / "run").exists()
+    assert time.monotonic() - started < 60 and not (tmp_path / "run").exists()
+
+
+def test_a_remote_plain_http_llm_gets_no_request(outward_server, tmp_path, monkeypatch):
+    """The same refusal in the run itself, against a real server taken for a remote one: it gets no request."""
+    monkeypatch.setenv("OPENAI_API_KEY", API_KEY)
+    url = f"http://127.0.0.1:{outward_server.server_port}/v1"
+    with pytest.raises(UsageError):
+        investigate(RunOptions(host="sim:two-causes", symptom="decode 69 tok/s", baseline="decode 89 tok/s",
+                               as_json=True, out=str(tmp_path / "run"), llm=url))
+    assert outward_server.requests == []
 
 
 def test_llm_insecure_sends_the_key_to_a_remote_plain_http_llm(outward_server, tmp_path, monkeypatch):
     """With --llm-insecure the same server gets the requests, and the key in their Authorization header."""
     monkeypatch.setenv("OPENAI_API_KEY", API_KEY)
     outward_server.answer = lambda body: (200, json.dumps({"order": candidates_of(body)}))
-    url = f"http://{outward_server.server_address[0]}:{outward_server.server_port}/v1"
+    url = f"http://127.0.0.1:{outward_server.server_port}/v1"
     investigate(RunOptions(host="sim:two-causes", symptom="decode 69 tok/s", baseline="decode 89 tok/s", as_json=True,
                            out=str(tmp_path / "run"), llm=url, llm_insecure=True))
     assert outward_server.requests and set(outward_server.auth) == {f"Bearer {API_KEY}"}

@@ -38,6 +38,11 @@ def optional() -> tuple[str, ...]:
     return tuple(t.name for w in (1, 2) for p in PROBES for t in p.tools if t.optional and t.wave == w)
 
 
+def checks() -> tuple[str, ...]:
+    """The tools a playbook hypothesis may name in its ``checks``."""
+    return tuple(t.name for p in PROBES for t in p.tools if t.check)
+
+
 def diff_paths() -> tuple[str, ...]:
     """Every path ``diff`` reports; NAME, FLAG, VAR and N stand for one path segment."""
     return tuple(path for p in PROBES for path in p.diff_paths)
@@ -65,5 +70,5 @@ def render_output(tool: str, ev: dict[str, Any]) -> list[str]:
     return (plain(ev) if lines is None else lines) + tail(tool, ev)
 
 
-__all__ = ["PROBES", "Call", "FactsInput", "Fields", "Gathering", "Probe", "Tool", "diff_paths", "optional", "plan",
+__all__ = ["PROBES", "Call", "FactsInput", "Fields", "Gathering", "Probe", "Tool", "checks", "diff_paths", "optional", "plan",
            "render_output", "tools"]

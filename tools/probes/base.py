@@ -44,7 +44,7 @@ class Tool:
     error before its parser sees it; an unchecked parser reads whatever came back. ``summary`` makes
     its output readable in the transcript; ``optional``: a snapshot sends it only when asked (a
     playbook's ``checks`` choose); ``wave``: the snapshot's wave that sends it (1: with discovery,
-    2: after it; 0: none)."""
+    2: after it; 0: none); ``check``: a playbook hypothesis may name it in its ``checks``."""
 
     name: str
     input: type[BaseModel]
@@ -55,6 +55,7 @@ class Tool:
     summary: Summary | None = None
     optional: bool = False
     wave: int = 0
+    check: bool = False
 
     def read(self, inp: Any, r: CommandResult) -> BaseModel:
         """The typed output of ``r``, or ``ParseError``."""

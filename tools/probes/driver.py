@@ -80,6 +80,6 @@ def _facts(snap: Snapshot, fx: FactsInput) -> dict[str, Any]:
 PROBE = Probe(
     "driver",
     tools=(Tool("driver_files", host.DriverFiles, lambda i, r: host.parse_driver_files(r.stdout), optional=True,
-                wave=1),),
+                wave=1, check=True),),
     first=_first, fill=_fill, diff_paths=("driver.version", "driver.cuda"), diff=_diff, facts=_facts,
 )

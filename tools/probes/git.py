@@ -88,7 +88,7 @@ def repo_facts(snap: Snapshot, baseline: Snapshot | None) -> dict[str, Any] | No
 PROBE = Probe(
     "git",
     tools=(Tool("git_state", host.GitState, lambda i, r: host.parse_git_state(i.repo, r.stdout), summary=_summary,
-                optional=True, wave=2),
+                optional=True, wave=2, check=True),
            Tool("git_range", host.GitRange, lambda i, r: host.parse_git_range(r.stdout))),
     second=_second, fill=_fill, diff_paths=("repo.head", "repo.dirty"), diff=_diff,
     facts=lambda snap, fx: {"repo": repo_facts(snap, fx.baseline)}, quiet=("not a git repository",),

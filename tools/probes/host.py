@@ -42,6 +42,6 @@ def host_facts(snap: Snapshot) -> dict[str, Any]:
 
 PROBE = Probe(
     "host",
-    tools=(Tool("host_info", host.HostInfo, lambda i, r: host.parse_host_info(r.stdout)),),
+    tools=(Tool("host_info", host.HostInfo, lambda i, r: host.parse_host_info(r.stdout), check=True),),
     fill=_fill, diff_paths=("cpu.governor",), diff=_diff, facts=lambda snap, fx: {"host": host_facts(snap)},
 )

@@ -120,6 +120,6 @@ def _facts(snap: Snapshot, fx: FactsInput) -> dict[str, Any]:
 PROBE = Probe(
     "packages",
     tools=(Tool("python_packages", host.PythonPackages, lambda i, r: host.parse_python_packages(r.stdout), timeout=120.0,
-                summary=_summary, optional=True, wave=2),),
+                summary=_summary, optional=True, wave=2, check=True),),
     second=_second, fill=_fill, diff_paths=("packages.NAME.version", "packages.NAME.build"), diff=_diff, facts=_facts,
 )

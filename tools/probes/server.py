@@ -17,6 +17,7 @@ from .base import Add, Gathering, Probe, Tool
 from .text import code, plural, table
 
 if TYPE_CHECKING:
+    from ..discovery import DiscoveryInput
     from ..snapshot import Snapshot
 
 
@@ -28,16 +29,18 @@ class Fields(BaseModel):
     server: host.ServerInfo | None = None
 
 
-def render_process_table(parsed: dict[str, Any]) -> list[str]:
-    """``process_table``: evidence of which process is the server, so its row and the counts; every
-    process (argv joined by spaces, not the probe's \\x1f) and the listeners in a collapsed block."""
+def render_process_table(parsed: dict[str, Any], inp: DiscoveryInput | None = None) -> list[str]:
+    """``process_table``: evidence of which process is the server (found as ``inp`` says; by default as
+    discovery finds it with no override), so its row and the counts; every process (argv joined by spaces,
+    not the probe's \\x1f) and the listeners in a collapsed block."""
     from ..discovery import DiscoveryInput, candidates, rank
+    inp = inp or DiscoveryInput()
     try:
         t = host.ProcTable.model_validate(parsed)
     except ValueError:
         return ["Output: (a process table that could not be read; the raw text is in events.jsonl)"]
-    found, own = candidates(t, [], DiscoveryInput())
-    found = rank(found, DiscoveryInput())
+    found, own = candidates(t, [], inp)
+    found = rank(found, inp)
     head = (f"Output: {plural(len(t.procs), 'process', 'processes')} ({len(own & {p.pid for p in t.procs})} of them "
             f"debugagent's own probe), {plural(len(t.listeners), 'listening TCP port')}; ")
     if found:
@@ -101,11 +104,11 @@ def _diff(a: Snapshot, b: Snapshot, add: Add) -> None:
 PROBE = Probe(
     "server",
     tools=(Tool("find_servers", host.FindServers, lambda i, r: ProcessList(processes=host.parse_find_servers(r.stdout)),
-                summary=_find_servers),
+                summary=_find_servers, check=True),
            Tool("process_table", host.ProcessTableInput, lambda i, r: host.parse_process_table(r.stdout),
-                summary=_process_table),
+                summary=_process_table, check=True),
            Tool("server_details", host.ServerDetails, lambda i, r: host.parse_server_details(i.pid, r.stdout),
-                summary=_server_details)),
+                summary=_server_details, check=True)),
     fill=_fill, diff_paths=("server.args.FLAG", "server.env.VAR"), diff=_diff,
     facts=lambda snap, fx: {"server": snap.server.model_dump() if snap.server else None},
 )

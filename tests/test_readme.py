@@ -154,3 +154,25 @@ def test_no_file_cites_a_document_outside_the_repository():
                 if "DESIGN.md" in line or "shared/seeds" in line or "shared/DESIGN" in line:
                     hits.append(f"{p.relative_to(ROOT)}:{n}: {line.strip()}")
     assert not hits, "\n".join(hits)
+
+
+def test_every_package_folder_is_packaged():
+    """The quick start installs with `pip install .` (not editable): every folder of the product holding an
+    __init__.py must be a package pyproject.toml lists, with its data files (a package left out installs
+    nothing and fails only at import, on a fresh machine)."""
+    import tomllib
+    conf = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(conf["packages"])
+    dirs = conf.get("package-dir", {})
+    where = {pkg: ROOT / (dirs.get(pkg) or pkg.replace(".", "/")) for pkg in listed}
+    found = set()
+    for top in ("agent", "tools", "playbooks", "debugagent_testing"):
+        for init in (ROOT / top).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT)
+            if any(init in set(where[p].glob(g)) for p, globs in conf.get("package-data", {}).items() for g in globs):
+                continue   # shipped as a package's data (the simulator's guest code)
+            found.add(next((p for p, d in where.items() if d == ROOT / rel), ".".join(rel.parts)))
+    assert found <= listed, sorted(found - listed)
+    data = conf.get("package-data", {})
+    for pkg, globs in data.items():
+        assert pkg in listed and all(list(where[pkg].glob(g)) for g in globs), (pkg, globs)

@@ -5,6 +5,7 @@ It wires the parts together: ``Bench`` (measuring), ``Server`` (finding and rest
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -109,7 +110,6 @@ class Lab:
                                  "restored first and the experiment runs again")
 
     def result(self, spec: Any, vals: list[float], d: Any, text: str, **extra: Any) -> ExperimentResult:
-        import statistics
         return ExperimentResult(kind=spec.kind, title=spec.title, samples=vals, mean=statistics.fmean(vals),
                                 share=round(d.share, 3), significant=d.significant, decision=d.text, text=text, **extra)
 

@@ -13,6 +13,7 @@ A kind declares:
 - ``apply``: the change and its measurement. Every change is preceded by its undo step
   (``Lab.push_undo``: journalled in the run folder and on the host), which the lab runs, newest
   first, after ``apply`` returns or raises: that is how a kind is undone;
+- ``evidence_rank``: how strong the evidence behind such an experiment is, for the order they run in;
 - ``fix``: the default fix template, when the playbook's experiment gives none (``fixes.py``
   renders it in the playbook's sandbox).
 """
@@ -169,6 +170,12 @@ class Kind:
     @classmethod
     def name(cls) -> str:
         return typing.get_args(cls.spec.model_fields["kind"].annotation)[0]
+
+    @classmethod
+    def evidence_rank(cls, spec: dict[str, Any], baseline_head: str | None) -> int:
+        """How strong the evidence that chose this experiment is (``verdicts.evidence_rank``): 0, a difference from
+        the baseline snapshot or a value known to cost performance; 1, weaker evidence."""
+        return 0
 
     def apply(self, lab: Lab, r: Runner, spec: Any, facts: LabFacts, bad: list[float],
               regression: float | None) -> ExperimentResult:

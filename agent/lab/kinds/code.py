@@ -120,6 +120,12 @@ class CodeRevert(Kind):
         commands=[REVERTED + "{% if m %}git -C {{ repo | quote }} revert --no-edit {{ m[1] }}{% elif experiment.spec.to "
                   "%}git -C {{ repo | quote }} checkout {{ experiment.spec.to }}{% endif %}"])
 
+    @classmethod
+    def evidence_rank(cls, spec: dict[str, Any], baseline_head: str | None) -> int:
+        """A revert to the baseline snapshot's commit is a measured difference; to where the reflog says HEAD was,
+        other evidence (the checkout moved, which need not be what slowed it)."""
+        return 0 if baseline_head and spec.get("to") == baseline_head else 1
+
     def plan(self, lab: Lab, r: Runner, repo: str, wt: str, facts: LabFacts) -> tuple[Any, CodePlan]:
         srv = lab.server.find_or_none(r)
         editable = [p.editable for p in facts.packages.values() if p.editable]

@@ -6,7 +6,8 @@ its evidence (globs over the snapshot diff's paths: the playbook, not tools/, sa
 change bears on which hypothesis), its cost (orders experiments whose evidence is equally
 strong), rules (``when`` expressions, as Ansible authors write them, evaluated in an
 immutable sandbox) that give a verdict with a ``because`` template citing the evidence,
-and the experiment a ``suspect`` verdict may lead to.
+the experiment a ``suspect`` verdict may lead to (its model is its kind's: ``agent/lab``),
+and its ``fix`` once confirmed (templates in the same sandbox, rendered by ``fixes.py``).
 
 Rule semantics, read top to bottom: every matching ``suspect`` or ``confirmed`` rule
 counts (a hypothesis can have several suspects); the first matching ``ruled_out`` or

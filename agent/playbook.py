@@ -6,7 +6,8 @@ its evidence (globs over the snapshot diff's paths: the playbook, not tools/, sa
 change bears on which hypothesis), its cost (orders experiments whose evidence is equally
 strong), rules (``when`` expressions, as Ansible authors write them, evaluated in an
 immutable sandbox) that give a verdict with a ``because`` template citing the evidence,
-and the experiment a ``suspect`` verdict may lead to.
+the experiment a ``suspect`` verdict may lead to (its model is its kind's: ``agent/lab``),
+and its ``fix`` once confirmed (templates in the same sandbox, rendered by ``fixes.py``).
 
 Rule semantics, read top to bottom: every matching ``suspect`` or ``confirmed`` rule
 counts (a hypothesis can have several suspects); the first matching ``ruled_out`` or
@@ -20,151 +21,55 @@ default. ``foreach`` evaluates a rule once per item of a list expression, bindin
 from __future__ import annotations
 
 import difflib
-import fnmatch
 import hashlib
+import re
+import shlex
 import threading
 import time
 import typing
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
 from jinja2 import StrictUndefined, TemplateError, Undefined
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tools.errors import PlaybookError
 from tools.gpu import EVENT_REASON_BITS
-from tools.snapshot import DIFF_PATHS, PLACEHOLDERS, Change
+from tools.snapshot import Change
 from tools.yamlfile import load_yaml_mapping, resolve_yaml_ref
+
+from .evidence import EDITABLE, EvidenceGlob, evidence_matches, glob_matches_some_path
+from .lab.registry import KINDS, Experiment, kind_of
+from .lab.spec import FixTemplate, RestoreSpec
+
+__all__ = ["EDITABLE", "OTHER", "Experiment", "FixTemplate", "Hypothesis", "Playbook", "Rule", "evaluate",
+           "evidence_matches", "glob_matches_some_path", "load_playbook", "parse_playbook", "render_fix", "restored"]
 
 Verdict = Literal["ruled_out", "confirmed", "suspect", "inconclusive"]
 CHECKS = ("host_info", "gpu_query", "gpu_q", "gpu_processes", "gpu_sample_under_load", "find_servers", "process_table",
           "server_details", "python_packages", "git_state", "driver_files")
 
 
-EDITABLE = "editable:"   # an evidence glob with this prefix matches only changes of packages installed editable
 OTHER = "other"          # where a change goes that no hypothesis claims as evidence
-
-
-def _glob_pattern(glob: str) -> tuple[str, tuple[str, ...]]:
-    """The glob without its qualifier, and the snapshot paths it may match."""
-    if glob.startswith(EDITABLE):
-        return glob[len(EDITABLE):], tuple(t for t in DIFF_PATHS if t.startswith("packages."))
-    return glob, DIFF_PATHS
-
-
-def glob_matches_some_path(glob: str, under: str = "") -> bool:
-    """Can ``glob`` match a path the snapshot diff reports (one under ``under``)? A placeholder segment of a
-    path (NAME, N) is tried as any of the glob's own segments, so ``packages.flashinfer*`` matches
-    ``packages.NAME.build``."""
-    pat, paths = _glob_pattern(glob)
-    fills = {*pat.split("."), "x", "0"}
-    return any(fnmatch.fnmatchcase(".".join(f if part in PLACEHOLDERS else part for part in t.split(".")), pat)
-               for t in paths if t.startswith(under) for f in fills)
-
-
-def _known_glob(glob: str) -> str:
-    if not glob_matches_some_path(glob):
-        shown = list(dict.fromkeys(".".join("*" if part in PLACEHOLDERS else part for part in t.split("."))
-                                   for t in DIFF_PATHS))
-        close = difflib.get_close_matches(_glob_pattern(glob)[0], shown, n=1, cutoff=0.5)
-        hint = f"; did you mean `{close[0]}`?" if close else f"; the paths: {', '.join(shown)}"
-        raise ValueError(f"evidence glob `{glob}` matches no snapshot path{hint}")
-    return glob
-
-
-EvidenceGlob = Annotated[str, AfterValidator(_known_glob)]
-
-
-def evidence_matches(glob: str, change: Change) -> bool:
-    """Does a change's path match an evidence glob (``*`` spans dots; ``editable:`` asks for an editable package)?"""
-    if glob.startswith(EDITABLE) and not change.editable:
-        return False
-    return fnmatch.fnmatchcase(change.path, _glob_pattern(glob)[0])
 
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-# The changes each restoring experiment can put back (its `paths` default)
-KIND_PATHS = {"restore_baseline_flags": ["server.args.*"], "restore_baseline_env": ["server.env.*"],
-              "package_restore": ["packages.*"]}
-
-
-class Experiment(Strict):
-    """What to change (and so what to undo), measured by the benchmark."""
-
-    kind: Literal["code_revert", "server_restart", "restore_baseline_flags", "restore_baseline_env", "power_limit", "governor",
-                  "package_restore"]
-    title: str = ""
-    to: str | None = None                 # code_revert: commit (template)
-    bisect: bool = True                   # code_revert: bisect the range if the revert recovers
-    set_flags: dict[str, str] = Field(default_factory=dict)
-    unset_flags: list[str] = Field(default_factory=list)
-    set_env: dict[str, str] = Field(default_factory=dict)
-    unset_env: list[str] = Field(default_factory=list)
-    gpu: str | None = None                # power_limit: GPU index (template)
-    watts: str | None = None              # power_limit: watts (template)
-    governor: str | None = None           # governor: value
-    package: str | None = None            # package_restore: one distribution (template); default: every changed one
-    paths: list[EvidenceGlob] | None = None  # restore_baseline_*, package_restore: the changes to put back (default: KIND_PATHS)
-
-    @field_validator("gpu", "watts", "to", "governor", mode="before")
-    @classmethod
-    def _scalar_as_text(cls, v: Any) -> Any:
-        return str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
-
-    @model_validator(mode="after")
-    def _typed_fields(self) -> Experiment:
-        """Each field a kind needs is there and, unless a template (``{{ … }}``, rendered on the host's
-        facts), has the type it needs: ``watts`` a number, ``gpu`` an index."""
-        need = {"power_limit": ("gpu", "watts"), "governor": ("governor",), "code_revert": ("to",)}.get(self.kind, ())
-        for name in need:
-            if getattr(self, name) in (None, ""):
-                raise ValueError(f"experiment kind {self.kind} needs `{name}`")
-        if self.paths is not None:
-            if self.kind not in KIND_PATHS:
-                raise ValueError(f"`paths` applies to {', '.join(KIND_PATHS)}, not to {self.kind}")
-            if not self.paths:
-                raise ValueError("`paths: []` would put nothing back; name a glob or leave `paths` out (the whole area)")
-            under = KIND_PATHS[self.kind][0].removesuffix("*")
-            for g in self.paths:
-                if not glob_matches_some_path(g, under):
-                    raise ValueError(f"{self.kind} puts back changes under `{under}*`; `{g}` matches none of them")
-        for name, conv, what in (("watts", float, "a number of watts, e.g. 700"), ("gpu", int, "a GPU index, e.g. 0")):
-            v = getattr(self, name)
-            if v is not None and "{{" not in v:
-                try:
-                    conv(v)
-                except ValueError:
-                    raise ValueError(f"`{name}: {v!r}` is not {what} (or a `{{{{ … }}}}` template)") from None
-        return self
-
-
-def restored(spec: dict[str, Any], changes: list[Change]) -> list[Change]:
-    """The baseline changes a restoring experiment puts back: those in its kind's area that match its
-    ``paths`` globs (by default, the whole area), editable packages left out (a build cannot put back source)."""
-    area = KIND_PATHS[spec["kind"]]
-    globs = area if spec.get("paths") is None else spec["paths"]
-    under = area[0].removesuffix("*")
-    out = []
-    for c in changes:
-        ch = c if isinstance(c, Change) else Change.model_validate(c)
-        if ch.path.startswith(under) and not ch.editable and any(evidence_matches(g, ch) for g in globs):
-            out.append(c)
-    return out
+def restored(spec: dict[str, Any], changes: list[Any]) -> list[Any]:
+    """The baseline changes a restoring experiment (a spec as the run carries it) puts back
+    (``RestoreSpec.restored``)."""
+    kind = kind_of(spec)
+    if kind is None or not issubclass(kind.spec, RestoreSpec):
+        raise KeyError(f"experiment kind {spec.get('kind')} puts nothing back")
+    model = kind.spec.model_validate({k: v for k, v in spec.items() if k in kind.spec.model_fields})
+    assert isinstance(model, RestoreSpec)
+    return model.restored(changes)
 
 
 class Rule(Strict):
@@ -183,6 +88,7 @@ class Hypothesis(Strict):
     evidence: list[EvidenceGlob] = Field(default_factory=list)  # snapshot paths whose changes bear on it
     rules: list[Rule]
     next: str | None = None
+    fix: FixTemplate | None = None   # how to make the fix permanent once it is confirmed (``fixes.py``)
 
     @model_validator(mode="after")
     def _checks_known(self) -> Hypothesis:
@@ -311,26 +217,55 @@ class LimitedSandbox(ImmutableSandboxedEnvironment):
         return super().call(__context, __obj, *args, **kwargs)
 
 
+def regex_search(value: Any, pattern: str) -> Any:
+    """``text | regex_search('…')``: the first match's groups (a list), the match itself when it has none,
+    or None."""
+    m = re.search(pattern, str(value))
+    if m is None:
+        return None
+    return list(m.groups()) if m.groups() else m.group(0)
+
+
+# filters for fix templates (commands are shell lines: every value from the host goes through `quote`)
+FILTERS = {"quote": shlex.quote, "shjoin": shlex.join, "regex_search": regex_search}
+
 _ENV = LimitedSandbox(undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
 _LENIENT = LimitedSandbox(undefined=Undefined, trim_blocks=True, lstrip_blocks=True)
+for _env in (_ENV, _LENIENT):
+    _env.filters.update(FILTERS)
+
+
+def _templates(h: Hypothesis, n: int) -> list[tuple[str, str | None, str]]:
+    """(field path, text, expr or tmpl) of every Jinja text of a hypothesis."""
+    out: list[tuple[str, str | None, str]] = []
+    for m, r in enumerate(h.rules):
+        where = f"hypotheses[{n}] ({h.id}).rules[{m}]"
+        out += [(f"{where}.when", r.when, "expr"), (f"{where}.foreach", r.foreach, "expr"),
+                (f"{where}.because", r.because, "tmpl")]
+        fx = r.experiment.fix if r.experiment else None
+        if fx:
+            out += [(f"{where}.experiment.fix.text", fx.text, "tmpl")]
+            out += [(f"{where}.experiment.fix.commands[{i}]", c, "tmpl") for i, c in enumerate(fx.commands)]
+    if h.fix:
+        out += [(f"hypotheses[{n}] ({h.id}).fix.text", h.fix.text, "tmpl")]
+        out += [(f"hypotheses[{n}] ({h.id}).fix.commands[{i}]", c, "tmpl") for i, c in enumerate(h.fix.commands)]
+    return out
 
 
 def _compile_all(pb: Playbook, file: str) -> None:
     for n, h in enumerate(pb.hypotheses):
-        for m, r in enumerate(h.rules):
-            where = f"hypotheses[{n}] ({h.id}).rules[{m}]"
-            for field, text, kind in (("when", r.when, "expr"), ("foreach", r.foreach, "expr"), ("because", r.because, "tmpl")):
-                if text is None:
-                    continue
-                try:
-                    if kind == "expr":
-                        _ENV.compile_expression(text)
-                    else:
-                        _ENV.from_string(text)
-                except TemplateError as exc:
-                    raise PlaybookError(f"bad Jinja {('expression' if kind == 'expr' else 'template')}: {exc}",
-                                        file=file, field=f"{where}.{field}",
-                                        fix="rules use Jinja2 expressions, e.g. `server.flags.get('disable-cuda-graph')`") from exc
+        for field, text, kind in _templates(h, n):
+            if text is None:
+                continue
+            try:
+                if kind == "expr":
+                    _ENV.compile_expression(text)
+                else:
+                    _ENV.from_string(text)
+            except TemplateError as exc:
+                raise PlaybookError(f"bad Jinja {('expression' if kind == 'expr' else 'template')}: {exc}",
+                                    file=file, field=field,
+                                    fix="rules use Jinja2 expressions, e.g. `server.flags.get('disable-cuda-graph')`") from exc
 
 
 def builtin_playbooks() -> list[str]:
@@ -353,19 +288,43 @@ def parse_playbook(text: str, file: str = "<playbook>") -> Playbook:
     _compile_all(pb, file)
     pb.source = file
     pb.digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    PARSED[pb.digest] = pb
     return pb
 
 
+# the playbooks parsed in this process, by digest: a recording names its playbook's digest, so its fixes are
+# rendered from the very playbook it ran (``fixes.playbook_of``)
+PARSED: dict[str, Playbook] = {}
+
+
 # ---------------------------------------------------------------- validation messages
-def _model_at(loc: tuple) -> type[BaseModel] | None:
-    """The pydantic model that holds the last key of ``loc`` (walking lists and optionals)."""
+def _untagged(loc: tuple) -> tuple[tuple, dict[int, str]]:
+    """``loc`` without the kind a discriminated union inserts after ``experiment`` (as the YAML has it), and
+    the kind at each place it was."""
+    out: list[Any] = []
+    tags: dict[int, str] = {}
+    for i, part in enumerate(loc):
+        if i and loc[i - 1] == "experiment" and part in KINDS:
+            tags[len(out)] = str(part)
+            continue
+        out.append(part)
+    return tuple(out), tags
+
+
+def _model_at(loc: tuple, tags: dict[int, str] | None = None) -> type[BaseModel] | None:
+    """The pydantic model that holds the last key of ``loc`` (walking lists, optionals and, by ``tags``, the
+    experiment's kind)."""
     cls: Any = Playbook
-    for part in loc[:-1]:
+    for i, part in enumerate(loc[:-1]):
         if isinstance(part, int):
             continue
         field = cls.model_fields.get(part) if isinstance(cls, type) and issubclass(cls, BaseModel) else None
         if field is None:
             return None
+        if part == "experiment" and issubclass(cls, Rule):
+            kind = KINDS.get((tags or {}).get(i + 1, ""))
+            cls = kind.spec if kind else None
+            continue
         ann = field.annotation
         while typing.get_origin(ann) is not None:
             ann = next((a for a in typing.get_args(ann) if a is not type(None)), None)
@@ -406,18 +365,25 @@ def explain_validation(exc: ValidationError, text: str, file: str) -> tuple[str,
     (with a did-you-mean), since a misspelt key also makes the right one look missing."""
     errors = exc.errors()
     e = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
-    loc = tuple(e["loc"])
+    loc, tags = _untagged(tuple(e["loc"]))
     msg = e["msg"].removeprefix("Value error, ")
     fix = "`debugagent playbook schema` prints the JSON Schema"
     if e["type"] == "extra_forbidden":
         key = str(loc[-1])
-        model = _model_at(loc)
+        model = _model_at(loc, tags)
         known = sorted(model.model_fields) if model else []
         close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
         msg = f"unknown key `{key}`" + (f"; did you mean `{close[0]}`?" if close else "")
         fix = (f"rename `{key}:` to `{close[0]}:`" if close else f"the keys allowed here: {', '.join(known)}") if known else fix
     elif e["type"] == "missing":
         msg = f"`{loc[-1]}` is required here"
+    elif e["type"] == "union_tag_not_found":
+        msg = "`kind` is required here"
+    elif e["type"] == "union_tag_invalid":
+        tag = str((e.get("ctx") or {}).get("tag", ""))
+        close = difflib.get_close_matches(tag, list(KINDS), n=1)
+        msg = f"unknown experiment kind `{tag}`" + (f"; did you mean `{close[0]}`?" if close else "")
+        fix = f"the kinds: {', '.join(KINDS)}"
     at = _mark(text, loc)
     where = f"{file}:{at[0]}:{at[1]}" if at else file
     return where, _path(loc), msg, fix
@@ -458,7 +424,12 @@ def evaluate(h: Hypothesis, facts: dict[str, Any], file: str = "") -> list[Findi
                 if not _ENV.compile_expression(r.when)(**ctx):
                     continue
                 because = _LENIENT.from_string(r.because).render(**ctx).strip()[:MAX_TEXT]
-                exp = _render(r.experiment.model_dump(), ctx) if r.experiment else None
+                exp = None
+                if r.experiment:
+                    # the fix stays a template: it reads the run's results, rendered by the report (``render_fix``)
+                    spec = r.experiment.dump()
+                    fix = spec.pop("fix", None)
+                    exp = _render(spec, ctx) | ({"fix": fix} if fix else {})
                 f = Finding(verdict=r.verdict, because=because, rule=m, experiment=exp)
                 if r.verdict in ("suspect", "confirmed"):
                     strong.append(f)
@@ -474,6 +445,19 @@ def evaluate(h: Hypothesis, facts: dict[str, Any], file: str = "") -> list[Findi
     if strong:
         return strong
     return [weak] if weak else [Finding(verdict="inconclusive", because="no rule matched", rule=-1)]
+
+
+def render_fix(fix: FixTemplate, ctx: dict[str, Any], where: str = "", file: str = "") -> tuple[str, list[str]]:
+    """A fix template rendered in the rules' sandbox: its text, and its commands that render to something."""
+    try:
+        _LENIENT.start()
+        text = _LENIENT.from_string(fix.text).render(**ctx).strip()[:MAX_TEXT]
+        commands = [c for c in (_LENIENT.from_string(t).render(**ctx).strip() for t in fix.commands) if c]
+    except (TemplateError, ArithmeticError, TypeError, ValueError, LookupError, AttributeError, RecursionError,
+            MemoryError) as exc:
+        raise PlaybookError(f"fix failed on this run's facts: {type(exc).__name__}: {exc}", file=file, field=where,
+                            fix="guard the template, e.g. `{% if experiment %}…{% endif %}`") from exc
+    return text, commands
 
 
 def render_tree(pb: Playbook) -> str:

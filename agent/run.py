@@ -26,10 +26,10 @@ from rich.markup import escape
 from tools.errors import DebugAgentError, RestoreError, TransportError, UsageError
 from tools.redact import private_file, redact, redact_text
 
-from .experiments import Lab, Measure
 from .graph import RECURSION_LIMIT, Ctx, build_graph
 from .hosts import SSHOptions, open_transport
 from .journal import HostLock, Journal, host_instance, host_side, others_on_host
+from .lab import Lab, Measure
 from .session import RunOptions, Session, inputs_from_options, make_view, open_run
 from .signals import Interrupted, Signals
 from .state import conclusion_of, to_jsonable

@@ -15,8 +15,8 @@ from tools.snapshot import OPTIONAL_PROBES, Snapshot, collect
 from . import verdicts as vd
 from .context import Ctx
 from .discovery import run_input
-from .experiments import FRESH_KINDS, RESTART_KINDS, ConnectionLost, ExperimentError, Lab, LabSetup, Measure
 from .facts import LabFacts, build_facts
+from .lab import ConnectionLost, ExperimentError, Lab, LabSetup, Measure, kind_of
 from .results import ExperimentResult, Regression
 from .state import Current, RunState
 from .stats import Reproduction, fresh_reference_runs, more_runs_advice, reproduce, share_interval
@@ -260,26 +260,23 @@ def lab_for(ctx: Ctx, s: RunState, hid: str) -> Lab:
     # re-measure the reference just before a change that nothing re-measures it after: an experiment that restarts
     # the server is controlled by the server as found, restarted after it; a benchmark in a worktree runs between
     # runs of the unchanged state
-    kind = s.current.spec.get("kind") if s.current is not None else None
-    fresh = fresh_reference_runs(reg.sd, reg.delta) if kind in FRESH_KINDS else 0
+    kind = kind_of(s.current.spec if s.current is not None else None)
+    fresh = fresh_reference_runs(reg.sd, reg.delta) if kind is not None and kind.fresh else 0
     # a server an earlier experiment's undo restarted is warmed up first, by a run that counts too; so is the one
     # the experiment starts. Under a tight --max-runs the re-measured reference goes before the two runs of the
     # changed state an experiment needs to decide anything
     warm = 1 if ctx.warmth.due else 0
-    restarts = 1 if kind in RESTART_KINDS else 0
+    restarts = 1 if kind is not None and kind.restarts else 0
     if max_runs:
         fresh = max(0, min(fresh, max_runs - 2 - warm - restarts))
-    lab = Lab(ctx.runner, lambda ev, **kw: ctx.transcript.emit(ev, hypothesis=hid, **kw), ctx.undo,
-              Measure(bench=bench_of(ctx, d), metric=d["metric"], cwd=d.get("repo"), regex=ctx.overrides.bench_regex,
-                      ready_timeout_s=ctx.overrides.ready_timeout,
-                      max_runs=max(2, max_runs - fresh - (warm if fresh else 0)) if max_runs else 0),
-              ctx.run_id, ctx.symptom.direction == "lower",
-              LabSetup.from_inputs(ctx.overrides, (d.get("host_facts") or {}).get("profile")), ctx.warmth,
-              ctx.found_restarted)
-    lab.discovery = run_input(ctx.overrides, d["metric"], d.get("server"))
-    lab.noise = baseline_noise(ctx)
-    lab.fresh_runs = fresh   # how many to run; ``Lab.reference`` sets how many it had
-    return lab
+    return Lab(ctx.runner, lambda ev, **kw: ctx.transcript.emit(ev, hypothesis=hid, **kw), ctx.undo,
+               Measure(bench=bench_of(ctx, d), metric=d["metric"], cwd=d.get("repo"), regex=ctx.overrides.bench_regex,
+                       ready_timeout_s=ctx.overrides.ready_timeout,
+                       max_runs=max(2, max_runs - fresh - (warm if fresh else 0)) if max_runs else 0),
+               ctx.run_id, ctx.symptom.direction == "lower",
+               LabSetup.from_inputs(ctx.overrides, (d.get("host_facts") or {}).get("profile")), ctx.warmth,
+               ctx.found_restarted, discovery=run_input(ctx.overrides, d["metric"], d.get("server")),
+               noise=baseline_noise(ctx), fresh_runs=fresh)   # how many to run; ``Lab.reference`` keeps how many it had
 
 
 def baseline_noise(ctx: Ctx) -> tuple[list[float], ...]:
@@ -289,16 +286,6 @@ def baseline_noise(ctx: Ctx) -> tuple[list[float], ...]:
     return (bs,) if len(bs) >= 2 else ()
 
 
-def remeasure(ctx: Ctx, lab: Lab, hid: str, s: RunState) -> list[float]:
-    """The reference runs re-measured just before the change (the lab asks once, when nothing it does can still
-    fail before the change: a package experiment first looks for the build to install)."""
-    got = []
-    for _ in range(lab.fresh_runs):
-        v = lab.bench(ctx.runner(hid), s.discovered.get("repo"), "the reference state, re-measured before the change")
-        got += [v] if v is not None else []
-    return got
-
-
 def run_experiment(ctx: Ctx, s: RunState) -> tuple[Current, int]:
     """Run the chosen experiment (again, up to ``RETRIES`` times, when the connection was lost); the result
     and the benchmark runs it took."""
@@ -306,14 +293,13 @@ def run_experiment(ctx: Ctx, s: RunState) -> tuple[Current, int]:
     assert cur is not None
     hid, spec, reg = cur.hyp, cur.spec, s.regression
     lab = lab_for(ctx, s, hid)
-    lab.remeasure = lambda: remeasure(ctx, lab, hid, s)
     reference = list(reg.samples)   # the reproduce step's runs; the lab adds the re-measured ones
     ctx.transcript.emit("experiment", hypothesis=hid, phase="start", text=spec.get("title") or spec["kind"], spec=spec)
     facts, retried = lab_facts(ctx, s), cur.retried
     while True:
         try:
             result = lab.run(hid, spec, facts, reference, reg.size)
-            result = decided(result, getattr(lab, "last_decision", None), reg)
+            result = decided(result, lab.last_decision, reg)
         except ConnectionLost as exc:
             ctx.say(str(exc), hid)
             if retried < RETRIES:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from .lab.registry import kind_of
 from .playbook import Finding, Playbook, evaluate
 from .results import ExperimentResult
 
@@ -232,9 +233,8 @@ def evidence_rank(spec: dict[str, Any], baseline_head: str | None) -> int:
     evidence (the reflog shows the checkout moved); 2: a group of not-judged values."""
     if spec.get("group"):
         return 2
-    if spec["kind"] == "code_revert" and not (baseline_head and spec.get("to") == baseline_head):
-        return 1
-    return 0
+    kind = kind_of(spec)
+    return kind.evidence_rank(spec, baseline_head) if kind is not None else 0
 
 
 def order_experiments(cands: list[tuple[str, dict[str, Any]]], order: list[str], costs: dict[str, int],

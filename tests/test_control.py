@@ -1,4 +1,4 @@
-"""The restart control (``Lab._control``): a restart that recovered the regression is checked against the server
+"""The restart control (``Lab.control``): a restart that recovered the regression is checked against the server
 as found, restarted by the undo, measured the same way. The benchmark here is a fake host that prints the values
 a test gives it, so each rule of the decision is reached on purpose."""
 
@@ -8,8 +8,8 @@ import itertools
 
 import pytest
 
-from agent.experiments import Lab, Measure
 from agent.journal import Journal
+from agent.lab import Lab, Measure
 from agent.results import ExperimentResult
 from tools.registry import Runner
 from tools.transport import FakeTransport
@@ -32,7 +32,7 @@ def control(tmp_path, ctrl: list[float], earlier: list[float] | None = None) -> 
               found_restarted=earlier)
     result = ExperimentResult(kind="restore_baseline_flags", text="with --enforce-eager removed", samples=CHANGED,
                               mean=26.0, share=0.71, significant=True, outcome="cause")
-    out = lab._control(Runner(t), None, result, list(BAD), REGRESSION)
+    out = lab.control(Runner(t), result, list(BAD), REGRESSION)
     return out, len(calls)
 
 
@@ -79,7 +79,7 @@ def test_the_first_run_after_a_restart_is_a_warm_up_and_the_control_waits_for_it
     lab.restarted()                      # as the undo's restart of the server as found does
     result = ExperimentResult(kind="restore_baseline_flags", text="with --enforce-eager removed", samples=CHANGED,
                               mean=26.0, share=0.71, significant=True, outcome="cause")
-    out = lab._control(lab.runner_for(None), None, result, list(BAD), REGRESSION)
+    out = lab.control(lab.runner_for(None), result, list(BAD), REGRESSION)
     assert 45.0 not in out.control and out.control[0] == 31.05
     assert out.significant and "the restart alone does not explain it" in out.text
     assert lab.warmups == 1 and lab.bench_runs == len(out.control) + 1
@@ -108,7 +108,7 @@ def test_a_server_not_slow_on_its_first_run_is_not_warmed_up_again(tmp_path):
     lab.restarted()
     result = ExperimentResult(kind="restore_baseline_flags", text="with --enforce-eager removed", samples=CHANGED,
                               mean=26.0, share=0.71, significant=True, outcome="cause")
-    out = lab._control(lab.runner_for(None), None, result, list(BAD), REGRESSION)
+    out = lab.control(lab.runner_for(None), result, list(BAD), REGRESSION)
     assert out.control == [31.05] and lab.warmups == 1
     assert lab.warmth.needed is False
     said = [e["text"] for e in events if e.get("phase") == "warm_up"]
@@ -131,7 +131,7 @@ def test_a_warm_up_faster_than_the_runs_after_it_is_said_so(tmp_path):
     lab.restarted()
     result = ExperimentResult(kind="restore_baseline_flags", text="with --enforce-eager removed", samples=CHANGED,
                               mean=26.0, share=0.71, significant=True, outcome="cause")
-    lab._control(lab.runner_for(None), None, result, list(BAD), REGRESSION)
+    lab.control(lab.runner_for(None), result, list(BAD), REGRESSION)
     said = [e["text"] for e in events if e.get("phase") == "warm_up"]
     assert lab.warmth.needed is False and len(said) == 1
     assert "no slower than the runs after it" in said[0] and "within the noise" not in said[0]

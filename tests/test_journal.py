@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.experiments import Lab, Measure
 from agent.journal import HostFiles, HostLock, HostLocked, Journal, LockInfo, lock_command, others_on_host
+from agent.lab import Lab, Measure
 from tools.errors import ConnectError
 from tools.registry import Runner
 from tools.transport import CommandResult, LocalTransport

@@ -121,3 +121,72 @@ def test_cli_validate_and_show(tmp_path):
     new = tmp_path / "mine.yaml"
     assert subprocess.run(cli + ["new", str(new)], capture_output=True).returncode == 0
     assert load_playbook(str(new)).name == "mine"
+
+
+# ---------------------------------------------------------------- experiments: one model per kind
+EXP_HEAD = ("version: 1\nname: m\nhypotheses:\n  - id: a\n    title: A\n    rules:\n"
+            "      - when: 'true'\n        verdict: suspect\n        because: x\n        experiment: ")
+
+
+def test_experiment_is_checked_against_its_kinds_own_model():
+    """An unknown kind is named with a did-you-mean; a misspelt key is checked against the kind's own fields."""
+    with pytest.raises(PlaybookError, match="unknown experiment kind `power_limt`; did you mean `power_limit`"):
+        parse_playbook(EXP_HEAD + "{kind: power_limt, gpu: 0, watts: 500}\n")
+    with pytest.raises(PlaybookError, match=r"experiment\.governer: unknown key `governer`; did you mean `governor`"):
+        parse_playbook(EXP_HEAD + "{kind: governor, governer: performance}\n")
+    with pytest.raises(PlaybookError, match="`to` applies to code_revert, not to governor"):
+        parse_playbook(EXP_HEAD + "{kind: governor, governor: performance, to: abc}\n")
+
+
+def test_an_older_playbooks_experiment_with_every_field_still_loads():
+    """Before each kind had its own model, one model held all their fields: those left at their defaults load."""
+    pb = parse_playbook(EXP_HEAD + "{kind: governor, governor: performance, to: null, bisect: true, set_flags: {}, "
+                        "unset_env: [], gpu: null, paths: null}\n")
+    (f,) = evaluate(pb.hypotheses[0], {})
+    assert f.experiment == {"kind": "governor", "title": "", "governor": "performance"}
+
+
+def test_experiment_fix_stays_a_template_until_the_report():
+    """A rule renders its experiment's fields on the facts, but not its `fix:` (that reads the run's results)."""
+    pb = parse_playbook(EXP_HEAD + "{kind: governor, governor: '{{ g }}', fix: {text: 'set {{ experiment.spec.governor }}'}}\n")
+    (f,) = evaluate(pb.hypotheses[0], {"g": "performance"})
+    assert f.experiment["governor"] == "performance" and f.experiment["fix"]["text"] == "set {{ experiment.spec.governor }}"
+
+
+def test_bad_fix_template_is_refused_at_load():
+    """A `fix:` that is not valid Jinja is refused naming the field."""
+    with pytest.raises(PlaybookError, match=r"hypotheses\[0\] \(a\)\.fix\.commands\[0\]: bad Jinja template"):
+        parse_playbook(MINI.replace("    next: b\n", "    next: b\n    fix: {text: t, commands: ['{{ x ']}\n"))
+
+
+# ---------------------------------------------------------------- fixes from the playbook
+def _facts(hid: str, experiment: dict | None = None, **outputs):
+    from agent.runfacts import ExperimentView, HypothesisView, RunFacts
+    xs = [ExperimentView(title=experiment.get("title") or experiment["kind"], spec=experiment, significant=True)] if experiment else []
+    return RunFacts(target="root@gpu-1", outputs=outputs, hyps={hid: HypothesisView(id=hid, experiments=xs)},
+                    conclusion={"root_causes": [{"hypothesis": hid, "summary": "fan at 20%", "evidence": []}]})
+
+
+FAN = MINI.replace("    next: b\n", "    next: b\n    fix:\n      text: 'Set the fan of {{ server.pid }} back to auto:'\n"
+                   "      commands: ['fanctl --pid {{ server.pid }} auto {{ \"a b\" | quote }}', '{% if false %}never{% endif %}']\n")
+
+
+def test_a_new_hypothesis_brings_its_own_fix():
+    """A hypothesis' `fix:` is rendered on what the run saw; each command runs on the host (empty ones are left out)."""
+    from agent.fixes import fixes_for
+    (fx,) = fixes_for(_facts("a", server_details={"pid": 42}), parse_playbook(FAN))
+    assert fx.hypothesis == "a" and fx.text == "Set the fan of 42 back to auto:"
+    assert fx.commands == ["ssh root@gpu-1 \"fanctl --pid 42 auto 'a b'\""]
+
+
+def test_an_experiments_fix_then_its_kinds_come_before_the_hypothesis_fix():
+    """The experiment that confirmed the cause: its own `fix:` first, else its kind's, else the hypothesis'."""
+    from agent.fixes import fixes_for
+    pb = parse_playbook(FAN)
+    own = {"kind": "governor", "governor": "performance", "fix": {"text": "Pin {{ experiment.spec.governor }}."}}
+    assert fixes_for(_facts("a", own), pb)[0].text == "Pin performance."
+    (fx,) = fixes_for(_facts("a", {"kind": "governor", "governor": "performance"}), pb)
+    assert fx.text.startswith("Set the CPU governor to performance") and "scaling_governor" in fx.commands[0]
+    (fx,) = fixes_for(_facts("b", {"kind": "governor", "governor": "performance"}) .model_copy(
+        update={"conclusion": {"root_causes": [{"hypothesis": "zzz", "summary": ""}]}}), pb)
+    assert fx.text == "Undo what zzz names above." and fx.commands == []   # no template anywhere: the words alone

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from agent.experiments import (
+from agent.lab import (
     ExperimentError,
     PackageTarget,
     build_matches,

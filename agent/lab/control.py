@@ -1,0 +1,93 @@
+"""The restart control: a restart that recovered the regression is compared with the server as found,
+restarted by the undo and measured the same way, so that what a plain restart recovers is not taken for the
+change's effect."""
+
+from __future__ import annotations
+
+import statistics
+from typing import TYPE_CHECKING
+
+from tools.registry import Runner
+
+from ..results import ExperimentResult
+from ..stats import CONTROL_LEVEL, CONTROL_RUNS, control
+
+if TYPE_CHECKING:
+    from .lab import Lab
+
+
+def plural(n: int | float, word: str, many: str | None = None) -> str:
+    """``1 GPU``, ``2 GPUs``: never ``GPU(s)``."""
+    return f"{n:g} {word if n == 1 else (many or word + 's')}"
+
+
+def restart_control(lab: Lab, r: Runner, result: ExperimentResult, bad: list[float],
+                    regression: float | None) -> ExperimentResult:
+    """A restart recovered the regression: was it the change, or the restart itself? A server that slows
+    down while it runs (a cache that grows, fragmented memory, a leak) is fast again after any restart, so
+    the experiment's server is compared with the server as found, restarted by the undo just now and
+    measured the same way: what part of the change's recovery a plain restart also gives, with its interval.
+    The change stays a cause when that part is surely below half, is not one when it is surely above half
+    (the restart did it), and is undecided in between after the most control runs. These runs are also the
+    reference re-measured after the change (``stats.control``), so none is taken before it."""
+    b = lab.measuring
+    vals = result.samples
+    cap = b.spec.max_runs or 0
+    # --max-runs counts every benchmark run of the experiment, the control's included
+    left = cap - (b.bench_runs - b.runs_at_start) if cap else CONTROL_RUNS[1]
+    if cap and b.warmth.due:   # the restarted server's warm-up run comes first, and counts
+        left -= 1
+    earlier = list(lab.found_restarted)
+    n = max(min(CONTROL_RUNS[0], left), len(earlier))
+    if n < 1:
+        return result.model_copy(update={"text": f"{result.text}; not compared with a plain restart of the server "
+                                         f"as found (--max-runs {cap} left no runs for that control)"})
+    most = max(n, min(CONTROL_RUNS[1], len(earlier) + left))
+    lab.emit("experiment", phase="plan", text=(
+        f"control: the server as found, restarted, as an earlier control measured it ({plural(len(earlier), 'run')}), "
+        f"measured again after this undo only while that does not decide (at most {most} runs in all)" if earlier
+        else f"control: the server as found, restarted by the undo, is measured {n} to {most} times, so that what "
+        "a plain restart recovers is not taken for the change's effect"))
+    # the server the experiment started is gone (the undo stopped it): while the benchmark waits for the one
+    # the undo started, that one is watched instead (under a hook, none is: a supervisor may replace it)
+    lab.server.started = lab.server.found_again
+    ctrl: list[float] = list(earlier)
+    while True:   # sequential, as the experiment itself: more runs while the restart's part is unclear
+        while len(ctrl) < n:
+            ctrl.append(b.measured(r, b.spec.cwd, f"control: the server as found, restarted (run {len(ctrl) + 1})"))
+            lab.found_restarted.append(ctrl[-1])
+        final = n >= most
+        c = control(bad, ctrl, vals, regression, b.lower, final=final, noise=b.noise)
+        if c.outcome != "more":
+            break
+        n += 1
+    b.judge_warm_up(ctrl[len(earlier):], bad)
+    runs = plural(len(ctrl), "run")
+    if earlier:
+        runs += (", measured after an earlier experiment's undo" if len(ctrl) == len(earlier) else
+                 f", {len(earlier)} of them measured after an earlier experiment's undo")
+    said = (f"control: the server as found, restarted, gives mean {statistics.fmean(ctrl):.4g} ({runs}): "
+            f"a plain restart recovers {c.part:.0%} of what the change did ({2 * CONTROL_LEVEL - 1:.0%} CI "
+            f"{c.low:.0%} to {c.high:.0%})")
+    if c.outcome == "change":
+        return result.model_copy(update={"control": ctrl, "text": f"{result.text}; {said}, so the restart alone "
+                                         "does not explain it"})
+    d = c.decision
+    assert d is not None
+    if c.outcome == "beyond":   # part of it may be the restart's, but the change does better than a plain restart
+        d = d.model_copy(update={"outcome": "cause"})
+        b.last_decision = d   # the share is the change's over the restarted server as found
+        return result.model_copy(update={"control": ctrl, "share": round(d.share, 3), "share_ci": None,
+                                         "decision": d.text, "text": f"{result.text}; {said}, and the change "
+                                         f"beats the restarted server ({d.text}), so it is a cause by that much"})
+    if c.outcome == "restart":
+        d = d.model_copy(update={"outcome": "not_cause"})
+        why = ("so the restart, not the change, recovered it: the server slows down while it runs, or the "
+               "reproduce step's runs were slower than the server as found is now")
+    else:
+        d = d.model_copy(update={"outcome": "more"})
+        why = "so what the change adds to a plain restart is undecided"
+    b.last_decision = d   # the outcome and the share are the change's over the restarted server as found
+    return result.model_copy(update={"control": ctrl, "significant": False, "outcome": d.outcome,
+                                     "share": round(d.share, 3), "share_ci": None, "decision": why,
+                                     "text": f"{result.text}; {said}, {why}"})

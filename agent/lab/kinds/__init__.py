@@ -1,0 +1,1 @@
+"""One module per experiment kind (``registry.ALL`` names their classes)."""

@@ -1,0 +1,166 @@
+"""``package_restore``: put back the baseline's build of a compiled dependency, in an overlay folder first on
+the server's PYTHONPATH (the environment itself is never changed): a wheel found on the host (the wheelhouse,
+pip's cache, pip download), installed beside it and checked by hashing its compiled files."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import BaseModel
+
+from tools.registry import Runner
+
+from ..errors import ExperimentError
+from ..server import ServerRun
+from ..spec import Kind, RestoreSpec, Text
+
+if TYPE_CHECKING:
+    from ...facts import LabFacts
+    from ...results import ExperimentResult
+    from ..lab import Lab
+
+
+class PackageRestoreSpec(RestoreSpec):
+    kind: Literal["package_restore"]
+    area: ClassVar[str] = "packages.*"
+    package: Text | None = None           # one distribution (template); default: every changed one
+
+
+class PackageTarget(BaseModel):
+    """A distribution to put back: the build the baseline had (``build`` None: any build other than the current)."""
+
+    name: str
+    version: str
+    build: str | None = None
+    current_version: str | None = None
+    current_build: str | None = None
+
+
+def package_targets(facts: LabFacts, spec: PackageRestoreSpec | dict[str, Any]) -> list[PackageTarget]:
+    """The builds to put back: every compiled dependency that differs from the baseline snapshot, or ``spec.package``."""
+    if isinstance(spec, dict):
+        spec = PackageRestoreSpec.model_validate(spec)
+    by_norm = {n.lower().replace("_", "-"): p for n, p in facts.packages.items()}
+    out: dict[str, PackageTarget] = {}
+    for c in spec.restored(facts.changes):
+        parts = c.path.split(".")
+        if len(parts) < 3 or c.a is None:
+            continue  # a package the baseline did not have: nothing to put back
+        name, what = parts[1], parts[2]
+        cur = by_norm.get(name.lower().replace("_", "-"))
+        t = out.get(name) or PackageTarget(name=name, version=cur.version if cur else "",
+                                           current_version=cur.version if cur else None,
+                                           current_build=cur.build_hash if cur else None)
+        if what == "version":
+            t.version = str(c.a)
+        elif what == "build":
+            t.build = str(c.a)
+        out[name] = t
+    want = (spec.package or "").strip()
+    if want:
+        hit = [t for n, t in out.items() if n.lower().replace("_", "-") == want.lower().replace("_", "-")]
+        if hit:
+            return hit
+        cur = by_norm.get(want.lower().replace("_", "-"))
+        if cur is None:
+            return []
+        return [PackageTarget(name=cur.name, version=cur.version, current_version=cur.version,
+                              current_build=cur.build_hash)]
+    return list(out.values())
+
+
+def build_matches(t: PackageTarget, version: str | None, build: str | None) -> bool:
+    """Is an installed candidate the build ``t`` asks for?"""
+    if version != t.version:
+        return False
+    if t.build is not None:
+        return build == t.build
+    return t.current_version != version or build != t.current_build
+
+
+def _wanted(t: PackageTarget) -> str:
+    return f"{t.name} {t.version}" + (f" (build {t.build})" if t.build else " (another build)")
+
+
+class PackageRestore(Kind):
+    spec = PackageRestoreSpec
+    restarts = True
+    fresh = True           # only when no server runs (no restart, so no control after it)
+    fresh_first = False    # it first looks for a build to install
+    # its fix is the command it found (``ExperimentResult.fix``): the conclusion carries it
+
+    def apply(self, lab: Lab, r: Runner, spec: PackageRestoreSpec, facts: LabFacts, bad: list[float],
+              regression: float | None) -> ExperimentResult:
+        targets = package_targets(facts, spec)
+        if not targets:
+            raise ExperimentError("no installed package differs from the baseline in a way a build could put back")
+        srv = lab.server.find_or_none(r)
+        python = lab.setup.python or (srv.python if srv else None) or facts.server_python
+        if not python:
+            raise ExperimentError("the server's Python is unknown, so no build can be installed for it (give --python)")
+        root = f"/tmp/debugagent-overlay-{lab.run_id}"
+        lab.push_undo("remove_tree", {"path": root}, f"remove the package overlay {root}")
+        found: list[tuple[PackageTarget, str, str]] = []  # target, wheel, overlay folder
+        missing: list[PackageTarget] = []
+        for t in targets:
+            got = self.baseline_build(lab, r, python, t, f"{root}/{re.sub(r'[^A-Za-z0-9_.-]', '_', t.name)}")
+            if got:
+                found.append((t, *got))
+            else:
+                missing.append(t)
+        if not found:
+            places = ", ".join(lab.setup.wheelhouse) or "no --wheelhouse"
+            cmds = "; ".join(f"`{python} -m pip install --no-deps --target {root}/{t.name} {shlex.quote(f'{t.name}=={t.version}')}`"
+                             for t in missing)
+            raise ExperimentError(f"no wheel of {', '.join(_wanted(t) for t in missing)} was found on the host ({places}, pip's "
+                                  f"cache, pip download); to test it: {cmds} (add `--no-index --find-links DIR` for a "
+                                  "folder of wheels, or give the .whl), then restart the server with that folder first on "
+                                  "PYTHONPATH and benchmark; or run again with --wheelhouse DIR")
+        overlays = [o for _, _, o in found]
+        change = "the baseline build" + ("s" if len(found) > 1 else "") + " of " + ", ".join(
+            f"{t.name} {t.version}" for t, _, _ in found) + f" first on PYTHONPATH ({root})"
+        if srv is not None:
+            lab.server.start(r, srv, ServerRun(argv=list(srv.argv), cwd=srv.cwd, path_first=overlays), change)
+            vals, d = lab.sample(r, lab.measure_spec.cwd, bad, regression, why=f"the benchmark with {change}")
+        else:
+            lab.emit("experiment", phase="plan", text="no server process was found: the benchmark itself runs with the overlay first on PYTHONPATH")
+            lab.reference(bad)   # no restart, so no control after it: the reference is re-measured now, before the change
+            vals, d = lab.sample(r, lab.measure_spec.cwd, bad, regression, why=f"the benchmark with {change}",
+                                 env={"PYTHONPATH": ":".join(overlays)})
+        fix = "; ".join(f"{python} -m pip install --force-reinstall --no-deps {w}" for _, w, _ in found)
+        text = f"with {change}: {d.text}"
+        if d.significant:
+            text += f"; fix: {fix}"
+        if missing:
+            text += "; not found, so not tested: " + ", ".join(_wanted(t) for t in missing)
+        return lab.result(spec, vals, d, text, change=change, fix=fix,
+                          packages=[{"name": t.name, "version": t.version, "build": t.build, "wheel": w} for t, w, _ in found])
+
+    def baseline_build(self, lab: Lab, r: Runner, python: str, t: PackageTarget, overlay: str) -> tuple[str, str] | None:
+        """A wheel of ``t`` on the host, installed into ``overlay`` and checked by hashing its compiled files."""
+        o = r.call("find_wheels", {"name": t.name, "version": t.version, "places": lab.setup.wheelhouse},
+                   why=f"wheels of {t.name} {t.version} on the host: the wheelhouse and pip's cache")
+        wheels = o.output.wheels if o.ok else []
+        if not wheels:
+            dest = f"/tmp/debugagent-dl-{lab.run_id}"
+            lab.push_undo("remove_tree", {"path": dest}, f"remove the downloaded wheels {dest}")
+            dl = r.call("pip_download", {"python": python, "name": t.name, "version": t.version, "dest": dest},
+                        why=f"{t.name}=={t.version} from the package index, if the host reaches one")
+            wheels = dl.output.wheels if dl.ok else []
+        for w in wheels:
+            inst = r.call("overlay_install", {"python": python, "wheel": w, "overlay": overlay},
+                          why=f"install {w.rsplit('/', 1)[-1]} beside the environment (never into it)")
+            if not inst.ok:
+                continue
+            chk = r.call("overlay_packages", {"python": python, "overlay": overlay},
+                         why=f"which build of {t.name} the server would see with the overlay first")
+            if not chk.ok:
+                continue
+            p = chk.output.get(t.name)
+            if p is not None and build_matches(t, p.version, p.build_hash):
+                lab.emit("experiment", phase="plan", text=f"{w} is {t.name} {p.version} with compiled files hashing to "
+                         f"{p.build_hash}" + (" (the baseline's)" if t.build else f" (installed: {t.current_build})"))
+                return w, overlay
+        return None

@@ -1,0 +1,156 @@
+"""The lab: runs one experiment of any kind (``registry.KINDS``) and restores the host after it.
+
+It wires the parts together: ``Bench`` (measuring), ``Server`` (finding and restarting the server),
+``Undo`` (the journal) and the restart control; a kind's ``apply`` reaches them through it."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from tools.discovery import DiscoveryInput
+from tools.errors import DebugAgentError, RestoreError
+from tools.registry import Runner
+
+from ..journal import Journal
+from ..results import ExperimentResult
+from .control import restart_control
+from .errors import ConnectionLost, ExperimentError
+from .measure import Bench, Measure
+from .registry import KINDS
+from .server import LabSetup, Server
+from .undo import Undo
+
+if TYPE_CHECKING:
+    from ..context import Warmth
+    from ..facts import LabFacts
+
+
+class Lab:
+    """Runs experiments for the graph's experiment node.
+
+    ``found_restarted``: the runs of the server as found, restarted, that earlier controls of this run
+    measured (added to here); ``discovery``: the run's discovery input (its overrides, the server found
+    earlier); ``noise``: the baseline's runs of the same benchmark; ``fresh_runs``: how many runs of the
+    reference state to re-measure just before a change of a kind that asks for it."""
+
+    def __init__(self, runner_for: Callable[[str | None], Runner], emit: Callable[..., None], undo: Journal,
+                 measure: Measure, run_id: str, lower_is_better: bool, setup: LabSetup | None = None,
+                 warmth: Warmth | None = None, found_restarted: list[float] | None = None, *,
+                 discovery: DiscoveryInput | None = None, noise: tuple[list[float], ...] = (),
+                 fresh_runs: int = 0) -> None:
+        self.runner_for = runner_for
+        self.emit = emit
+        self.journal = undo
+        self.measure_spec = measure
+        self.run_id = run_id
+        self.lower = lower_is_better
+        self.noise = noise
+        self.setup = setup or LabSetup()
+        self.found_restarted = found_restarted if found_restarted is not None else []
+        self._reconnects = 0
+        self._r: Runner | None = None
+        self.measuring = Bench(measure, emit, lower_is_better, warmth, noise, fresh_runs,
+                               alive=lambda r: self.server.check_alive(r), connected=self.check_connection)
+        self.undo = Undo(undo, emit, self._undo_restarted)
+        self.server = Server(self.setup, run_id, emit, measure.ready_timeout_s, discovery, self.undo.push,
+                             self.measuring.restarted)
+
+    # ------------------------------------------------------------ what kinds and the graph read
+    @property
+    def warmth(self) -> Warmth:
+        return self.measuring.warmth
+
+    @property
+    def bench_runs(self) -> int:
+        return self.measuring.bench_runs
+
+    @property
+    def warmups(self) -> int:
+        return self.measuring.warmups
+
+    @property
+    def last_decision(self) -> Any:
+        return self.measuring.last_decision
+
+    def bench(self, r: Runner, cwd: str | None, why: str, env: dict[str, str] | None = None) -> float | None:
+        return self.measuring.bench(r, cwd, why, env)
+
+    def sample(self, r: Runner, cwd: str | None, bad: list[float], regression: float | None, why: str,
+               first: int = 2, env: dict[str, str] | None = None, interleave: bool = False) -> tuple[list[float], Any]:
+        return self.measuring.sample(r, cwd, bad, regression, why, first, env, interleave)
+
+    def restarted(self) -> None:
+        self.measuring.restarted()
+
+    def reference(self, bad: list[float]) -> None:
+        """Add to ``bad`` the reference state's runs re-measured just before the change (once per experiment)."""
+        assert self._r is not None, "the reference is re-measured during an experiment"
+        self.measuring.reference(self._r, bad)
+
+    def push_undo(self, tool: str, inp: dict[str, Any], text: str) -> None:
+        self.undo.push(tool, inp, text)
+
+    def do_undo(self, r: Runner) -> list[str]:
+        return self.undo.run(r)
+
+    def _undo_restarted(self, found_again: dict[str, Any] | None, cold: bool) -> None:
+        if found_again is not None:
+            self.server.found_again = found_again
+        if cold:
+            self.measuring.restarted()
+
+    def check_connection(self, r: Runner) -> None:
+        """A connection re-made mid-experiment: stop, so the host is restored before anything else."""
+        now = r.transport.reconnects
+        if now != self._reconnects:
+            self._reconnects = now
+            raise ConnectionLost("the connection was lost and re-made during the experiment; the host is "
+                                 "restored first and the experiment runs again")
+
+    def result(self, spec: Any, vals: list[float], d: Any, text: str, **extra: Any) -> ExperimentResult:
+        return ExperimentResult(kind=spec.kind, title=spec.title, samples=vals, mean=statistics.fmean(vals),
+                                share=round(d.share, 3), significant=d.significant, decision=d.text, text=text, **extra)
+
+    def control(self, r: Runner, result: ExperimentResult, bad: list[float], regression: float | None) -> ExperimentResult:
+        return restart_control(self, r, result, bad, regression)
+
+    # ------------------------------------------------------------ one experiment
+    def run(self, hyp: str, spec: dict[str, Any], facts: LabFacts, bad: list[float],
+            regression: float | None) -> ExperimentResult:
+        r = self.runner_for(hyp)
+        self._r = r
+        self._reconnects = r.transport.reconnects
+        self.server.started = None
+        self.server.found_again = None
+        self.measuring.runs_at_start = self.measuring.bench_runs
+        kind = KINDS.get(spec["kind"])
+        if kind is None:
+            raise ExperimentError(f"unknown experiment kind {spec['kind']}")
+        try:
+            if kind.fresh and kind.fresh_first:
+                self.reference(bad)
+            try:
+                typed = kind.spec.model_validate({k: v for k, v in spec.items() if k in kind.spec.model_fields})
+                result = kind().apply(self, r, typed, facts, bad, regression)
+            except (ValueError, TypeError, KeyError, StopIteration) as exc:   # a rendered field that does not fit
+                raise ExperimentError(f"the experiment's fields do not fit this host ({type(exc).__name__}: {exc}); "
+                                      f"check them with `debugagent playbook validate`") from exc
+        except BaseException as exc:
+            try:
+                self.do_undo(r)
+            except DebugAgentError as uexc:  # the step stays pending; the run's restore() retries and reports it
+                self.emit("error", kind="undo", message=f"undo interrupted: {uexc}")
+            if self.journal.steps and isinstance(exc, ExperimentError):
+                left = [s.text for s in self.journal.pending()]
+                raise RestoreError(f"the experiment failed ({exc}) and the host could not be fully restored; "
+                                   f"left: {'; '.join(left)}", left=left) from exc
+            raise
+        left = self.do_undo(r)
+        if left:
+            raise RestoreError(f"the host could not be fully restored after the experiment; left: {'; '.join(left)}",
+                               left=left)
+        if self.server.started is not None and result.significant:
+            result = self.control(r, result, bad, regression)
+        return result

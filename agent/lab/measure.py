@@ -1,0 +1,188 @@
+"""Measuring: one benchmark value (retried while a restarted server starts), the warm-up run after a restart,
+the reference re-measured before a change, and the sequential sampling of a changed state."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tools.registry import Runner
+
+from ..stats import AUTO_CAP, PROMISING, decide, noise_sd, pooled_sd, run_budget
+from .errors import ExperimentError
+
+if TYPE_CHECKING:
+    from ..context import Warmth
+
+
+@dataclass
+class Measure:
+    bench: str
+    metric: str
+    cwd: str | None
+    regex: str | None = None
+    ready_timeout_s: float = 600.0
+    max_runs: int = 8
+
+
+def _warmth() -> Warmth:
+    from ..context import Warmth  # context imports the playbook, which imports the kinds: not at import time
+    return Warmth()
+
+
+class Bench:
+    """The benchmark as the lab runs it, with the counts the run's budget reads (``bench_runs``, ``warmups``).
+
+    ``alive(r)`` is asked between failing runs (has the server the experiment started exited?);
+    ``connected(r)`` after each run (was the connection re-made?); both raise to stop the experiment."""
+
+    def __init__(self, measure: Measure, emit: Callable[..., None], lower_is_better: bool, warmth: Warmth | None,
+                 noise: tuple[list[float], ...], fresh_runs: int, alive: Callable[[Runner], None],
+                 connected: Callable[[Runner], None]) -> None:
+        self.spec = measure
+        self.emit = emit
+        self.lower = lower_is_better
+        self.warmth = warmth or _warmth()
+        # runs of the same benchmark on the baseline (the baseline snapshot's): they add to the estimate of the noise
+        self.noise = noise
+        self.alive, self.connected = alive, connected
+        self.bench_runs = 0
+        self.warmups = 0   # warm-up runs after a restart: counted in ``bench_runs``, never a sample
+        self._warm_value: float | None = None   # the first warm-up's value, until the runs after it judge it
+        # the reference re-measured just before the change: ``fresh_runs`` runs, once (``reference``)
+        self.fresh_runs = fresh_runs
+        self.remeasured = False
+        self.runs_at_start = 0
+        self.last_decision: Any = None   # the experiment's decision (``stats.Decision``), as the control leaves it
+
+    # ------------------------------------------------------------ one value
+    def bench(self, r: Runner, cwd: str | None, why: str, env: dict[str, str] | None = None) -> float | None:
+        """One benchmark value; while it fails (a server still starting) it is retried until --ready-timeout.
+        The first run after a restart is a warm-up (its value is reported, never used): a fresh server's first
+        requests pay for loading kernels and building caches, and one such run among a handful decides nothing
+        but noise (on an H200 the first run after a restart read 1396 tok/s against 1600 to 2300 after it)."""
+        if self.warmth.cold:
+            self.warmth.cold = False
+            if self.warmth.needed is not False:
+                self.warmups += 1
+                w = self._once(r, cwd, f"warm-up of the restarted server, not counted; then {why}", env)
+                self._warm_value = w if self.warmth.needed is None else None
+        return self._once(r, cwd, why, env)
+
+    def _once(self, r: Runner, cwd: str | None, why: str, env: dict[str, str] | None = None) -> float | None:
+        m = self.spec
+        started = time.monotonic()
+        deadline = started + m.ready_timeout_s
+        attempt = 0
+        said = started
+        while True:
+            o = r.call("bench", {"cmd": m.bench, "metric": m.metric, "cwd": cwd, "regex": m.regex, "env": env or {}}, why=why)
+            self.bench_runs += 1
+            if o.ok:
+                return o.output.value
+            now = time.monotonic()
+            if now > deadline:
+                return None
+            self.alive(r)
+            if now - said >= 5 or attempt == 0:
+                said = now
+                self.emit("experiment", phase="wait", text=f"waiting for the benchmark to pass (the server may still be "
+                          f"starting): {now - started:.0f} s of {m.ready_timeout_s:.0f} s (--ready-timeout)")
+            time.sleep(min(5.0, 0.25 * 2 ** attempt, max(0.05, deadline - now)))
+            attempt += 1
+
+    def measured(self, r: Runner, cwd: str | None, why: str, env: dict[str, str] | None = None) -> float:
+        """One value that counts: a benchmark that keeps failing ends the experiment."""
+        v = self.bench(r, cwd, why, env)
+        self.connected(r)
+        if v is None:
+            raise ExperimentError("the benchmark kept failing after the change (see its output above)")
+        return v
+
+    # ------------------------------------------------------------ warm-ups
+    def restarted(self) -> None:
+        """The server was (re)started: the next benchmark run warms it up (if this server needs that)."""
+        self.warmth.cold = True
+        self._warm_value = None
+
+    def judge_warm_up(self, following: list[float], reference: list[float]) -> None:
+        """Was the first warm-up run of this diagnosis slower than the runs of the same state after it? By more
+        than the noise (one SD, pooled with the reference state's runs): the server is cold after a restart and
+        every restart is warmed up. Not: it needs no warm-up, and later restarts go without one. Judged once."""
+        w, self._warm_value = self._warm_value, None
+        if w is None or self.warmth.needed is not None or not following or len(following) + len(reference) < 3:
+            return
+        m = statistics.fmean(following)
+        sd = max(pooled_sd(following, reference)[0], 1e-9 * abs(m))
+        worse = (w - m) if self.lower else (m - w)
+        self.warmth.needed = worse > sd
+        self.emit("experiment", phase="warm_up", needed=self.warmth.needed, text=(
+            f"the warm-up run read {w:.4g} against {m:.4g} ± {sd:.2g} over the {len(following)} runs after it: "
+            + (f"worse by {worse:.3g}, more than the noise, so this server is slow on its first run after a restart "
+               f"and every restart is warmed up" if self.warmth.needed else
+               ("within the noise" if worse > 0 else "no slower than the runs after it")
+               + ", so this server is not slow on its first run after a restart, and later restarts are not warmed up")))
+
+    # ------------------------------------------------------------ the reference, re-measured
+    def reference(self, r: Runner, bad: list[float]) -> None:
+        """Add to ``bad`` (the reference state's runs) ``fresh_runs`` runs re-measured just before the change, once."""
+        if self.remeasured:
+            return
+        self.remeasured = True
+        got: list[float] = []
+        for _ in range(self.fresh_runs):
+            v = self.bench(r, self.spec.cwd, "the reference state, re-measured before the change")
+            got += [v] if v is not None else []
+        bad.extend(got)
+        self.fresh_runs = len(got)   # asked for ``fresh_runs``; a failed run gives none
+        self.runs_at_start = self.bench_runs   # --max-runs counts the experiment's runs from the change on
+
+    # ------------------------------------------------------------ a changed state, sampled
+    def sample(self, r: Runner, cwd: str | None, bad: list[float], regression: float | None, why: str,
+               first: int = 2, env: dict[str, str] | None = None, interleave: bool = False) -> tuple[list[float], Any]:
+        """Benchmark the changed state until ``stats.decide`` says cause or not a cause, or the budget ends.
+
+        ``bad`` holds the reference state's runs (the reproduce step's and any re-measured since).
+        With ``interleave`` (the change lives in a worktree the benchmark runs in, while the server
+        and the checkout stay as found), the reference state is still live and is re-measured
+        between the changed state's runs, so drift cannot decide. After a restart it is not:
+        the reference runs then come from before the change.
+        At most ``max_runs`` runs in all (0: a budget from the noise and the regression's size).
+        """
+        cap = self.spec.max_runs or 0
+        ref, vals = list(bad), []
+        runs, d = 0, None
+        if not self.warmth.cold:   # a warm-up taken before this state (the reference's) is not judged by its runs
+            self._warm_value = None
+        fresh = self.fresh_runs if self.remeasured else 0   # the last runs of ``bad`` were measured just before the change
+        limit = (cap * 2 // 3 if interleave else cap) or None
+        extended = False
+        w0 = self.warmups
+        if cap and self.warmth.due:   # the warm-up after the restart counts toward --max-runs too
+            first = max(1, min(first, cap - 1))
+        while True:
+            # the budget follows the noise as measured so far (reference and changed state pooled); a partial
+            # cause still taking shape at the budget (p < PROMISING) runs on to the cap instead
+            most = (limit or AUTO_CAP) if extended else run_budget(noise_sd(ref, vals, self.noise)[0], regression, len(ref), limit)
+            for _ in range(first if not vals else 1):
+                vals.append(self.measured(r, cwd, why, env))
+                runs += 1
+            if interleave and (not cap or runs < cap):
+                ref.append(self.measured(r, self.spec.cwd, "the reference state (unchanged), between runs"))
+                runs += 1
+                fresh += 1
+            capped = bool(cap and runs + (self.warmups - w0) + (2 if interleave else 1) > cap)
+            final = len(vals) >= most or capped
+            d = decide(ref, vals, regression, self.lower, final=final, fresh=fresh, noise=self.noise)
+            if final and not d.decided and not capped and not extended and d.p < PROMISING \
+                    and len(vals) < (limit or AUTO_CAP):
+                extended = True
+                continue
+            if d.decided or final:
+                break
+        self.judge_warm_up(vals, bad)
+        self.last_decision = d
+        return vals, d

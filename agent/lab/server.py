@@ -1,0 +1,254 @@
+"""Server control: find the server as it runs now, restart it in a changed state (its undo journalled first),
+by itself or by the user's restart hook, and wait until it is ready."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tools import mutate
+from tools.discovery import DiscoveryInput
+from tools.registry import Runner
+
+from ..discovery import find_server
+from .errors import ExperimentError
+
+if TYPE_CHECKING:
+    from ..context import Overrides
+
+
+class LabSetup(BaseModel):
+    """What experiments need to know about the host beyond the facts: the run's overrides and the host profile."""
+
+    model_config = ConfigDict(extra="forbid")
+    server_pattern: str | None = None
+    python: str | None = None
+    code_root: str | None = None
+    wheelhouse: list[str] = Field(default_factory=list)
+    restart_cmd: str | None = None
+    health_url: str | None = None
+    ready_line: str | None = None
+
+    @classmethod
+    def from_inputs(cls, overrides: Overrides, profile: dict[str, Any] | None) -> LabSetup:
+        """Flags (``context.Overrides``) win over the host profile (``/etc/debugagent/host.json``)."""
+        pr = profile or {}
+        wh = [w for w in [overrides.wheelhouse, pr.get("wheelhouse")] if w]
+        return cls(server_pattern=overrides.server_pattern, python=overrides.python,
+                   code_root=overrides.code_root or pr.get("code_root"), wheelhouse=[str(w) for w in wh],
+                   restart_cmd=overrides.restart_cmd or pr.get("restart_cmd"),
+                   health_url=pr.get("health_url"), ready_line=pr.get("ready_line"))
+
+
+class ServerRun(BaseModel):
+    """How to start the server for an experiment: its command line, folder, and what changes in its environment."""
+
+    argv: list[str]
+    cwd: str
+    set: dict[str, str] = Field(default_factory=dict)
+    unset: list[str] = Field(default_factory=list)
+    path_first: list[str] = Field(default_factory=list)
+
+
+def edit_argv(argv: list[str], set_flags: dict[str, Any], unset: list[str]) -> list[str]:
+    """Remove ``--flag [value]`` for each unset flag, replace or append each set flag."""
+    out: list[str] = []
+    i = 0
+    norm = lambda s: s.replace("_", "-")  # noqa: E731
+    drop = {norm(f) for f in unset} | {norm(f) for f in set_flags}
+    while i < len(argv):
+        a = argv[i]
+        if a.startswith("--") and norm(a[2:].split("=", 1)[0]) in drop:
+            if "=" not in a and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                i += 1
+            i += 1
+            continue
+        out.append(a)
+        i += 1
+    for k, v in set_flags.items():
+        if v is True or v == "True":
+            out.append(f"--{k}")
+        elif v not in (None, False, ""):
+            out += [f"--{k}", str(v)]
+    return out
+
+
+def hook_hint() -> str:
+    return ("give --restart-cmd 'CMD' (or \"restart_cmd\" in /etc/debugagent/host.json): debugagent runs it to restart "
+            "the server, with the state to start in DEBUGAGENT_ARGV, DEBUGAGENT_CWD, DEBUGAGENT_SET_ENV, "
+            "DEBUGAGENT_UNSET_ENV and DEBUGAGENT_PYTHONPATH_FIRST (DEBUGAGENT_PHASE is experiment, then undo)")
+
+
+class Server:
+    """The inference server as one experiment changes it.
+
+    ``started``: the server this experiment started (how to start it again, its pid, its log), None before;
+    ``found_again``: the server as found, started again by the undo (its pid and log). ``push_undo``
+    journals an undo step; ``restarted`` tells the benchmark the next run is a warm-up."""
+
+    def __init__(self, setup: LabSetup, run_id: str, emit: Callable[..., None], ready_timeout_s: float,
+                 discovery: DiscoveryInput | None, push_undo: Callable[[str, dict[str, Any], str], None],
+                 restarted: Callable[[], None]) -> None:
+        self.setup = setup
+        self.run_id = run_id
+        self.emit = emit
+        self.ready_timeout_s = ready_timeout_s
+        self.discovery = discovery   # the run's discovery input (its overrides, the server found earlier)
+        self.push_undo = push_undo
+        self.restarted = restarted
+        self.started: dict[str, Any] | None = None
+        self.found_again: dict[str, Any] | None = None
+
+    def find(self, r: Runner) -> Any:
+        """The server as it runs now, found by the run's own discovery (its overrides, the server found earlier)."""
+        srv = find_server(r, self.discovery or DiscoveryInput(server_pattern=self.setup.server_pattern))
+        if srv is None:
+            pat = self.setup.server_pattern
+            raise ExperimentError("the server process is gone" + (f" (nothing matches --server-pattern {pat!r})" if pat
+                                                                  else " (discovery with the run's own overrides found none)"))
+        return srv
+
+    def find_or_none(self, r: Runner) -> Any:
+        try:
+            return self.find(r)
+        except ExperimentError:
+            return None
+
+    def check_alive(self, r: Runner) -> None:
+        """A failing benchmark after a restart: if the server this experiment started has exited, say so now."""
+        pid = (self.started or {}).get("pid")
+        if not pid or "hook" in (self.started or {}):  # under a hook, a supervisor may replace it: not ours to judge
+            return
+        o = r.call("server_ready", {"pid": pid}, why="is the restarted server still running?")
+        if o.ok and o.output.state == "dead":
+            log = (self.started or {}).get("log")
+            raise ExperimentError(f"the restarted server (pid {pid}) exited" + (f"; its output is in {log}" if log else ""))
+
+    # ------------------------------------------------------------ restart
+    def start(self, r: Runner, srv: Any, run: ServerRun, change: str) -> int:
+        """Restart ``srv`` as ``run`` (its undo journalled first); wait until it is ready; return the new pid."""
+        if self.setup.restart_cmd:
+            return self._start_by_hook(r, srv, run, change)
+        c = r.call("server_control", {"pid": srv.pid}, why="how the server runs: a systemd unit, a container or a "
+                   "supervisor would restart or lose it if it were killed")
+        if not c.ok:
+            raise ExperimentError(c.error or "server_control failed")
+        ctl = c.output
+        if ctl.kind != "plain":
+            what = {"systemd": f"the systemd unit {ctl.unit}", "container": "a container",
+                    "supervisor": f"a supervisor (`{ctl.parent}`, pid {ctl.parent_pid})"}[ctl.kind]
+            raise ExperimentError(f"the server (pid {srv.pid}) runs under {what} ({ctl.evidence}); debugagent does not "
+                                  f"kill it, since that would restart it behind the experiment's back or lose it: "
+                                  + hook_hint())
+        tag = f"{self.run_id}-{srv.pid}"
+        env_file, pid_file = f"/tmp/debugagent-{tag}.env", f"/tmp/debugagent-{tag}.pid"
+        log = ctl.stdout or mutate.DEFAULT_LOG
+        self.push_undo("remove_file", {"path": env_file}, f"remove the saved environment {env_file}")
+        self.push_undo("restart_server", {"stop_pid_file": pid_file, "expect_argv": run.argv, "argv": srv.argv,
+                                          "cwd": srv.cwd, "env_file": env_file, "keep_if_running": srv.pid, "log": log},
+                       "restart the server as it was found (same command line, folder and environment); the process "
+                       f"the experiment started (its pid in {pid_file}, checked against its command line) is stopped first, "
+                       f"after any restart still under way there; {pid_file} is removed once the server runs as found")
+        o = r.call("restart_server", {"pid": srv.pid, "expect_argv": srv.argv, "argv": run.argv, "cwd": run.cwd,
+                                      "env_file": env_file, "unset": run.unset, "set": run.set, "path_first": run.path_first,
+                                      "save_env": True, "pid_file": pid_file, "log": log},
+                   why=f"restart with {change}; output appended to {log if log != mutate.DEFAULT_LOG else 'its log'}")
+        if not o.ok:
+            raise ExperimentError(o.error or "restart failed")
+        self.started = {"run": run, "pid_file": pid_file, "env_file": env_file, "log": o.output.log or log,
+                        "change": change, "pid": o.output.pid}
+        self.restarted()
+        self._wait_ready(r, o.output.pid, o.output.log, o.output.log_size)
+        return o.output.pid
+
+    def start_again(self, r: Runner, why: str) -> int:
+        """Restart the server this experiment started (a bisection step): same command line, new code under it."""
+        st = self.started
+        if st is None:
+            raise ExperimentError("no experiment server to restart")
+        run: ServerRun = st["run"]
+        if "hook" in st:
+            return self._start_by_hook(r, None, run, st["change"], again=True)
+        o = r.call("restart_server", {"stop_pid_file": st["pid_file"], "expect_argv": run.argv, "argv": run.argv,
+                                      "cwd": run.cwd, "env_file": st["env_file"], "unset": run.unset, "set": run.set,
+                                      "path_first": run.path_first, "pid_file": st["pid_file"], "log": st["log"]}, why=why)
+        if not o.ok:
+            raise ExperimentError(o.error or "restart failed")
+        st["pid"] = o.output.pid
+        self.restarted()
+        self._wait_ready(r, o.output.pid, o.output.log, o.output.log_size)
+        return o.output.pid
+
+    def _start_by_hook(self, r: Runner, srv: Any, run: ServerRun, change: str, again: bool = False) -> int:
+        cmd = self.setup.restart_cmd or ""
+        if not again:
+            self.push_undo("restart_hook", {"cmd": cmd, "phase": "undo", "argv": srv.argv, "cwd": srv.cwd},
+                           f"restart the server as it was found, by the restart hook `{cmd}`")
+            self.started = {"run": run, "hook": cmd, "change": change}
+        old = srv.pid if srv else int(self.started.get("pid") or 0) if self.started else 0
+        o = r.call("restart_hook", {"cmd": cmd, "phase": "experiment", "pid": old, "argv": run.argv,
+                                    "cwd": run.cwd, "set": run.set, "unset": run.unset, "path_first": run.path_first},
+                   why=f"restart with {change}, by the restart hook")
+        if not o.ok:
+            raise ExperimentError(o.error or "the restart hook failed")
+        self.restarted()
+        new = self._await_new_server(r, old)
+        if self.started is not None:
+            self.started["pid"] = new
+        self._wait_ready(r, new, None, 0)
+        return new
+
+    # ------------------------------------------------------------ waiting
+    def _poll(self, probe: Callable[[float], Any], waiting: Callable[[float], str], too_long: str) -> Any:
+        """``probe(elapsed)`` every 0.5 s until it returns something, with a progress line every 5 s;
+        ``ExperimentError(too_long)`` after ``--ready-timeout``."""
+        limit = self.ready_timeout_s
+        started = said = time.monotonic()
+        while True:
+            got = probe(time.monotonic() - started)
+            if got is not None:
+                return got
+            now = time.monotonic()
+            if now - started > limit:
+                raise ExperimentError(too_long)
+            if now - said >= 5:
+                said = now
+                self.emit("experiment", phase="wait", text=waiting(now - started))
+            time.sleep(0.5)
+
+    def _await_new_server(self, r: Runner, old: int) -> int:
+        """After a hook: the server process that replaced ``old`` (a hook may return before its service restarts)."""
+        def probe(elapsed: float) -> int | None:
+            srv = self.find_or_none(r)
+            return srv.pid if srv is not None and srv.pid != old else None
+        limit = self.ready_timeout_s
+        return self._poll(probe, lambda t: f"waiting for the restarted server: {t:.0f} s of {limit:.0f} s",
+                          f"no new server process appeared within {limit:.0f} s of the "
+                          "restart hook (give a longer --ready-timeout, or check the hook)")
+
+    def _wait_ready(self, r: Runner, pid: int, log: str | None, offset: int) -> None:
+        """By the host profile's health URL or log line; without either, the benchmark's retries wait."""
+        url, line = self.setup.health_url, self.setup.ready_line
+        if not url and not line:
+            self.emit("experiment", phase="wait", text=f"server pid {pid} started; readiness is judged by the benchmark "
+                      "(no health_url or ready_line in the host profile)")
+            return
+        what = f"{url} answers" if url else f"`{line}` appears in {log}"
+
+        def probe(elapsed: float) -> bool | None:
+            o = r.call("server_ready", {"pid": pid, "url": url, "log": log if not url else None,
+                                        "line": line if not url else None, "offset": offset}, why=f"ready when {what}")
+            state = o.output.state if o.ok else "waiting"
+            if state == "dead":
+                raise ExperimentError(f"the server (pid {pid}) exited while starting" + (f"; its log is {log}" if log else ""))
+            if state != "ready":
+                return None
+            self.emit("experiment", phase="wait", text=f"server pid {pid} is ready ({what}) after {elapsed:.1f} s")
+            return True
+        limit = self.ready_timeout_s
+        self._poll(probe, lambda t: f"waiting for server pid {pid}: {t:.0f} s of {limit:.0f} s (until {what})",
+                   f"the server (pid {pid}) was not ready after {limit:.0f} s "
+                   f"(waiting until {what}); give a longer --ready-timeout")

@@ -43,20 +43,27 @@ class _Mapping:
             return key
         return next((n for n, f in fields.items() if f.alias == key), None)
 
+    def _extra(self) -> dict[str, Any]:
+        return getattr(self, "__pydantic_extra__", None) or {}
+
     def __getitem__(self, key: str) -> Any:
         name = self._name(key)
         if name is None:
+            if key in self._extra():
+                return self._extra()[key]
             raise KeyError(key)
         return _plain(getattr(self, name))
 
     def get(self, key: str, default: Any = None) -> Any:
         name = self._name(key)
-        value = getattr(self, name) if name is not None else None
+        value = getattr(self, name) if name is not None else self._extra().get(key)
         return default if value is None else _plain(value)
 
     def __contains__(self, key: object) -> bool:
-        name = self._name(key) if isinstance(key, str) else None
-        return name is not None and name in self.model_fields_set  # type: ignore[attr-defined]
+        if not isinstance(key, str):
+            return False
+        name = self._name(key)
+        return key in self._extra() if name is None else name in self.model_fields_set  # type: ignore[attr-defined]
 
     def keys(self) -> list[str]:
         return list(self._dump())
@@ -138,7 +145,8 @@ def purpose_of(tool: str, hypothesis: str | None, why: str) -> str:
     if why.startswith(("control:", "the reference state")):
         return "control"
     if hypothesis is None:
-        return "reproduce" if tool == "bench" and why.startswith(("reproduce", "check once")) else "probe"
+        # the check that the benchmark prints the metric is a probe (its reading is the reproduce step's first run)
+        return "reproduce" if tool == "bench" and why.startswith("reproduce") else "probe"
     return "experiment"
 
 

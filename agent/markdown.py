@@ -588,7 +588,7 @@ def render_calls(doc: Doc, pairs: list[Pair], target: str | None, metric: str, u
                 continue
         render_call(doc, call, res, target)
         value = bench_value(call, res)
-        if call.purpose == "reproduce" and doc.check_run is None and value is not None:
+        if value is not None and doc.check_run is None and call.purpose == "probe" and call.hypothesis is None:
             doc.check_run = (doc.by_call.get(call.call_id, doc.n), value)   # the check's run: the reproduce step's first
         i += 1
 

@@ -56,6 +56,12 @@ def live_share(bad: float | None, baseline: float | None, values: list[float]) -
     return (bad - statistics.fmean(values)) / (bad - baseline)
 
 
+def is_check(call: ToolCall, reproduce: list[float]) -> bool:
+    """The check that the benchmark prints the metric: the run's first benchmark run, a probe outside every
+    hypothesis, whose reading the reproduce step takes as its first run."""
+    return call.tool == "bench" and call.purpose == "probe" and call.hypothesis is None and not reproduce
+
+
 def bench_values(pairs: list[Pair], purpose: str | None = None) -> list[float]:
     return [v for c, r in pairs if (purpose is None or c.purpose == purpose) and (v := r.value) is not None]
 
@@ -205,7 +211,7 @@ def gather(events: list[Event]) -> RunFacts:
             f.calls_by_tool.setdefault(ev.tool, []).append(ev.call_id)
             if res.output and ev.tool not in f.outputs:
                 f.outputs[ev.tool] = res.output
-            if ev.purpose == "reproduce" and res.value is not None:
+            if res.value is not None and (ev.purpose == "reproduce" or is_check(ev, f.reproduce)):
                 f.reproduce.append(res.value)
             m = ACCEPT.search(res.stdout) if ev.tool == "bench" else None
             if m and f.tokens_per_step is None:

@@ -64,6 +64,7 @@ def run(
     out_dir: Annotated[str | None, typer.Option("--out", metavar="DIR", help="run folder (default $XDG_STATE_HOME/debugagent/runs/<UTC time>-<slug>/, ~/.local/state when unset)")] = None,
     llm: Annotated[str | None, typer.Option("--llm", metavar="URL", help="OpenAI-compatible base URL of an LLM that advises on the plan (optional)")] = None,
     llm_model: Annotated[str, typer.Option("--llm-model", metavar="NAME", help="model name for --llm")] = "gpt-4o-mini",
+    llm_insecure: Annotated[bool, typer.Option("--llm-insecure", help="send the API key to an --llm URL over plain http (by default only https or loopback)")] = False,
     server_pattern: Annotated[str | None, typer.Option("--server-pattern", metavar="REGEX", help="regex for the server's command line (default: SGLang, vLLM, TGI, TensorRT-LLM)")] = None,
     bench_regex: Annotated[str | None, typer.Option("--bench-regex", metavar="REGEX", help="regex whose group 1 is the metric in the benchmark's output")] = None,
     reproduce_runs: Annotated[int, typer.Option("--reproduce-runs", metavar="N", min=2, help="most benchmark runs to reproduce the regression (3 when clear)")] = REPRODUCE_RUNS,
@@ -84,7 +85,7 @@ def run(
     from .run import RunOptions, execute
     opts = RunOptions(host=host, symptom=symptom, baseline=baseline, baseline_snapshot=baseline_snapshot,
                       playbook=playbook, bench=bench, repo=repo, python=python, allow_mutations=allow_mutations,
-                      as_json=as_json, out=out_dir, llm=llm, llm_model=llm_model, server_pattern=server_pattern,
+                      as_json=as_json, out=out_dir, llm=llm, llm_model=llm_model, llm_insecure=llm_insecure, server_pattern=server_pattern,
                       bench_regex=bench_regex, reproduce_runs=reproduce_runs, max_runs=max_runs,
                       code_root=code_root, wheelhouse=wheelhouse, restart_cmd=restart_cmd, ready_timeout=ready_timeout, force_unlock=force_unlock,
                       higher_is_better=higher_is_better, lower_is_better=lower_is_better,

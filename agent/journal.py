@@ -73,6 +73,8 @@ class LockInfo(BaseModel):
     pid: int
     machine: str
     since: str
+    boot: str = ""      # the machine's boot id and the process's start time (clock ticks after boot): with the pid
+    start: int = 0      # they name one process, so a reused pid is not taken for the holder (older locks: "", 0)
 
     def describe(self) -> str:
         return f"run {self.run_id} (pid {self.pid} on {self.machine}, since {self.since})"
@@ -140,14 +142,19 @@ def parse_host_journals(text: str) -> dict[str, str]:
     return out
 
 
-def lock_command(info: LockInfo, force: bool) -> str:
+def lock_command(info: LockInfo, force: bool, stale: str | None = None) -> str:
+    """Take the lock: create it (noclobber), or take it back when this run holds it; ``force`` removes any
+    holder's first, ``stale`` only the holder whose lock file reads exactly that."""
     f = f"{HOST_DIR}/{LOCK}"
     body = q(info.model_dump_json())
     take = f"( set -o noclobber; printf %s {body} > {f} ) 2>/dev/null"
-    mine = f"grep -qF {q(json.dumps(info.run_id))} {f} 2>/dev/null"
     pre = f"rm -f {f}; " if force else ""
+    if stale is not None and not force:
+        pre = f'[ "$(cat {f} 2>/dev/null)" = {q(stale)} ] && rm -f {f}; '
+    # a lock of this very run id is answered "held" too: only debugagent can tell whether its holder (the run
+    # itself, still live, or a process that is gone) may be taken over (HostLock.acquire)
     return (f"umask 077; mkdir -p {HOST_DIR} || exit 1; {pre}if {take}; then echo acquired; "
-            f"elif {mine}; then printf %s {body} > {f} && echo acquired; else echo held; cat {f}; fi")
+            f"else echo held; cat {f}; fi")
 
 
 def unlock_command(run_id: str) -> str:
@@ -194,8 +201,8 @@ class HostFiles:
         r = self._run(list_host_journals_command())
         return parse_host_journals(r.stdout) if r.ok else {}
 
-    def lock(self, info: LockInfo, force: bool = False) -> tuple[bool, LockInfo | None, str]:
-        r = self._run(lock_command(info, force))
+    def lock(self, info: LockInfo, force: bool = False, stale: str | None = None) -> tuple[bool, LockInfo | None, str]:
+        r = self._run(lock_command(info, force, stale))
         if not r.ok:
             raise OSError(f"could not take the lock on {self.transport.host}: exit {r.exit_code}: {r.tail(2)}")
         return parse_lock_reply(r.stdout)
@@ -340,27 +347,51 @@ class HostLock:
         self.remote = remote
         self.run_id = run_id
         self.held = False
+        self.took_over = ""   # the line that says whose stale lock this run took over
 
     def acquire(self, force: bool = False, wait_s: float = 0.0) -> None:
         if self.remote is None:
             return
-        info = LockInfo(run_id=self.run_id, pid=os.getpid(), machine=socket.gethostname(), since=now())
+        info = LockInfo(run_id=self.run_id, pid=os.getpid(), machine=socket.gethostname(), since=now(),
+                        boot=_boot_id(), start=_start_ticks(os.getpid()))
         deadline = time.monotonic() + wait_s
+        tried_stale = False
         while True:
             ok, holder, raw = self.remote.lock(info, force=force)
             if ok:
                 self.held = True
                 return
+            own = holder is not None and holder.run_id == self.run_id
+            if own and holder is not None and holder.pid == os.getpid() and holder.machine == socket.gethostname():
+                owner_gone_or_me = True          # this process holds it already
+            else:
+                owner_gone_or_me = holder is not None and owner_gone(holder)
+            if holder and not tried_stale and owner_gone_or_me:
+                tried_stale = True
+                # the holder is provably gone (this machine, its process dead or its pid reused, or a reboot
+                # since): take its lock over, only if it is still that holder's (compare, then remove). What
+                # its run left on the host is in its journal there, which this run settles before it changes
+                # anything
+                ok, _, _ = self.remote.lock(info, stale=raw)
+                if ok:
+                    self.held = True
+                    if not own:
+                        self.took_over = (f"took over the lock of {holder.describe()}: that process is no longer "
+                                          f"running on {holder.machine}")
+                    return
+                continue
             if time.monotonic() >= deadline:
                 break
             time.sleep(min(2.0, max(0.1, deadline - time.monotonic())))
         who = holder.describe() if holder else f"an unreadable lock ({raw[:80]!r})"
-        stale = ""
-        if holder and holder.machine == socket.gethostname() and not _pid_alive(holder.pid):
-            stale = " That process is no longer running here: the lock is stale (its run may have left changes: " \
-                    "`debugagent undo` its run folder first)."
+        if holder is not None and holder.run_id == self.run_id:
+            raise HostLocked(f"run {self.run_id} is still running (pid {holder.pid} on {holder.machine}, since "
+                             f"{holder.since}): restoring {self.remote.transport.host} under it would leave two "
+                             f"servers and its verdicts measured on a host it did not change",
+                             fix=f"stop that run first (Ctrl-C, or kill -TERM {holder.pid}: it undoes its own changes), "
+                                 "then `debugagent undo` it if anything is left; --force-unlock only if it is gone")
         raise HostLocked(f"{self.remote.transport.host} is in use by {who}; two runs on one host would record each "
-                         f"other's changes as the host's own state.{stale}",
+                         f"other's changes as the host's own state.",
                          fix="wait for that run to finish, or pass --force-unlock if it is gone (a stale lock)")
 
     def release(self) -> None:
@@ -371,6 +402,36 @@ class HostLock:
         except (OSError, DebugAgentError):
             pass  # unreachable host: the lock stays, `--force-unlock` or the same run's `undo` takes it over
         self.held = False
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _start_ticks(pid: int) -> int:
+    """The process's start time in clock ticks after boot (``/proc/PID/stat`` field 22); 0 where unreadable."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat[stat.rindex(")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def owner_gone(holder: LockInfo) -> bool:
+    """True only when the lock's holder is provably not running: it was a process of this machine, and this
+    machine has rebooted since, or no process has its pid, or the process with its pid started at another time.
+    A holder on another machine, or one whose process cannot be told apart, is not gone (--force-unlock)."""
+    if holder.machine != socket.gethostname() or holder.pid <= 0:
+        return False
+    boot = _boot_id()
+    if holder.boot and boot and holder.boot != boot:
+        return True
+    if not _pid_alive(holder.pid):
+        return True
+    return bool(holder.start) and _start_ticks(holder.pid) not in (0, holder.start)
 
 
 def _pid_alive(pid: int) -> bool:

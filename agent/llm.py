@@ -4,20 +4,63 @@ It is asked one question: in which order to run the candidate experiments. Its a
 data, checked against the candidates (unknown ids are dropped, missing ones keep the
 playbook's order); nothing it says is ever run. What it is sent is redacted first, and
 the exchange is recorded as an ``llm_call`` event, so a replay needs no LLM.
+
+The API key (``OPENAI_API_KEY``, or a password in the URL) is sent only to an ``https``
+URL or a loopback one (``127.0.0.0/8``, ``::1``, ``localhost``: a local server or an SSH
+tunnel); any other ``http`` URL is refused (exit 2) unless the user says ``--llm-insecure``.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
 from typing import Any
+from urllib.parse import urlsplit
 
-from tools.redact import redact
+from tools.errors import UsageError
+from tools.redact import redact, redact_text
 
 SYSTEM = ("You advise a performance-regression investigation on a GPU inference host. Given the evidence and the "
           "candidate experiments, answer with JSON only: {\"order\": [candidate ids, most likely cause first], "
           "\"why\": \"one sentence\"}.")
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 (also written as an IPv4-mapped address), ``localhost`` and ``*.localhost``."""
+    name = host.strip("[]").rstrip(".").lower()
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        ip = ipaddress.ip_address(name.split("%", 1)[0])
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return (mapped or ip).is_loopback
+
+
+def check_llm_url(url: str, *, insecure: bool = False, api_key: str | None = None) -> None:
+    """Refuse (``UsageError``, exit 2) an ``--llm`` value that is no http(s) URL, or one that would carry the
+    API key in clear: plain ``http`` to a host that is not this machine's loopback, without ``--llm-insecure``."""
+    shown = redact_text(url)
+    try:
+        parts = urlsplit(url.strip())
+        parts.port   # noqa: B018 - raises ValueError for a port out of range
+    except ValueError as exc:
+        raise UsageError(f"--llm {shown}: not a URL ({exc})", fix="give the server's base URL, e.g. https://api.openai.com/v1") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"--llm {shown}: not an http(s) URL",
+                         fix="give the base URL of an OpenAI-compatible server, e.g. https://api.openai.com/v1 "
+                             "or http://127.0.0.1:8000/v1")
+    key = api_key or os.environ.get("OPENAI_API_KEY")
+    if parts.scheme == "https" or not (key or parts.password) or is_loopback(parts.hostname) or insecure:
+        return
+    what = "the API key (OPENAI_API_KEY)" if key else "the password in the URL"
+    raise UsageError(f"--llm {shown}: {what} would be sent in clear over plain http to {parts.hostname}",
+                     fix=f"use https://{parts.netloc.rpartition('@')[2]}{parts.path}, or a loopback URL (an SSH tunnel: "
+                         f"ssh -L 8000:{parts.hostname}:{parts.port or 80} HOST, then --llm http://127.0.0.1:8000{parts.path}), "
+                         "or add --llm-insecure to send it anyway")
 
 
 def _key(hid: str, spec: dict[str, Any]) -> str:
@@ -33,7 +76,9 @@ def _apply(candidates: list[tuple[str, dict[str, Any]]], order: list[str]) -> tu
 
 
 class Advisor:
-    def __init__(self, base_url: str, model: str, api_key: str | None = None, timeout: float = 30.0) -> None:
+    def __init__(self, base_url: str, model: str, api_key: str | None = None, timeout: float = 30.0,
+                 insecure: bool = False) -> None:
+        check_llm_url(base_url, insecure=insecure, api_key=api_key)
         from openai import OpenAI
         self.model = model
         self.client = OpenAI(base_url=base_url, api_key=api_key or os.environ.get("OPENAI_API_KEY") or "none",

@@ -16,18 +16,17 @@ exactly as it was sent, in a code span, or as a heredoc when it is long.
 from __future__ import annotations
 
 import re
-import shlex
 import statistics
-from collections import Counter
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, Field
 
-from tools.discovery import DiscoveryInput, candidates, rank
+from tools import probes
+from tools.discovery import DiscoveryInput
 from tools.gpu import GpuProcess
-from tools.host import ProcTable
+from tools.probes import server as server_probe
 from tools.transport import ssh_line
 
 from .events import Cause, Event, ToolCall, ToolResult, Verdict
@@ -37,10 +36,6 @@ from .runfacts import Pair, RunFacts, gather, pct
 STATUS_WORD = {"confirmed": "CONFIRMED", "ruled_out": "ruled out", "suspect": "suspect", "inconclusive": "inconclusive",
                "pending": "not reached"}
 NOTICES = ("reconnected", "sessions")  # transport events that say the connection carried on
-GIT_FIELDS = {"%H": "sha", "%h": "short", "%cI": "date", "%ci": "date", "%aI": "date", "%s": "subject", "%gd": "ref",
-              "%gs": "action", "%an": "author"}
-NVSMI_Q_KEYS = ("Driver Version", "CUDA Version", "Product Name", "Reset Required", "Current", "Max",
-                "SW Power Capping", "HW Slowdown", "SW Thermal Slowdown", "HW Thermal Slowdown")
 
 
 # ---------------------------------------------------------------- small pure helpers
@@ -150,118 +145,6 @@ def shown_command(call: ToolCall, target: str | None) -> Shown:
 
 
 # ---------------------------------------------------------------- outputs, readable
-def csv_rows(text: str) -> list[list[str]]:
-    return [[c.strip() for c in line.split(",")] for line in text.strip().splitlines() if line.strip()]
-
-
-def gpu_rows(gpus: list[dict[str, Any]]) -> list[list[Any]]:
-    """Readings of nvidia-smi, the columns that decide clocks/power/PCIe, identical rows merged."""
-    rows: Counter[tuple] = Counter()
-    order: list[tuple] = []
-    for g in gpus:
-        r = (g.get("index"), f"{g.get('sm_clock')} / {g.get('sm_clock_max')}",
-             f"{g.get('power_draw', 0):.0f} / {g.get('power_limit', 0):.0f} (max {g.get('power_limit_max', 0):.0f})",
-             g.get("temperature"), f"{g.get('utilization')} %",
-             f"gen {g.get('pcie_gen')}/{g.get('pcie_gen_max')} x{g.get('pcie_width')}/{g.get('pcie_width_max')}",
-             ", ".join(g.get("event_reasons") or []) or "none")
-        if r not in rows:
-            order.append(r)
-        rows[r] += 1
-    return [[*r, rows[r]] for r in order]
-
-
-GPU_HEADER = ["GPU", "SM MHz (of max)", "power W", "temp C", "util", "PCIe", "reasons", "readings"]
-
-
-def git_columns(command: str, section_format: str) -> list[str]:
-    return [GIT_FIELDS.get(p, p) for p in section_format.split("%x1f")]
-
-
-def render_unit_sep(text: str, command: str) -> list[str]:
-    """Output whose fields are joined by \\x1f (git log/reflog formats): each `== section` a table.
-
-    The full hash is dropped where the short one is shown; reflog rows that only record a
-    commit are counted, not listed (the log above lists the commits)."""
-    formats = re.findall(r"--format='([^']*%x1f[^']*)'", command)
-    lines: list[str] = []
-    rows: list[list[str]] = []
-    plain: list[str] = []
-    fi = 0
-
-    def flush() -> None:
-        nonlocal rows, fi
-        if not rows:
-            return
-        n = max(len(r) for r in rows)
-        head = git_columns(command, formats[fi]) if fi < len(formats) else [f"field {i + 1}" for i in range(n)]
-        fi += 1
-        head = head[:n] + [""] * (n - len(head))
-        rows = [r + [""] * (n - len(r)) for r in rows]
-        keep = [i for i, h in enumerate(head) if not (h == "sha" and "short" in head)]
-        hidden = 0
-        if "action" in head:
-            a = head.index("action")
-            hidden = sum(1 for r in rows if r[a].startswith("commit"))
-            rows = [r for r in rows if not r[a].startswith("commit")]
-            if "sha" in head:
-                s_ = head.index("sha")
-                rows = [[c[:12] if i == s_ else c for i, c in enumerate(r)] for r in rows]
-        if hidden and lines and lines[-1].endswith("**"):
-            lines[-1] += f" ({plural(hidden, 'entry', 'entries')} that only record a commit not shown)"
-        if rows:
-            lines.extend(table([head[i] for i in keep], [[r[i] for i in keep] for r in rows]))
-        rows = []
-
-    for line in text.rstrip("\n").split("\n"):
-        if "\x1f" in line:
-            if plain:
-                lines.append(" · ".join(plain))
-                plain = []
-            rows.append(line.split("\x1f"))
-        else:
-            flush()
-            t = line.strip()
-            if t and t != "== end":
-                if t.startswith("== ") and plain and plain[-1].startswith("**"):
-                    plain[-1] += " (none)"
-                plain.append(f"**{t[3:]}**" if t.startswith("== ") else code(t))
-                if t.startswith("== ") and "\x1f" in (text.split(line, 1)[1].split("\n", 2)[1] if "\n" in text.split(line, 1)[1] else ""):
-                    lines.append(" · ".join(plain))
-                    plain = []
-    flush()
-    if plain:
-        lines.append(" · ".join(plain))
-    return lines
-
-
-def collapsed(text: str, summary: str = "the output in full") -> list[str]:
-    """A long output in a collapsed block (cut at 200 lines; the rest is in events.jsonl)."""
-    body = text.rstrip("\n").replace("\x1f", " ").split("\n")
-    if len(body) > 200:
-        body = body[:200] + [f"… ({len(body) - 200} more lines in events.jsonl)"]
-    return [f"<details><summary>{summary}</summary>", "", *fenced("\n".join(body)), "", "</details>"]
-
-
-def render_packages(parsed: dict[str, Any]) -> list[str]:
-    """``python_packages``: the packages that stand out (installed at another time than most of the
-    environment, or editable) in a table; every package in a collapsed block."""
-    pkgs = parsed["packages"]
-    header = ["package", "version", "installed (UTC)", "build hash", "editable"]
-
-    def row(p: dict[str, Any]) -> list[Any]:
-        return [p["name"], p["version"], when(p.get("installed_at")), p.get("build_hash") or "", p.get("editable") or ""]
-
-    times = Counter(when(p.get("installed_at")) for p in pkgs)
-    usual, n_usual = times.most_common(1)[0]
-    odd = [p for p in pkgs if when(p.get("installed_at")) != usual or p.get("editable")] if len(pkgs) > 8 else pkgs
-    head = f"Output (JSON, {plural(len(pkgs), 'package')}, Python {parsed.get('python_version', '?')})"
-    if odd is pkgs:
-        return [head + ":", *table(header, [row(p) for p in pkgs])]
-    head += f"; {n_usual} of them installed {usual}, the others and the editable ones here"
-    return [head + (":" if odd else ": none"), *(table(header, [row(p) for p in odd]) if odd else []),
-            "", "<details><summary>every package</summary>", "", *table(header, [row(p) for p in pkgs]), "", "</details>"]
-
-
 class RunDiscovery(BaseModel):
     """What the run's discovery was given: the user's overrides (``--server-pattern`` …) and the processes
     holding GPU memory, so the transcript names the server the run picked."""
@@ -270,155 +153,22 @@ class RunDiscovery(BaseModel):
     gpu: list[GpuProcess] = Field(default_factory=list)
 
 
+def render_output(tool: str, ev: Any, discovery: RunDiscovery | None = None) -> list[str]:
+    """The output of one tool call, made readable by its probe's summary (``tools.probes``); a process table
+    with the run's own discovery input. The raw text is in events.jsonl."""
+    parsed = ev.get("output") or {}
+    if tool == "process_table" and discovery is not None and parsed.get("procs") is not None:
+        return render_process_table(parsed, discovery) + probes.tail(tool, ev)
+    return probes.render_output(tool, ev)
+
+
 def render_process_table(parsed: dict[str, Any], discovery: RunDiscovery | None = None) -> list[str]:
-    """``process_table``: evidence of which process is the server, so its row and the counts; every
-    process (argv joined by spaces, not the probe's \\x1f) and the listeners in a collapsed block."""
-    try:
-        t = ProcTable.model_validate(parsed)
-    except ValueError:
-        return ["Output: (a process table that could not be read; the raw text is in events.jsonl)"]
+    """``process_table``: the server found as the run found it (its flags, the GPU processes it read)."""
     d = discovery or RunDiscovery()
     try:
-        found, own = candidates(t, d.gpu, d.inp)
-    except re.error:   # a --server-pattern that is no regular expression: the run said so; no server here
-        found, own = [], set()
-    found = rank(found, d.inp)
-    head = (f"Output: {plural(len(t.procs), 'process', 'processes')} ({len(own & {p.pid for p in t.procs})} of them "
-            f"debugagent's own probe), {plural(len(t.listeners), 'listening TCP port')}; ")
-    if found:
-        s = found[0]
-        ports = f", listening on {', '.join(map(str, s.ports))}" if s.ports else ""
-        workers = f", {plural(len(s.workers), 'worker')}" if s.workers else ""
-        head += f"the server: pid {s.pid} (parent {s.ppid}{workers}{ports}) {code(shlex.join(s.argv))}"
-        if len(found) > 1:
-            head += f"; {plural(len(found) - 1, 'other server-like process', 'other server-like processes')}: " + ", ".join(
-                f"pid {o.pid}" for o in found[1:])
-    else:
-        head += "no process whose command line looks like an inference server"
-    rows = [[p.pid, p.ppid, code(p.exe) if p.exe else "", code(" ".join(p.argv)), "yes" if p.pid in own else ""]
-            for p in t.procs]
-    listen = ", ".join(f"{ln.address}:{ln.port}" + (f" (pid {', '.join(map(str, ln.pids))})" if ln.pids else "")
-                       for ln in t.listeners) or "none"
-    return [head, "<details><summary>every process and listener</summary>", "",
-            *table(["pid", "ppid", "executable", "command line", "debugagent's own"], rows), "",
-            f"TCP listeners: {listen}", "", "</details>"]
-
-
-def render_git_state(out: str, command: str, parsed: dict[str, Any]) -> list[str]:
-    """``git_state``: HEAD, branch, dirty files and the counts in one line; the log and reflog tables collapsed."""
-    full = render_unit_sep(out, command)
-    head = parsed.get("head") or ""
-    bits = [f"HEAD {code(head[:12])}" if head else "HEAD ?"]
-    if parsed.get("branch"):
-        bits.append(f"branch {code(parsed['branch'])}")
-    for key, word, many in (("dirty", "changed file", None), ("commits", "commit", None), ("reflog", "reflog entry", "reflog entries")):
-        v = parsed.get(key)
-        n = len(v) if isinstance(v, list) else v if isinstance(v, int) else None
-        if n is not None:
-            bits.append(plural(n, word, many))
-    return ["Output: " + "; ".join(bits) + " (the log and the reflog below; HEAD's moves are in the timeline)",
-            "<details><summary>the log and the reflog</summary>", "", *full, "", "</details>"]
-
-
-def render_output(tool: str, ev: Any, discovery: RunDiscovery | None = None) -> list[str]:
-    """The output of one tool call, made readable; the raw text is in events.jsonl."""
-    out = ev.get("stdout") or ""
-    err = (ev.get("stderr") or "").strip()
-    parsed = ev.get("output") or {}
-    lines: list[str] = []
-    if tool in ("gpu_query", "gpu_sample_under_load") and (parsed.get("gpus") or parsed.get("samples")):
-        lines = table(GPU_HEADER, gpu_rows(parsed.get("gpus") or parsed.get("samples")), inline_one=True)
-    elif tool == "find_servers" and parsed.get("processes") is not None:
-        procs = parsed["processes"]
-        lines = table(["pid", "command line"], [[p["pid"], code(shlex.join(p["argv"]))] for p in procs], inline_one=True) if procs else [
-            "Output: (no server process)"]
-    elif tool == "process_table" and parsed.get("procs") is not None:
-        lines = render_process_table(parsed, discovery)
-    elif tool == "server_control" and parsed.get("kind"):
-        how = [f"a {parsed['kind']} process" if parsed["kind"] == "plain" else f"run by {parsed['kind']}"]
-        if parsed.get("unit"):
-            how.append(f"unit {code(parsed['unit'])}")
-        if parsed.get("parent_pid") is not None:
-            how.append(f"parent pid {parsed['parent_pid']}" + (f" ({code(parsed['parent'])})" if parsed.get("parent") else ""))
-        if parsed.get("evidence"):
-            how.append(clip_words(str(parsed["evidence"]), 120))
-        if parsed.get("stdout"):
-            how.append(f"its output goes to {code(parsed['stdout'])}")
-        lines = ["Output: " + "; ".join(how), *collapsed(out)]
-    elif tool == "import_roots" and parsed.get("modules") is not None:
-        mods = "; ".join(f"{code(m.get('module'))} from {code(m.get('root') or m.get('origin') or '?')}"
-                         + (f" ({m['how']})" if m.get("how") else "") + (f", error: {m['error']}" if m.get("error") else "")
-                         for m in parsed["modules"]) or "no module"
-        lines = [f"Output: {mods}; cwd {code(parsed.get('cwd') or '?')}", *collapsed(out)]
-    elif tool == "server_details" and parsed.get("argv"):
-        env = " ".join(f"{k}={v}" for k, v in (parsed.get("env") or {}).items())
-        lines = [f"Output: command line {code(shlex.join(parsed['argv']))}; cwd {code(parsed.get('cwd') or '?')}; "
-                 f"environment {code(env or '(empty)')}"]
-    elif tool == "python_packages" and parsed.get("packages"):
-        lines = render_packages(parsed)
-    elif tool == "gpu_q":
-        keep = [ln.strip() for ln in out.splitlines() if ":" in ln and ln.strip().split(":")[0].strip() in NVSMI_Q_KEYS
-                and "N/A" not in ln]
-        lines = [f"Output ({plural(len(out.splitlines()), 'line')}; the lines that matter): "
-                 + "; ".join(code(" ".join(k.split())) for k in keep[:10])]
-    elif tool == "git_state" and "\x1f" in out:
-        lines = render_git_state(out, ev.get("command") or "", parsed)
-    elif "\x1f" in out:
-        lines = render_unit_sep(out, ev.get("command") or "")
-    elif tool == "gpu_processes" and out.strip():
-        m = re.search(r"--query-compute-apps=(\S+)", ev.get("command") or "")
-        head = m.group(1).split(",") if m else None
-        rows = csv_rows(out)
-        lines = table(head or [f"field {i + 1}" for i in range(len(rows[0]))], rows, inline_one=True)
-    elif sections(out):
-        lines = ["Output: " + " · ".join((f"{k}: " if k else "") + (code(v) if v else "(none)") for k, v in sections(out))]
-    else:
-        text = out.rstrip("\n")
-        if not text.strip():
-            lines = ["Output: (none)"] if ev.get("exit_code") not in (0, None) else ["(no output)"]
-        elif len(text.splitlines()) <= 2 and len(text) <= 160:
-            lines = ["Output: " + " · ".join(code(x) for x in text.splitlines() if x.strip())]
-        elif len(text.splitlines()) <= 4 and max(len(x) for x in text.splitlines()) <= 100:
-            lines = ["Output: " + " · ".join(code(x.strip()) for x in text.splitlines() if x.strip())]
-        else:
-            lines = [f"Output ({plural(len(text.splitlines()), 'line')}; the first: "
-                     f"{code(clip_words(text.strip().splitlines()[0], 120))})", *collapsed(text)]
-    if err:
-        lines.append("stderr: " + code(clip_words(err, 300)))
-    tail = []
-    if ev.get("exit_code") not in (0, None):
-        tail.append(f"exit {ev.get('exit_code')}")
-    if ev.get("error"):
-        error = " ".join(str(ev["error"]).split())
-        if err:
-            error = error.replace(" ".join(err.split()), "").rstrip(" :")   # the stderr is on its own line above
-        if error and error != f"{tool}: exit {ev.get('exit_code')}":
-            tail.append(clip_words(error, 300))
-    if tail:
-        lines.append("*" + "; ".join(tail) + "*")
-    return lines
-
-
-def sections(text: str) -> list[tuple[str, str]] | None:
-    """``== name`` headed output with short sections, as (name, value) pairs; None when it is not that."""
-    if "\n== " not in "\n" + text:
-        return None
-    out: list[tuple[str, list[str]]] = []
-    head: list[str] = []
-    for line in text.rstrip("\n").split("\n"):
-        if line.startswith("== "):
-            if line.strip() == "== end":
-                break
-            out.append((line[3:].strip(), []))
-        elif out:
-            if line.strip():
-                out[-1][1].append(line.strip())
-        elif line.strip():
-            head.append(line.strip())
-    if any(len(v) > 3 for _, v in out):
-        return None
-    pairs = [(k, " ".join(" ".join(x.split()) for x in v)) for k, v in out]
-    return ([("", " ".join(head))] if head else []) + pairs
+        return server_probe.render_process_table(parsed, d.inp, d.gpu)
+    except re.error:   # a --server-pattern that is no regular expression: the run said so; no pattern here
+        return server_probe.render_process_table(parsed, DiscoveryInput(), d.gpu)
 
 
 # ---------------------------------------------------------------- the document

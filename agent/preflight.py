@@ -14,7 +14,7 @@ from typing import Any
 from tools.errors import UsageError
 from tools.host import parse_bench
 
-from .symptom import RATE_UNITS, TIME_UNITS, Symptom
+from .symptom import TIME_UNITS, Symptom, unit_kind
 
 PAIR = re.compile(r"(?<![\w.])([A-Za-z_][\w.\-]*)\s*[=:]\s*(-?[0-9]+(?:\.[0-9]+)?)\s*(ms|us|µs|sec|s|tok/s|tokens/s|req/s|it/s)?(?![\w/])")
 
@@ -28,7 +28,7 @@ def reported(text: str) -> list[tuple[str, float, str | None]]:
 
 
 def _kind(unit: str | None) -> str | None:
-    return "time" if unit in TIME_UNITS else "rate" if unit in RATE_UNITS else None
+    return unit_kind(unit)
 
 
 def _example(name: str, unit: str | None, symptom: Symptom, baseline: Symptom | None) -> str:

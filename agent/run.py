@@ -342,6 +342,8 @@ def undo_run(run_dir: str, *, force_unlock: bool = False, transport: Any = None)
             return 0
         lock = HostLock(remote, run_id)
         lock.acquire(force=force_unlock)
+        if lock.took_over:
+            say_err(lock.took_over)
         transcript = Transcript(folder, run_id)
         try:
             from .graph import Ctx

@@ -61,6 +61,7 @@ class RunOptions:
     out: str | None = None
     llm: str | None = None
     llm_model: str = "gpt-4o-mini"
+    llm_insecure: bool = False   # send the API key to a plain-http --llm URL that is not loopback
     ssh: SSHOptions = field(default_factory=SSHOptions)
     server_pattern: str | None = None
     bench_regex: str | None = None
@@ -119,6 +120,9 @@ def inputs_from_options(opts: RunOptions) -> Inputs:
                          f"--symptom names `{symptom.metric}`",
                          fix=f"take the snapshot with `debugagent snapshot --metric {symptom.metric} ...`, or give "
                          f"--baseline with the good number of `{symptom.metric}`")
+    if opts.llm:   # before anything connects: the API key goes only where it is safe (agent/llm.py)
+        from .llm import check_llm_url
+        check_llm_url(opts.llm, insecure=opts.llm_insecure)
     check_input(DiscoveryInput(server_pattern=opts.server_pattern, python=opts.python, repo=opts.repo,
                                bench=opts.bench, bench_regex=opts.bench_regex, metric=symptom.metric))
     return Inputs(host=opts.host, symptom=symptom, baseline=baseline, baseline_snapshot=snap,
@@ -205,7 +209,7 @@ def advisor_for(opts: RunOptions) -> Any:
     if not opts.llm:
         return None
     from .llm import Advisor
-    return Advisor(opts.llm, opts.llm_model)
+    return Advisor(opts.llm, opts.llm_model, insecure=opts.llm_insecure)
 
 
 @dataclass
@@ -281,6 +285,8 @@ def _locked(lock: HostLock, opts: RunOptions, transcript: Transcript, folder: Pa
     """The host's lock taken, or the refusal recorded (and the transport closed) before it is raised."""
     try:
         lock.acquire(force=opts.force_unlock)
+        if lock.took_over:
+            transcript.emit("reasoning", text=lock.took_over)
     except (HostLocked, OSError, TransportError) as exc:
         transcript.emit("error", message=str(exc), kind="lock")
         transcript.close()

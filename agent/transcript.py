@@ -69,8 +69,10 @@ class Transcript:
         fields = model.model_dump(mode="json", by_alias=True, exclude_unset=True)
         del fields["event"]
         self.log.msg(event, **fields)
-        for listen in self.listeners:
-            listen(event, model)
+        if self.listeners:
+            shown = build(event, redact(fields))   # the live view shows what the file holds
+            for listen in self.listeners:
+                listen(event, shown)
 
     def observer(self, hypothesis: str | None = None):
         def observe(event: str, data: dict[str, Any]) -> None:

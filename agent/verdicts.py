@@ -2,7 +2,7 @@
 
 Pure functions over pydantic models; the graph's nodes only load and store them.
 
-The words keep the promises of DESIGN.md's "Verdicts": ``confirmed`` only by an experiment
+The words keep the promises of docs/verdicts.md: ``confirmed`` only by an experiment
 decided "a cause" or by a rule whose evidence is decisive on its own; ``ruled_out`` only by
 an experiment decided "not a cause" or a rule whose evidence positively excludes it;
 an experiment that stays undecided at its run budget (or fails) makes the hypothesis

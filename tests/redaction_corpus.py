@@ -317,7 +317,11 @@ def measure(make: Callable[[], Callable[[str], str]], docs: list[Doc]) -> Score:
                 s.misses.append(f"{d.name}: {secret[:14]}…")
             else:
                 s.hidden += 1
-        before, after = d.text.split("\n"), out.split("\n")
+        text = d.text   # a secret over several lines (a PEM block) is hidden as one mark
+        multi = sorted((x for x in d.secrets if "\n" in x), key=len, reverse=True)
+        for secret in multi:
+            text = text.replace(secret, MARK)
+        before, after = text.split("\n"), out.split("\n")
         if len(before) != len(after):
             s.false_positives += 1
             s.wrong.append(f"{d.name}: the line count changed")
@@ -327,7 +331,7 @@ def measure(make: Callable[[], Callable[[str], str]], docs: list[Doc]) -> Score:
                 continue
             held = sum(a.count(x) for x in d.secrets)
             extra = b.count(MARK) - a.count(MARK) - held
-            if extra > 0 or (not held and a != b):
+            if extra > 0 or (not held and not (multi and MARK in a) and a != b):
                 s.false_positives += max(extra, 1)
                 s.wrong.append(f"{d.name}: {a[:160]!r} -> {b[:160]!r}")
     return s
@@ -366,3 +370,219 @@ def heldout_docs(seed: int = 11) -> list[Doc]:
                                       f"curl -b 'session={opq}' http://127.0.0.1:8000/metrics\n"
                                       f"Cookie: sessionid={hexk}\n", [opq, hexk]))
     return docs
+
+
+# ---------------------------------------------------------------- the audit's kinds (issues 29 and 30), secret and readable
+def _sa_json(f: Fakes) -> str:
+    """A Google service-account key file (fake), as JSON."""
+    key = "\n".join(f._s(64, string.ascii_letters + string.digits + "+/") for _ in range(6))
+    return json.dumps({"type": "service_account", "project_id": "infer-prod-" + f._s(6, string.digits),
+                       "private_key_id": f.hex40(), "private_key": f"-----BEGIN PRIVATE KEY-----\n{key}\n-----END PRIVATE KEY-----\n",
+                       "client_email": "svc@infer-prod.iam.gserviceaccount.com", "client_id": f._s(21, string.digits),
+                       "token_uri": "https://oauth2.googleapis.com/token"})
+
+
+def _b64(text: str, wrap: int = 0) -> str:
+    import base64
+    b = base64.b64encode(text.encode()).decode()
+    return "\n".join(b[i:i + wrap] for i in range(0, len(b), wrap)) if wrap else b
+
+
+def _pem(f: Fakes, kind: str = "RSA PRIVATE KEY") -> str:
+    body = "\n".join(f._s(64, string.ascii_letters + string.digits + "+/") for _ in range(5))
+    return f"-----BEGIN {kind}-----\n{body}\n{f._s(24)}==\n-----END {kind}-----"
+
+
+# what the audit found over-redacted: each line must come back exactly as it went in
+AUDIT_READABLE = [
+    "/root/ml-env/bin/python3 -m sglang.launch_server --model m --speculative-token-tree 1,2,2,1 --attention-key-scale 0.125 "
+    "--speculative-num-draft-tokens 4 --num-draft-tokens 4 --sig-figs 3 --salt-rounds 12 --port 30000",
+    "MAX_SESSION_TOKENS=8192",
+    "error: cannot read the key /etc/passwd: permission denied",
+    "error: cannot read the key /etc/passwd: [Errno 13] Permission denied: '/etc/passwd'",
+    "playbook `broken-key.yaml:12`: mapping values are not allowed here",
+    "broken-key.yaml:12:3: expected a mapping",
+    "scenario broken-token.yml:7: unknown field `tokn`",
+]
+
+
+def audit_docs(seed: int = 29) -> list[Doc]:
+    """Every kind of secret the audit of issues 29 and 30 saw leak, in the outputs it leaked from, beside the
+    names and messages it saw over-redacted (which must stay exactly as they are)."""
+    f = Fakes(seed)
+    r = random.Random(seed)
+    docs: list[Doc] = []
+    for i in range(3):
+        pw, pw2, opq, oa, hf, gh, aid = f.password(), f.password(), f.opaque(), f.openai(), f.hf(), f.github(), f.aws_id()
+        slash_pw = f._s(5) + "/" + f._s(6) + "/" + f._s(3)
+        at_pw = f._s(6) + "@" + f._s(6)
+        pat = "github_pat_" + f._s(22) + "_" + f._s(59)
+        azure = f._s(86, string.ascii_letters + string.digits + "+/") + "=="
+        ya29 = "ya29.a0" + f._s(120, string.ascii_letters + string.digits + "_-")
+        sa, sa_wrapped = _b64(_sa_json(f)), _b64(_sa_json(f), 76)
+        jwt, pem, bench_key = f.jwt(), _pem(f), f.opaque()
+        docs.append(Doc(f"a-environ-{i}", "\n".join([
+            "+CUDA_VISIBLE_DEVICES=0,1", f"+PGPASSWORD={pw}", f"+MYSQL_PWD={pw2}", f"+REDIS_PASS={opq[:20]}",
+            f"+MY_PASS={pw}X", "+MAX_SESSION_TOKENS=8192", f"+HF_TOKEN={hf}", f"+DATABASE_URL=postgresql://infer:{slash_pw}@db:5432/m",
+            f"+AZURE_STORAGE_CONNECTION_STRING=DefaultEndpointsProtocol=https;AccountName=inferlogs;AccountKey={azure};"
+            "EndpointSuffix=core.windows.net",
+            f"+GOOGLE_OAUTH_ACCESS_TOKEN={ya29}", f"+GCP_SA_KEY={sa}", f"+GH={gh}", f"+GH_FINE={pat}",
+            f"+AWS_ACCESS_KEY_ID={aid}", "+PWD=/root/sglang", "+NCCL_DEBUG=INFO"]) + "\n",
+            [pw, pw2, opq[:20], pw + "X", hf, slash_pw, azure, ya29, sa, gh, pat, aid]))
+        docs.append(Doc(f"a-ps-{i}", _ps(r, [
+            AUDIT_READABLE[0] + f" --pass {pw2}",
+            f"/root/ml-env/bin/python3 -m debugagent run --host gpu-3 --bench 'python3 bench_serving.py --backend sglang "
+            f"--api-key {bench_key} --num-prompts 200' --symptom 'decode 69 tok/s'",
+            f"/usr/bin/python3 client.py --openai-api-key {oa} --num-draft-tokens 4",
+        ]), [pw2, bench_key, oa]))
+        docs.append(Doc(f"a-reflog-{i}", "\n".join([
+            f"{f.hex40()[:7]} HEAD@{{0}}: pull: Fast-forward",
+            f"{f.hex40()[:7]} HEAD@{{1}}: pull: from https://deploy:{slash_pw}@git.internal.example.com/ml/sglang.git",
+            f"{f.hex40()[:7]} HEAD@{{2}}: fetch: from https://ci:{at_pw}@gitlab.example.com/ml/sglang.git",
+            f"{f.hex40()[:7]} HEAD@{{3}}: clone: from https://github.com/sgl-project/sglang.git",
+            "url = https://registry.npmjs.org:443/@scope/pkg",
+        ]) + "\n", [slash_pw, at_pw]))
+        docs.append(Doc(f"a-messages-{i}", "\n".join([
+            *AUDIT_READABLE[2:],
+            f"wget --header='Authorization: Bearer {jwt}' http://10.0.0.5:8000/v1/models",
+            f'{{"tls.key": "{_b64(pem)}"}}',
+            pem,
+            f'{{"private_key": {json.dumps(pem)}}}',
+        ]) + "\n", [jwt, _b64(pem), pem, json.dumps(pem)[1:-1]]))
+        docs.append(Doc(f"a-sa-wrapped-{i}", f"$ cat /run/secrets/gcp.b64\n{sa_wrapped}\n$ echo done\ndone\n", [sa_wrapped]))
+    docs.append(Doc("a-readable", "\n".join(AUDIT_READABLE) + "\n"))
+    return docs
+
+
+# ---------------------------------------------------------------- new names and shapes, written for this corpus
+OWN_READABLE = [
+    # the shell's folders and helpers: named like secrets, none is one
+    "PWD=/work/sglang", "OLDPWD=/root", "SSH_ASKPASS=/usr/libexec/openssh/gnome-ssh-askpass",
+    "GIT_ASKPASS=/usr/lib/git-core/git-gui--askpass", "PASSWORD_STORE_DIR=/root/.password-store",
+    "DBUS_SESSION_BUS_ADDRESS=unix:path=/run/user/0/bus", "XDG_SESSION_ID=3", "XDG_SESSION_TYPE=tty",
+    "XDG_SESSION_CLASS=user", "SESSION_MANAGER=local/gpu-node-3:@/tmp/.ICE-unix/2211,unix/gpu-node-3:/tmp/.ICE-unix/2211",
+    "XAUTHORITY=/root/.Xauthority", "GNOME_KEYRING_CONTROL=/run/user/0/keyring", "PIP_KEYRING_PROVIDER=subprocess",
+    "COOKIE_MAX_AGE=3600", "TOKEN_BUCKET_CAPACITY=100", "AUTH_USER=svc-infer", "SECRET_ARN=arn:aws:secretsmanager:us-east-1:1:secret:x",
+    "VLLM_KEY_CACHE_DTYPE=fp8", "MAX_KEY_LEN=64", "NUM_KEY_VALUE_HEADS=8", "SESSION_TIMEOUT=600",
+    # flags a diagnosis reads
+    "python3 -m sglang.launch_server --model m --eos-token '</s>' --pad-token '<|pad|>' --sort-key name --key-heads 8 "
+    "--session-len 8192 --max-session-len 16384 --cookie-max-age 3600 --token-latency-ms 50 --auth-config /etc/infer/auth.yaml "
+    "--compilation-config '{\"pass_config\": {\"enable_fusion\": true}}' --speculative-token-map /models/map.pt --port 8000",
+    "vllm serve m --ssl-keyfile /etc/ssl/private/k.pem --api-key-file /etc/vllm/keyfile --return-tokens-as-token-ids",
+    # messages and tracebacks
+    "KeyError: 'model.layers.0.self_attn.k_proj.weight'",
+    "InvalidToken: the signature has expired",
+    '    token = os.environ["HF_TOKEN"]',
+    "    key = self._make_key(args, kwds, typed)",
+    '  File "/root/sglang/python/sglang/srt/managers/tokenizer_manager.py", line 512, in _handle_session',
+    "unit tests: pass: 12, fail: 0, skip: 1",
+    "tokenizer_config.json:3: missing `eos_token`",
+]
+
+
+def own_docs(seed: int = 31) -> list[Doc]:
+    """Secret names and shapes neither the earlier sets nor the audit held, beside readable look-alikes."""
+    f = Fakes(seed)
+    docs: list[Doc] = []
+    for i in range(3):
+        pw, pw2, opq, opq2 = f.password(), f.password(), f.opaque(), f.opaque()
+        vault = "hvs." + f._s(90, string.ascii_letters + string.digits + "_-")
+        refresh = "1//0" + f._s(96, string.ascii_letters + string.digits + "_-")
+        sig = f._s(43, string.ascii_letters + string.digits + "%")
+        docker = _b64(json.dumps({"auths": {"nvcr.io": {"auth": _b64("$oauthtoken:" + opq)}}}))
+        docs.append(Doc(f"o-env-{i}", "\n".join([
+            f"RABBITMQ_DEFAULT_PASS={pw}", f"SMTP_PASS={pw2}", f"LDAP_BIND_PW={opq[:16]}", f"DB_PW={opq2[:12]}",
+            f"POSTGRES_PASSWORD_PROD={pw}Z", f"MINIO_ROOT_PASSWORD={opq2}", f"VAULT_TOKEN={vault}",
+            f"CONSUL_HTTP_TOKEN={opq[:8]}-{opq[8:12]}-{opq[12:16]}-{opq[16:28]}", f"NGROK_AUTHTOKEN={opq}Q",
+            f"GOOGLE_REFRESH={refresh}", f"DOCKER_AUTH_CONFIG={{\"auths\":{{\"nvcr.io\":{{\"auth\":\"{_b64('u:' + pw2)}\"}}}}}}",
+            *OWN_READABLE[:21]]) + "\n",
+            [pw, pw2, opq[:16], opq2[:12], pw + "Z", opq2, vault, opq[16:28], opq + "Q", refresh, _b64("u:" + pw2)]))
+        aid, asec, sas = f.aws_id(), f.aws_secret(), f"sv=2022-11-02&ss=b&srt=sco&sp=rl&sig={sig}"
+        docs.append(Doc(f"o-files-{i}", "\n".join([
+            "== ~/.aws/credentials", "[default]", f"aws_access_key_id = {aid}", f"aws_secret_access_key = {asec}",
+            "region = us-east-1", "== ~/.netrc", f"machine pypi.internal login deploy password {pw}",
+            "== odbc", f"Driver={{ODBC Driver 18 for SQL Server}};Server=tcp:db,1433;UID=sa;PWD={pw2};Encrypt=yes;",
+            "== sas", f"BlobEndpoint=https://acct.blob.core.windows.net/;SharedAccessSignature={sas}",
+            "== k8s secret", "data:", f"  .dockerconfigjson: {docker}",
+            "== pip.conf", "[global]", f"index-url = https://deploy:{opq2}@pypi.internal/simple",
+        ]) + "\n", [aid, asec, pw, pw2, sas, docker, opq2]))
+        docs.append(Doc(f"o-argv-{i}", "\n".join([
+            f"redis-server --requirepass {pw} --port 6379", f"mongod --db-pass={pw2} --port 27017",
+            f"python3 worker.py --redis-pass {opq[:14]} --smtp-password '{pw} x' --num-workers 4",
+            f"curl -H 'X-Vault-Token: {vault}' https://vault:8200/v1/secret/data/infer",
+            "/usr/bin/gnome-keyring-daemon --start --components=secrets,pkcs11",
+        ]) + "\n", [pw, pw2, opq[:14], f"{pw} x", vault]))
+    docs.append(Doc("o-readable", "\n".join(OWN_READABLE) + "\n"))
+    return docs
+
+
+# ---------------------------------------------------------------- fresh: written after the rules above were fixed
+# (measured once before any change they led to: 22 of 25 secrets hidden, 29 of 30 readable lines kept; the misses
+# were curl's `-u USER:PW` and PGPASS, the over-redaction `Auth: OK`)
+FRESH_SECRETS = [
+    ("curl -u deploy:Fr3shPw01x https://h/api", "Fr3shPw01x"),
+    ("curl --user deploy:Fr3shPw02x https://h/api", "Fr3shPw02x"),
+    ('export DATABASE_PASSWORD="p@ss Fr3shPw03x"', "Fr3shPw03x"),
+    ("TF_VAR_db_password=Fr3shPw04x", "Fr3shPw04x"),
+    ("spring.datasource.password=Fr3shPw05x", "Fr3shPw05x"),
+    ('OPENAI_API_KEY = "Fr3shPw06xyzabc"', "Fr3shPw06x"),
+    ("--mongo-uri mongodb://u:Fr3shPw07x@h:27017/db", "Fr3shPw07x"),
+    ("ssh://git:Fr3shPw08x@host/repo.git", "Fr3shPw08x"),
+    ('{"auths": {"r": {"auth": "ZGVwbG95OkZyM3NoUHcwOXg="}}}', "ZGVwbG95OkZyM3NoUHcwOXg"),
+    ("Cookie: lang=en; session=Fr3shPw10x", "Fr3shPw10x"),
+    ("wget --http-password=Fr3shPw11x http://h/f", "Fr3shPw11x"),
+    ("-----BEGIN EC PRIVATE KEY-----\nFr3shPw12xMHcCAQEE\n-----END EC PRIVATE KEY-----",
+     "-----BEGIN EC PRIVATE KEY-----\nFr3shPw12xMHcCAQEE\n-----END EC PRIVATE KEY-----"),
+    ("ARTIFACTORY_API_KEY=AKCp8Fr3shPw13x", "Fr3shPw13x"),
+    ("+SMTP_PASSWD=Fr3shPw14x", "Fr3shPw14x"),
+    ("+KC_DB_PASSWORD=Fr3shPw15x", "Fr3shPw15x"),
+    ("+LANGCHAIN_API_KEY=lsv2_pt_Fr3shPw16x", "Fr3shPw16x"),
+    ("+RUNPOD_API_KEY=Fr3shPw17xyz", "Fr3shPw17x"),
+    ("python3 -m sglang.launch_server --model m --api-key=Fr3shPw18x", "Fr3shPw18x"),
+    ("--admin-token Fr3shPw19x", "Fr3shPw19x"),
+    ("Authorization: Token Fr3shPw20xabcdef12", "Fr3shPw20x"),
+    ("https://h/download?X-Amz-Signature=Fr3shPw21xabc&X-Amz-Expires=3600", "Fr3shPw21x"),
+    ("+ETCD_ROOT_PASSWORD=Fr3shPw22x", "Fr3shPw22x"),
+    ("+PGPASS=Fr3shPw23x", "Fr3shPw23x"),
+    ("+DB_PASSWD=Fr3shPw24x", "Fr3shPw24x"),
+    ("+MONGO_INITDB_ROOT_PASSWORD=Fr3shPw25x", "Fr3shPw25x"),
+]
+FRESH_READABLE = [
+    "docker run -u 1000:1000 --gpus all img",
+    "ps -u root -o pid,args",
+    "Token indices sequence length is longer than the specified maximum sequence length for this model (5000 > 4096)",
+    "Setting `pad_token_id` to `eos_token_id`:2 for open-end generation.",
+    "The attention mask and the pad token id were not set.",
+    'INFO:     127.0.0.1:51234 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
+    "vllm serve m --tokenizer-revision main --revision abc123 --hf-config-path /models/cfg --enable-auto-tool-choice",
+    "python3 -m sglang.launch_server --tokenizer-worker-num 4 --hicache-ratio 2 --kv-cache-dtype fp8_e5m2",
+    "[sudo] password for root:\nSorry, try again.",
+    "Auth: OK",
+    "Password:\nSorry, try again.",
+    "first pass: collecting candidates",
+    "2nd pass: 0.3 s",
+    "Enter passphrase for key '/root/.ssh/id_ed25519':",
+    "Permission denied (publickey,password).",
+    "KeyboardInterrupt",
+    "NCCL_IB_HCA=mlx5_0,mlx5_1",
+    "SGLANG_TORCH_PROFILER_DIR=/tmp/prof",
+    "    run_id = f\"{folder.name}-{secrets.token_hex(3)}\"",
+    "loaded tokenizer: LlamaTokenizerFast(name_or_path='m', vocab_size=128000)",
+    "keys: 12, values: 12",
+    "Cache key: sha256:0f3a",
+    "special_tokens_map.json: 100%|██████████| 1.2k/1.2k",
+    "--session-affinity on --sticky-session",
+    "tokens/s: 4839.2",
+    "SECRET_MANAGER=vault",
+    "AUTH_DISABLED=1",
+    "KEY_BITS=2048",
+    "KEYRING_BACKEND=file",
+    "git log --grep='token'",
+    "Fix leaked token in logs (#4411)",
+]
+
+
+def fresh_docs() -> list[Doc]:
+    """One document per fresh case: a secret to hide, or a line to keep as it is."""
+    return ([Doc(f"f-secret-{i}", text + "\n", [secret]) for i, (text, secret) in enumerate(FRESH_SECRETS)]
+            + [Doc(f"f-readable-{i}", text + "\n") for i, text in enumerate(FRESH_READABLE)])

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from agent import conclusion as concl
 from agent import verdicts as vd
-from agent.facts import LabFacts, host_facts, tenants
+from agent.facts import LabFacts
 from agent.playbook import restored
 from agent.results import ExperimentResult, Regression
 from agent.state import Current, RunState, to_jsonable
 from agent.stats import Reproduction
 from agent.steps import regression_of, reproduce_words
 from tools.host import ServerInfo
+from tools.probes.gpu import tenants
+from tools.probes.host import host_facts
 from tools.redact import redact
 from tools.snapshot import GpuFacts, Snapshot
 

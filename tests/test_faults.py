@@ -52,8 +52,9 @@ def test_sigterm_sighup_at_the_other_phases_of_a_restart(sig, phase, tmp_path):
 
 
 def test_next_run_finishes_a_killed_runs_journal(tmp_path):
-    """kill -9 mid-experiment; the next run on the host refuses while the dead run's lock stands, then with
-    --force-unlock restores what the dead run left before measuring anything, and concludes right."""
+    """kill -9 mid-experiment; the next run on the host takes over the dead run's lock (its process is provably
+    gone: no --force-unlock), says so, restores what the dead run left before measuring anything, and
+    concludes right."""
     name = "launch-blocking"
     with start(name) as s:
         before = state(s)
@@ -62,14 +63,12 @@ def test_next_run_finishes_a_killed_runs_journal(tmp_path):
         wait_for(lambda: phase_reached(a, "restart_server", "measuring"), p, "measuring")
         p.kill()
         p.communicate()
-        r = subprocess.run(run_args(s, name, tmp_path / "b"), capture_output=True, text=True, timeout=120)
-        assert r.returncode == 2 and "in use by run" in r.stderr and "--force-unlock" in r.stderr, r.stderr
-        assert "no longer running here" in r.stderr
-        r = subprocess.run(run_args(s, name, tmp_path / "c", "--force-unlock"), capture_output=True, text=True,
-                           timeout=300)
+        dead = events(a)[0]["run_id"]
+        r = subprocess.run(run_args(s, name, tmp_path / "c"), capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["root_cause"]["hypothesis"] == "env_var"
         text = (tmp_path / "c" / "events.jsonl").read_text()
+        assert f"took over the lock of run {dead} (pid {p.pid}" in text and "no longer running" in text
         assert "left 2 undo step(s) unfinished on this host" in text
         recovered = json.loads(next((tmp_path / "c").glob("recovered-*.json")).read_text())
         assert all(st["done"] for st in recovered["steps"])
@@ -99,6 +98,34 @@ def test_second_concurrent_run_is_refused(tmp_path):
         outp, err = p.communicate(timeout=300)
         assert p.returncode == 0, err
         assert json.loads(outp)["root_cause"]["hypothesis"] == "gpu_clocks"
+        after = state(s)
+    assert_as_found(before, after)
+
+
+def test_undo_of_a_live_run_is_refused(tmp_path):
+    """`debugagent undo RUN` while RUN is still live (stopped mid-experiment, its lock held by its live process):
+    exit 2 naming the run and how to stop it, nothing undone under it; the run then finishes on its own and
+    the host is as found (undo once took over the live run's lock and restored the server under it)."""
+    name = "launch-blocking"
+    with start(name) as s:
+        before = state(s)
+        a = tmp_path / "a"
+        p = subprocess.Popen(run_args(s, name, a), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: phase_reached(a, "restart_server", "measuring"), p, "measuring")
+        p.send_signal(signal.SIGSTOP)
+        try:
+            steps = journal_steps(a)
+            r = subprocess.run(cli("undo", str(a)), capture_output=True, text=True, timeout=120)
+            after_undo = journal_steps(a)
+        finally:
+            p.send_signal(signal.SIGCONT)
+        assert r.returncode == 2, r.stderr
+        run_id = events(a)[0]["run_id"]
+        assert f"run {run_id} is still running (pid {p.pid}" in r.stderr and f"kill -TERM {p.pid}" in r.stderr, r.stderr
+        assert [st["done"] for st in after_undo] == [st["done"] for st in steps]   # nothing undone under it
+        outp, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        assert json.loads(outp)["root_cause"]["hypothesis"] == "env_var"
         after = state(s)
     assert_as_found(before, after)
 

@@ -129,18 +129,86 @@ def test_two_racing_runs_get_one_lock(tmp_path):
     assert sum(o.startswith("acquired") for o in outs) == 1
 
 
-def test_a_dead_holder_on_this_machine_is_called_stale(tmp_path):
-    """A lock whose process is gone from this machine is named stale, with what to do."""
+def test_a_dead_holder_on_this_machine_is_taken_over(tmp_path):
+    """A lock whose process is provably gone from this machine (a kill -9) is taken over, with a line saying
+    whose; it needs no --force-unlock."""
+    import socket
     t = LocalTransport()
     p = subprocess.Popen(["true"])
     p.wait()
     host_dir().mkdir(parents=True, exist_ok=True)
-    import socket
     (host_dir() / "host.lock").write_text(LockInfo(run_id="gone", pid=p.pid, machine=socket.gethostname(),
                                                    since="then").model_dump_json())
-    with pytest.raises(HostLocked) as e:
-        HostLock(HostFiles(t), "new").acquire()
-    assert "no longer running here" in str(e.value) and "debugagent undo" in str(e.value)
+    lock = HostLock(HostFiles(t), "new")
+    lock.acquire()
+    assert lock.held and "run gone" in lock.took_over and "no longer running" in lock.took_over
+    assert '"new"' in (host_dir() / "host.lock").read_text()
+    lock.release()
+
+
+def test_a_reused_pid_or_a_reboot_is_a_gone_holder_and_a_live_one_is_not(tmp_path):
+    """The holder is named by pid, start time and boot id: a live process with its pid but another start time
+    (a reused pid), or a lock from before a reboot, is gone; this very process, or a holder on another machine,
+    is not (those still need --force-unlock)."""
+    import socket
+
+    from agent.journal import _boot_id, _start_ticks, owner_gone
+    me = dict(pid=os.getpid(), machine=socket.gethostname(), since="now")
+    start, boot = _start_ticks(os.getpid()), _boot_id()
+    assert start > 0 and boot
+    assert not owner_gone(LockInfo(run_id="live", boot=boot, start=start, **me))
+    assert not owner_gone(LockInfo(run_id="old-lock-format", **me))            # no start time: cannot tell
+    assert owner_gone(LockInfo(run_id="reused", boot=boot, start=start + 1, **me))
+    assert owner_gone(LockInfo(run_id="rebooted", boot="another-boot", start=start, **me))
+    assert not owner_gone(LockInfo(run_id="elsewhere", pid=1, machine="another-machine", since="now"))
+    t = LocalTransport()
+    HostLock(HostFiles(t), "live").acquire()
+    with pytest.raises(HostLocked) as e:                                        # a live holder: refused
+        HostLock(HostFiles(t), "second").acquire()
+    assert "run live" in str(e.value) and "--force-unlock" in str(e.value)
+    (host_dir() / "host.lock").unlink()
+
+
+def test_the_same_run_id_held_by_a_live_process_is_refused(tmp_path):
+    """`undo` or `resume` of a run whose process is still live: refused naming it (the same run id is not
+    enough); once that process is gone, the same run id takes its lock back without --force-unlock."""
+    import socket
+
+    from agent.journal import _boot_id, _start_ticks
+    t = LocalTransport()
+    host_dir().mkdir(parents=True, exist_ok=True)
+    p = subprocess.Popen(["sleep", "60"])
+    try:
+        held = LockInfo(run_id="r1", pid=p.pid, machine=socket.gethostname(), since="then", boot=_boot_id(),
+                        start=_start_ticks(p.pid))
+        (host_dir() / "host.lock").write_text(held.model_dump_json())
+        with pytest.raises(HostLocked) as e:
+            HostLock(HostFiles(t), "r1").acquire()
+        assert f"run r1 is still running (pid {p.pid}" in str(e.value) and f"kill -TERM {p.pid}" in str(e.value)
+        assert (host_dir() / "host.lock").read_text() == held.model_dump_json()   # untouched
+    finally:
+        p.kill()
+        p.wait()
+    lock = HostLock(HostFiles(t), "r1")
+    lock.acquire()
+    assert lock.held and not lock.took_over     # its own lock: no "took over" line
+    lock.release()
+    assert not (host_dir() / "host.lock").exists()
+
+
+def test_a_stale_lock_is_taken_over_only_if_unchanged(tmp_path):
+    """The takeover removes the stale holder's lock only while the file still reads exactly that: a lock another
+    run took in between stays."""
+    t = LocalTransport()
+    host_dir().mkdir(parents=True, exist_ok=True)
+    stale = LockInfo(run_id="stale", pid=1, machine="m", since="then").model_dump_json()
+    (host_dir() / "host.lock").write_text(LockInfo(run_id="between", pid=2, machine="m", since="now").model_dump_json())
+    ok, holder, _ = HostFiles(t).lock(LockInfo(run_id="me", pid=3, machine="m", since="now"), stale=stale)
+    assert not ok and holder is not None and holder.run_id == "between"
+    (host_dir() / "host.lock").write_text(stale)
+    ok, _, _ = HostFiles(t).lock(LockInfo(run_id="me", pid=3, machine="m", since="now"), stale=stale)
+    assert ok and '"me"' in (host_dir() / "host.lock").read_text()
+    (host_dir() / "host.lock").unlink()
 
 
 SLOW_STOP = ("import pathlib, signal, sys, time\n"

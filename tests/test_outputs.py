@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.markdown import clip_words, code, plural, render_unit_sep, tighten
+from agent.markdown import clip_words, code, plural, tighten
 from agent.run import RunOptions, investigate
+from tools.probes.text import render_unit_sep
 
 HYPS = ["code_change", "gpu_clocks", "pcie_link", "serving_config", "compiled_dependency", "driver_cuda", "env_var",
         "gpu_contention", "host_cpu"]

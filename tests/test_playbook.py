@@ -29,7 +29,7 @@ hypotheses:
 
 
 def test_default_playbook_follows_the_seeds_order():
-    """The default playbook holds every hypothesis id DESIGN.md lists, code revert first, then clocks and PCIe, then flags."""
+    """The default playbook holds every hypothesis id docs/verdicts.md lists, code revert first, then clocks and PCIe, then flags."""
     pb = load_playbook(None)
     order = pb.order()
     assert set(order) == {"code_change", "gpu_clocks", "pcie_link", "gpu_contention", "serving_config",

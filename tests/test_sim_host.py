@@ -287,6 +287,25 @@ def test_unsealed_host_still_runs(tmp_path):
     assert not (tmp_path / "h").exists()
 
 
+
+@pytest.mark.parametrize("sealed", [False, True], ids=["unsealed", "sealed"])
+def test_host_pip_never_reaches_an_index(tmp_path, sealed):
+    """A simulated host's pip resolves only from what the scenario lays out, sealed or not: a `pip download`
+    of a real PyPI project finds nothing (the unsealed host once fetched the real wheel from the index this
+    machine's pip is configured with, and the two modes gave different answers)."""
+    from tools.sim.sandbox import SimHost
+    if sealed and not available():
+        pytest.skip(f"cannot seal a host here: {why_not()}")
+    h = SimHost(load_scenario("eagle3-flashinfer-rebuilt"), root=str(tmp_path / "h"), sealed=sealed)
+    try:
+        r = h.exec("/root/ml-env/bin/python3 -m pip download --no-deps --only-binary=:all: --timeout 5 "
+                   f"-d /tmp/dl-{os.getpid()} six==1.16.0 2>&1; ls /tmp/dl-{os.getpid()}; rm -rf /tmp/dl-{os.getpid()}")
+        assert "Saved" not in r.stdout and ".whl" not in r.stdout, r.stdout
+        assert "No matching distribution" in r.stdout or "Could not find a version" in r.stdout, r.stdout
+    finally:
+        h.close()
+
+
 # ---------------------------------------------------------------- the real machine stays outside
 def test_sealed_host_sees_no_listener_of_this_machine(sim_host):
     """A TCP listener of this machine on 127.0.0.1 is not in the sealed host's process table, and the host's

@@ -189,3 +189,27 @@ def test_runs_needed_counts_the_baseline_snapshots_own_runs():
     against_number = reproduce(bad[:4], 1768.0, False, 450.0, final=True)
     assert with_base.outcome == against_number.outcome == "more"
     assert with_base.runs_needed == 10 and against_number.runs_needed == 5
+
+
+# ---------------------------------------------------------------- rate units of any name
+@pytest.mark.parametrize("text,unit", [
+    ("train 1200 seq/s", "seq/s"), ("vision 300 img/s", "img/s"), ("video 24 frames/s", "frames/s"),
+    ("serve 1200 tokens/sec", "tokens/s"), ("user 41 tok/s/user", "tok/s/user"), ("rows 9 rows/second", "rows/s"),
+])
+def test_any_unit_ending_per_second_is_a_rate(text, unit):
+    """A unit of any name ending `/s` (`/sec`, `/second`, `tok/s/user`) is a rate, better higher, never seconds."""
+    s = parse_symptom(text)
+    assert (s.unit, s.direction) == (unit, "higher")
+
+
+def test_units_are_compared_in_one_place():
+    """`same_family` and `convert` answer for symptom, baseline and benchmark alike: rates never meet seconds."""
+    from agent.symptom import convert, same_family, unit_kind
+    assert unit_kind("samples/s") == unit_kind("frames/s") == unit_kind("tokens/sec") == "rate"
+    assert unit_kind("s") == unit_kind("ms") == "time" and unit_kind("points") is None
+    assert same_family("tokens/sec", "tok/s") and same_family("ms", "s") and not same_family("samples/s", "s")
+    assert not same_family("frames/s", "img/s") and same_family("points", "points") and not same_family("points", "ms")
+    assert convert(1.2, "s", "ms") == pytest.approx(1200) and convert(3, "frames/s", "s") is None
+    check_pair(parse_symptom("video 20 frames/s"), parse_symptom("video 24 frames/s"))
+    with pytest.raises(UsageError, match="same kind of unit"):
+        check_pair(parse_symptom("video 20 frames/s"), parse_symptom("video 2 s"))

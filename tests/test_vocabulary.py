@@ -60,7 +60,7 @@ def test_tools_name_no_hypothesis_id():
     assert not hits, "\n".join(hits)
 
 
-# What DESIGN.md says each area of a host bears on; the default playbook's evidence must file them so.
+# What docs/verdicts.md's hypothesis list says each area of a host bears on; the default playbook's evidence must file them so.
 DOCUMENTED = {
     "packages.torch.version": "compiled_dependency", "packages.flashinfer-python.build": "compiled_dependency",
     "repo.head": "code_change", "repo.dirty": "code_change", "server.args.attention-backend": "serving_config",
@@ -73,7 +73,7 @@ DOCUMENTED = {
 
 @pytest.mark.parametrize("path,hid", sorted(DOCUMENTED.items()))
 def test_default_playbook_files_each_change_under_its_hypothesis(path, hid):
-    """The default playbook's `evidence` globs file a change as DESIGN.md's hypothesis list describes."""
+    """The default playbook's `evidence` globs file a change as docs/verdicts.md's hypothesis list describes."""
     assert load_playbook(None).evidence_of(Change(path=path)) == hid
 
 

@@ -1,4 +1,4 @@
-"""GPU tools: ``nvidia-smi`` queries and their parsers.
+"""GPU tools: ``nvidia-smi`` queries and their parsers (declared as tools by ``tools.probes.gpu``).
 
 Older drivers name the clock reasons "Clocks Throttle Reasons" (``clocks_throttle_reasons``);
 newer ones "Clocks Event Reasons" (``clocks_event_reasons``). Both parse to the same names.

@@ -1,7 +1,8 @@
 """Host tools: the inference server process, Python packages, git, CPU, benchmarks.
 
 Each tool is a pydantic input with ``command()`` (every argument through ``shlex.quote``)
-and a pure ``parse_*`` function from the command's text to a pydantic output.
+and a pure ``parse_*`` function from the command's text to a pydantic output. The probes
+(``tools.probes``: server, packages, git, host, driver, bench) declare them as tools.
 """
 
 from __future__ import annotations

@@ -421,7 +421,14 @@ class WheelList(BaseModel):
 
 
 def parse_wheels(text: str) -> WheelList:
-    return WheelList(wheels=[ln.strip() for ln in text.splitlines() if ln.strip().endswith(".whl")])
+    """The wheel paths listed one a line; pip's own lines that name a wheel ("Saved /tmp/…whl", "File was
+    already downloaded /tmp/…whl") are not paths, and each path is listed once."""
+    wheels: list[str] = []
+    for ln in text.splitlines():
+        ln = ln.strip()
+        if ln.endswith(".whl") and not re.match(r"(Saved|File was already downloaded) ", ln) and ln not in wheels:
+            wheels.append(ln)
+    return WheelList(wheels=wheels)
 
 
 class PipDownload(BaseModel):

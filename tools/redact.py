@@ -8,12 +8,18 @@ What counts as a secret:
   ``--admin-password`` are secret while ``--max-num-batched-tokens``,
   ``--speculative-num-draft-tokens`` and ``VLLM_MAX_TOKENS_PER_EXPERT`` (the flags a
   diagnosis needs) stay readable; a name ending in a word such as ``file`` or ``path``
-  (``--ssl-keyfile``, ``KEY_PATH``) names where a secret is, not the secret;
+  (``--ssl-keyfile``, ``KEY_PATH``) names where a secret is, not the secret, and one with a
+  count, size or scale after its secret word (``MAX_SESSION_TOKENS``, ``--attention-key-scale``,
+  ``--salt-rounds``) a number a diagnosis reads; one-word names (``PGPASSWORD``) and short last
+  words (``REDIS_PASS``, ``MYSQL_PWD``, ``--pass``; not the shell's ``PWD``) are secret too;
 * a value of its own shape, wherever it appears: PEM private keys (also cut off or spread
   over lines), JWTs, ``Authorization``/``Cookie`` headers and bearer tokens, credentials in
   URLs (``scheme://user:PASSWORD@``, a DSN's key), webhook URLs, well-known token prefixes
   (``hf_``, ``ghp_``, ``github_pat_``, ``glpat-``, ``sk-``, ``xox…-``, ``AKIA…``, ``AIza…``,
-  ``pypi-``, ``npm_``, ``SG.``);
+  ``ya29.``, ``hvs.``, ``pypi-``, ``npm_``, ``SG.``), connection strings (Azure ``AccountKey=``,
+  ODBC ``PWD=``), INI and netrc files, curl's ``-u USER:PASSWORD``, base64 blobs that decode to
+  a credential (a service-account key, a docker config), and a quoted command inside a flag
+  (``--bench 'client --api-key KEY'``);
 * a value seen once under a secret name: the redactor remembers it (8 characters or
   more) and hides it wherever it shows up later (a ``ps`` line, a log).
 
@@ -32,6 +38,7 @@ mode 0600 (folders 0700) after redaction.
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import os
@@ -43,26 +50,72 @@ from typing import Any
 
 REDACTED = "[REDACTED]"
 
-# a name is secret when one of its words is one of these
+# a name is secret when one of its words is one of these ...
 SECRET_WORDS = frozenset({
     "token", "secret", "secrets", "password", "passwd", "passphrase", "key", "apikey", "accesskey",
     "secretkey", "privatekey", "authtoken", "accesstoken", "refreshtoken", "clientsecret", "credential",
-    "credentials", "creds", "auth", "authorization", "cookie", "dsn", "webhook", "signature", "sig", "salt",
-    "session", "sessionid",
+    "credentials", "creds", "auth", "authorization", "cookie", "cookies", "dsn", "webhook", "signature", "sig", "salt",
+    "session", "sessionid", "jwt", "bearer",
+    "requirepass", "masterauth", "masterpass",   # Redis
+    "apitoken", "hftoken", "ghtoken", "bottoken", "idtoken", "sessiontoken", "csrftoken", "xsrftoken", "jobtoken",
+    "pgpass", "dbpass", "rootpass", "adminpass", "userpass", "smtppass", "mailpass",
 })
-# ... unless its last word says it names where the secret is, or something about it
-NOT_SECRET_LAST = frozenset({"file", "path", "dir", "name", "names", "type", "size", "len", "length", "id", "ids",
-                             "count", "format", "mode", "url_file", "env", "var", "header_name",
-                             # settings about a secret, not the secret: `--auth-required`, `AUTH_METHOD`, `--auth-timeout`
-                             "required", "enabled", "disabled", "method", "timeout", "ttl", "level", "backend",
-                             "provider", "scheme", "strategy", "algorithm", "version",
-                             # a setting or a socket, not the secret: `PasswordAuthentication`, `SSH_AUTH_SOCK`
-                             "authentication", "sock", "socket",
-                             # a dimension or a count: `--key-dim 128`, `--token-budget`
-                             "dim", "dims", "bits", "interval", "index", "idx", "budget", "limit", "ratio",
-                             "prefix", "policy", "dtype", "rate", "cache", "manager"})
-# a switch (`--enable-auth`, `--no-auth`, `--use-token`) takes no value: the next argument is not its secret
+# ... or ends in one of these (a name written as one word: PGPASSWORD, MYSQLPASSWORD, CLIENTSECRET, MYTOKEN),
+# but for the words of tokenizers (`tiktoken: 0.12.0` in `sglang.check_env`)
+SECRET_SUFFIXES = ("password", "passwd", "passphrase", "secret", "token", "apikey", "secretkey", "privatekey",
+                   "accesskey", "masterkey", "signingkey")
+NOT_SECRET_WORDS = frozenset({"tiktoken", "detoken", "subtoken", "pretoken", "multitoken", "untoken", "retoken",
+                              "nexttoken", "bytetoken"})
+# ... or, as its last word, one of these short ones: REDIS_PASS, MY_PASS, `--pass`, MYSQL_PWD, DB_PW, GH_PAT
+# (PWD alone, and OLDPWD, are the shell's working folder: a one-word ``pwd`` is not a password)
+SECRET_LAST_WORDS = frozenset({"pass", "pw", "pwd", "pat", "keys", "passwords"})
+_NOT_ALONE = frozenset({"pwd", "keys"})   # the variable PWD, a dict's `keys`: secret only in a longer name or a flag
+# ... unless the word before a secret word says which key or token it is: a sort key, the EOS token
+NOT_SECRET_KINDS = {
+    "key": frozenset({"sort", "group", "partition", "primary", "foreign", "routing", "shard", "hash", "join", "metric",
+                      "label", "dict", "index", "unique", "composite", "lookup", "cache", "attention", "kv", "query",
+                      "dedup", "dedupe", "order", "hot", "map", "authorized", "known", "host", "trusted", "public"}),
+    "token": frozenset({"bos", "eos", "pad", "unk", "sep", "cls", "mask", "image", "video", "audio", "vision", "start",
+                        "end", "stop", "special", "think", "eot", "eom", "placeholder", "draft", "per", "max", "min",
+                        "num", "first", "second", "last", "next", "prev", "previous", "each", "every", "inter",
+                        "output", "input", "prompt", "completion", "generated", "new", "total", "avg", "mean"}),
+    "pass": frozenset({"single", "two", "multi", "one", "first", "second", "last", "each", "every", "fusion", "custom",
+                       "post", "pre", "grad", "forward", "backward", "compile", "compiler", "graph", "fx", "inductor",
+                       "full", "extra", "lowering", "optimization", "opt",
+                       # nginx: `proxy_pass http://backend;` names where requests go
+                       "proxy", "fastcgi", "uwsgi", "grpc", "scgi", "memcached"}),
+    "session": frozenset({"xdg", "dbus", "ray", "tmux", "screen", "login", "user"}),
+}
+# ... and unless its last word says it is about a secret rather than the secret: where it is (a file, a
+# path), its name or kind, a setting, or a count, size or scale that a diagnosis reads
+QUALIFIERS = frozenset({
+    # where the secret is, or what names it: `--ssl-keyfile`, `KEY_PATH`, `SECRET_NAME`, `API_KEY_HEADER_NAME`
+    "file", "files", "path", "paths", "dir", "folder", "name", "names", "type", "id", "ids", "env", "var",
+    "store", "ref", "arn",
+    # settings about a secret: `--auth-required`, `AUTH_METHOD`, `--auth-timeout`, `PasswordAuthentication`
+    "required", "enabled", "disabled", "method", "timeout", "ttl", "level", "backend", "provider", "scheme", "strategy",
+    "algorithm", "version", "authentication", "sock", "socket", "mode", "format", "policy", "manager", "config",
+    "cfg", "conf", "options", "opts", "expiry", "expires", "expiration", "lifetime", "age", "domain", "secure", "samesite",
+    "httponly", "address", "addr", "bus", "class", "desktop", "seat", "vt", "user", "username", "region", "realm",
+    "issuer", "audience", "scope", "scopes", "field", "prefix", "suffix", "template", "encoding", "charset",
+    # a count, a size, a scale: `--key-dim 128`, `--token-budget`, `MAX_SESSION_TOKENS`, `--attention-key-scale`,
+    # `--speculative-token-tree`, `--salt-rounds`, `--sig-figs`
+    "size", "len", "length", "count", "dim", "dims", "bits", "interval", "index", "idx", "budget", "limit", "ratio",
+    "dtype", "rate", "cache", "tokens", "tree", "map", "scale", "scales", "scaling", "rounds", "round", "figs",
+    "digits", "steps", "depth", "width", "factor", "threshold", "window", "offset", "stride", "heads", "head",
+    "seconds", "secs", "ms", "bytes", "capacity", "latency", "usage", "per", "num", "total", "max", "min", "chars",
+    "stats", "metrics", "weight", "weights", "bias", "norm", "proj", "layer", "layers", "states", "throughput",
+    "mean", "avg", "median", "stddev", "std", "quantile", "quantiles", "percentile", "percentiles",
+    # a diagnostic about a secret, not the secret: `KeyError: 'x'`, `TokenMismatch`
+    "error", "errors", "exception", "warning", "mismatch",
+    # a file name (`broken-key.yaml:12`): where a secret may be, not the secret
+    "yaml", "yml", "json", "toml", "ini", "txt", "log", "py", "sh", "md", "csv", "xml", "html", "db", "sqlite",
+    "lock", "pid", "bak", "tmp", "so", "whl",
+})
+# a switch (`--enable-auth`, `--no-auth`, `--use-token`) takes no value: the next argument is not its secret;
+# a count (`MAX_SESSION_TOKENS`, `--num-key-heads`) is no secret; a diagnostic (`InvalidToken:`) is none
 NOT_SECRET_FIRST = frozenset({"enable", "disable", "no", "use", "require", "allow", "skip", "with", "without",
+                              "max", "min", "num", "invalid", "missing", "bad", "expired", "unknown",
                               # half of a key pair that is published: `public_key`, `--public-key`
                               "public"})
 NOT_SECRET_NAMES = frozenset({"tool", "key_id", "max_tokens", "hostkey", "host_key", "known_hosts", "pubkey",
@@ -73,20 +126,30 @@ NOT_SECRET_NAMES = frozenset({"tool", "key_id", "max_tokens", "hostkey", "host_k
 NOT_SECRET_VALUES = frozenset({"yes", "no", "true", "false", "on", "off", "none", "null", "enabled", "disabled",
                                "support", "flag", "option", "argument", "parameter", "and", "or", "to", "for", "in",
                                "is", "was", "the", "a", "an", "with", "when", "from", "handling", "parsing",
-                               "validation", "now", "not", "as", "of", "by", "at", "if", "it"})
+                               "validation", "now", "not", "as", "of", "by", "at", "if", "it", "file", "missing",
+                               "invalid", "expired", "required", "denied", "empty", "unset", "found", "error",
+                               "failed", "must", "should", "will", "may", "can", "cannot", "could", "has", "have",
+                               "does", "did", "set", "given", "needed", "refused", "rejected", "ok", "success",
+                               "passed", "valid", "optional", "n/a", "unknown", "[redacted]",
+                               # a placeholder in documentation: `Key: value`, `--api-key ...`
+                               "value", "values", "...", "…", "<value>", "<key>", "<token>", "<password>"})
 # an absolute path under a standard folder names where a secret is kept, not the secret
 _PATH_VALUE = re.compile(r"(?:~|/(?:etc|var|run|root|home|tmp|opt|usr|srv|mnt|data|workspace|models|secrets|dev|app|"
-                         r"cache|nfs|scratch))(?:/[\w.@:+-]+)+/?")
+                         r"cache|nfs|scratch|proc|sys|work|lustre|gpfs|fsx|efs|shared|Users|private))"
+                         r"(?:/[\w.@:+-]+)+/?")
 
 
 def plain_value(value: str) -> bool:
     """A value that is no secret under any name: a switch's state, a word of prose, a path to a file."""
-    v = value.strip().strip("'\"")
+    v = value.strip().strip("'\"`")
     return v.lower() in NOT_SECRET_VALUES or bool(_PATH_VALUE.fullmatch(v))
 
-# substrings without which no secret name can occur (SECRET_WORDS, lowercased)
-_NAME_ANCHORS = ("token", "secret", "passw", "passphrase", "key", "cred", "auth", "cookie", "dsn", "webhook", "sig",
-                 "salt", "session")
+# substrings without which no secret name can occur (SECRET_WORDS, SECRET_SUFFIXES, SECRET_LAST_WORDS, lowercased)
+_NAME_ANCHORS = ("token", "secret", "pass", "pw", "pat", "key", "cred", "auth", "cookie", "dsn", "webhook", "sig",
+                 "salt", "session", "jwt", "bearer")
+# one-word names that, followed by a small number, count something (`pass: 3`, `session: 42`, `key: 1`)
+_ONE_WORD_COUNTS = frozenset({"pass", "session", "key", "sig", "salt", "auth", "token", "pw", "pat"})
+_PROSE_BEFORE = re.compile(r"[A-Za-z]{2,}[ \t]+\Z")
 _HEADER_ANCHORS = ("authorization", "cookie", "api-key", "auth-token", "access-token", "private-token", "bearer",
                    "basic", "token")
 _WORD_SPLIT = re.compile(r"[^A-Za-z0-9]+|(?<=[a-z0-9])(?=[A-Z])")
@@ -97,15 +160,49 @@ def name_words(name: str) -> list[str]:
     return [w.lower() for w in _WORD_SPLIT.split(name) if w]
 
 
+_PERCENTILE = re.compile(r"p\d{1,3}")
+
+
+def _qualifier(word: str) -> bool:
+    return word in QUALIFIERS or bool(_PERCENTILE.fullmatch(word))
+
+
+def _secret_word(words: list[str], i: int, flag: bool) -> bool:
+    """Whether ``words[i]`` makes the name secret (a secret word not qualified by the word before it)."""
+    w = words[i]
+    last = i == len(words) - 1
+    if w in SECRET_LAST_WORDS:   # the variable PWD is the working folder; `--pwd`, `MYSQL_PWD` are passwords
+        hit = last and (len(words) > 1 or w not in _NOT_ALONE or flag)
+    else:
+        hit = w in SECRET_WORDS or (w.endswith(SECRET_SUFFIXES) and len(w) > 4 and w not in NOT_SECRET_WORDS)
+    if not hit:
+        return False
+    kinds = NOT_SECRET_KINDS.get("key" if w == "keys" else w)
+    if kinds and i > 0 and words[i - 1] in kinds:
+        return False
+    # a word after it that says what about the secret the name holds: `--attention-key-scale-factor`,
+    # `inter_token_latency_s_p50`, `API_KEY_FILE_PATH`
+    return not any(_qualifier(x) for x in words[i + 1:])
+
+
 @functools.lru_cache(maxsize=65536)
 def is_secret_name(name: str) -> bool:
-    """Whether a variable, flag or key of this name holds a secret (matched as whole words)."""
-    if not name or name.lower().lstrip("-") in NOT_SECRET_NAMES:
+    """Whether a variable, flag or key of this name holds a secret.
+
+    The name is split into words (``_ - .`` and camelCase): it is secret when one word is a secret word
+    (``HF_TOKEN``, ``--api-key``, ``PGPASSWORD``, ``REDIS_PASS``, ``MYSQL_PWD``) and the last word is no
+    qualifier (a file, a setting, a count or scale: ``--ssl-keyfile``, ``--auth-required``,
+    ``MAX_SESSION_TOKENS``, ``--attention-key-scale``), the first no switch or count (``--enable-auth``,
+    ``--num-key-heads``), and the word before it does not say which key or token it is (``--sort-key``,
+    ``--eos-token``)."""
+    if not name or name.lower().lstrip("-+") in NOT_SECRET_NAMES:
         return False
     words = name_words(name)
-    if not words or words[-1] in NOT_SECRET_LAST or (len(words) > 1 and words[0] in NOT_SECRET_FIRST):
+    if words[-2:] == ["secret", "id"]:   # Vault AppRole's SECRET_ID is the credential (its ROLE_ID is not)
+        return True
+    if not words or _qualifier(words[-1]) or (len(words) > 1 and words[0] in NOT_SECRET_FIRST):
         return False
-    return any(w in SECRET_WORDS for w in words)
+    return any(_secret_word(words, i, name.startswith("-")) for i in range(len(words)))
 
 
 # ---------------------------------------------------------------- value detectors
@@ -128,13 +225,27 @@ _TOKENS = re.compile(r"\b(?:" + "|".join([
     r"npm_[A-Za-z0-9]{20,}",
     r"SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}",
     r"eyJ[A-Za-z0-9_-]{4,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*",
+    r"ya29\.[A-Za-z0-9_-]{20,}",                # a Google OAuth access token
+    r"1//0[A-Za-z0-9_-]{30,}",                  # a Google OAuth refresh token
+    r"hv[sbr]\.[A-Za-z0-9_-]{20,}",              # HashiCorp Vault
+    r"AGE-SECRET-KEY-1[0-9A-Z]{50,}",
+    r"dop_v1_[a-f0-9]{40,}",
 ]) + ")")
+# base64 that decodes to JSON or a PEM block holding a credential (a service-account key, a docker config,
+# a Kubernetes secret's tls.key), also wrapped over lines; ``_B64_MARKS`` are what its decoding must hold
+_B64 = re.compile(r"(?<![A-Za-z0-9+/_-])(?:eyJ|eyAi|ewog|ewoJ|ew0K|LS0tLS1CRUdJT)[A-Za-z0-9+/_-]{36,}={0,2}"
+                  r"(?:(?:\r?\n|\\n)[A-Za-z0-9+/]+={0,2}(?=[\r\n\"',]|\\n|$))*")
+_B64_ANCHORS = ("eyj", "eyai", "ewog", "ewoj", "ew0k", "ls0tls1crudjt")
+_B64_MARKS = (b"private_key", b"PRIVATE KEY", b"client_secret", b"refresh_token", b"access_token", b"service_account",
+              b'"password"', b'"auths"', b'"auth"', b'"token"', b'"secret"', b"api_key", b"apiKey")
 _HEADER = re.compile(r"(?i)(?<![\w-])((?:proxy-)?authorization|cookie|set-cookie|x-api-key|api-key|x-auth-token|"
                      r"x-access-token|private-token|x-goog-api-key)(\s*[:=]\s*)([^\r\n\"']+)")
 _BEARER = re.compile(r"(?i)\b(bearer)(\s+)([A-Za-z0-9._~+/-]{8,}=*)|\b(basic|token)(\s+)(?=[A-Za-z0-9._~+/-]*\d)"
                      r"(?=[A-Za-z0-9._~+/-]*[A-Za-z])([A-Za-z0-9._~+-][A-Za-z0-9._~+/-]{15,}=*)")
 # scheme://user:password@host  and  scheme://KEY@host (a DSN); the user of scp-like git URLs is kept
-_URL_CRED = re.compile(r"(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*://)([^\s/@:'\"<>]*):([^\s/@'\"<>]+)@")
+# (the password may hold `/`, and `@` where another `@` follows before the host: git and curl take them raw)
+_URL_CRED = re.compile(r"(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*://)([^\s/@:'\"<>]*):((?:[^\s@'\"<>]|@(?=[^\s/@'\"<>]{0,128}@)){1,128})@")
+_PORT_PATH = re.compile(r"\d{1,5}/.*")   # host:PORT/path@x is a URL without a password
 _URL_USER = re.compile(r"(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*://)([A-Za-z0-9_-]{16,})@")
 _WEBHOOK = re.compile(r"(?i)\b(https?://(?:hooks\.slack\.com/(?:services|workflows|triggers)|"
                       r"(?:[a-z0-9-]+\.)?discord(?:app)?\.com/api/webhooks|[^\s/'\"]+/(?:api/)?webhooks?)/)"
@@ -145,11 +256,24 @@ _URL_QUERY = re.compile(r"([?&])([A-Za-z0-9_.-]+)=([^&\s'\"#<>]+)")
 _VALUE = r"(\"(?:[^\"\\]|\\.)*\"|'[^']*'|\$'(?:[^'\\]|\\.)*'|[^\s'\"]+)"
 # (``+NAME=value``: server_details marks each entry of /proc/PID/environ with a leading ``+``)
 _LINE_ASSIGN = re.compile(r"(?m)^(\s*(?:export\s+)?\+?)([A-Za-z_][A-Za-z0-9_.-]*)=(.+)$")
-_ASSIGN = re.compile(r"(?<![\w./-])([A-Za-z_][A-Za-z0-9_.]*)=" + _VALUE)
+# (an unquoted value ends at `;`: `AccountName=a;AccountKey=KEY;...`, a connection string, is read
+# pair by pair; a whole environment line is _LINE_ASSIGN's)
+_ASSIGN = re.compile(r"(?<![\w./-])([A-Za-z_][A-Za-z0-9_.]*)=(\"(?:[^\"\\]|\\.)*\"|'[^']*'|\$'(?:[^'\\]|\\.)*'|[^\s'\";]+)")
+# `name = value` as a whole line (an INI or TOML file: ~/.aws/credentials, pip.conf); a value of code
+# (`token = os.environ["X"]`, `key = f(x)`) is none
+_INI_ASSIGN = re.compile(r"(?m)^([ \t]*)([A-Za-z_][A-Za-z0-9_.-]*)([ \t]+=[ \t]*|[ \t]*=[ \t]+)"
+                         r"(\"(?:[^\"\\\n]|\\.)*\"|'[^'\n]*'|[^\s()\[\]{}'\"]+)[ \t]*$")
+# ODBC and ADO.NET connection strings name the password PWD (`...;UID=u;PWD=secret;`)
+_CONN_PWD = re.compile(r"(?i)(?<![\w./-])(pwd)=([^;\s'\"]+)")   # (only beside a `;`: PWD=/x alone is the cwd)
 _FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][A-Za-z0-9_.-]*)(=|[^\S\n]+|[^\S\n]*\n)(?![-=])" + _VALUE)
 # an argument vector written as a JSON or Python list: `"--api-key", "VALUE"`
 _QUOTED_FLAG = re.compile(r"(?<=[\"'])(--?[A-Za-z][A-Za-z0-9_.-]*)([\"']\s*,\s*)(\"(?:[^\"\\]|\\.)*\"|'[^']*')")
-_KEYVAL = re.compile(r"(?<![\w.\"'-])([\"']?)([A-Za-z_][A-Za-z0-9_.-]*)\1(\s*:\s*)(\[REDACTED\]|\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s,}\]]+)")
+# (not after `/`, `~` or `:`: `/etc/passwd: denied` is a path in a message, not a key and its value)
+_KEYVAL = re.compile(r"(?<![\w.\"'/~:@\\-])([\"']?)([A-Za-z_][A-Za-z0-9_.-]*)\1([^\S\n]*:[^\S\n]*)(\[REDACTED\]|\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s,}\]\"']+)")
+# curl's `-u USER:PASSWORD` (a uid:gid, `docker run -u 1000:1000`, is none; nor is a command without a URL)
+_USER_PW = re.compile(r"(?<![\w-])(-u|--user|--proxy-user)([ \t]+|=)([^\s:'\"]+):(?!\d+(?:\s|$))([^\s'\"]+)")
+# .netrc: `machine HOST login USER password SECRET`
+_NETRC = re.compile(r"(?<![\w-])(password|passwd)([ \t]+)(?!\[REDACTED\])(\S+)")
 
 
 class Redactor:
@@ -189,7 +313,7 @@ class Redactor:
             text = _PEM_ESCAPED.sub(REDACTED, text)
         if "://" in low:
             text = _WEBHOOK.sub(lambda m: m.group(1) + REDACTED, text)
-            text = _URL_CRED.sub(lambda m: f"{m.group(1)}{m.group(2)}:{self._secret(m.group(3))}@", text)
+            text = _URL_CRED.sub(self._url_cred, text)
             text = _URL_USER.sub(lambda m: f"{m.group(1)}{self._secret(m.group(2))}@", text)
         if "?" in low or "&" in low:
             text = _URL_QUERY.sub(lambda m: m.group(0) if not is_secret_name(m.group(2))
@@ -199,18 +323,76 @@ class Redactor:
             text = _BEARER.sub(lambda m: f"{m.group(1)}{m.group(2)}{self._secret(m.group(3))}" if m.group(1)
                                else f"{m.group(4)}{m.group(5)}{self._secret(m.group(6))}", text)
         text = _TOKENS.sub(REDACTED, text)
+        if "-u" in low and ("curl" in low or "://" in low):   # (`docker run -u app:app` is a user and a group)
+            text = _USER_PW.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(3)}:{self._secret(m.group(4))}", text)
+        if any(w in low for w in _B64_ANCHORS):
+            text = _B64.sub(self._base64, text)
         if not any(w in low for w in _NAME_ANCHORS):
             return self._learned_re.sub(REDACTED, text) if self._learned_re is not None else text
         text = _LINE_ASSIGN.sub(self._line_assign, text)
-        text = _ASSIGN.sub(lambda m: m.group(0) if not is_secret_name(m.group(1)) or plain_value(m.group(2))
-                           else f"{m.group(1)}={self._quoted(m.group(2))}", text)
+        if "=" in text:
+            text = _INI_ASSIGN.sub(lambda m: m.group(0) if not is_secret_name(m.group(2)) or plain_value(m.group(4))
+                                   else f"{m.group(1)}{m.group(2)}{m.group(3)}{self._quoted(m.group(4))}", text)
+            text = _ASSIGN.sub(lambda m: m.group(0) if not is_secret_name(m.group(1)) or plain_value(m.group(2))
+                               else f"{m.group(1)}={self._quoted(m.group(2))}", text)
+            if "pwd=" in low and ";" in text:
+                text = _CONN_PWD.sub(self._conn_pwd, text)
         text = _FLAG.sub(self._flag, text)
         text = _QUOTED_FLAG.sub(self._flag, text)
-        text = _KEYVAL.sub(lambda m: m.group(0) if not is_secret_name(m.group(2)) or m.group(4).strip("\"'") == REDACTED
-                           or plain_value(m.group(4)) else f"{m.group(1)}{m.group(2)}{m.group(1)}{m.group(3)}{self._quoted(m.group(4))}", text)
+        text = _KEYVAL.sub(self._keyval, text)
+        if "machine" in low and "login" in low:
+            text = _NETRC.sub(lambda m: f"{m.group(1)}{m.group(2)}{self._secret(m.group(3))}", text)
         if self._learned_re is not None:
             text = self._learned_re.sub(REDACTED, text)
         return text
+
+    def _url_cred(self, m: re.Match[str]) -> str:
+        """``scheme://user:PASSWORD@``; ``host:8080/path@v1`` holds a port and a path, not a password."""
+        if _PORT_PATH.fullmatch(m.group(3)):
+            return m.group(0)
+        return f"{m.group(1)}{m.group(2)}:{self._secret(m.group(3))}@"
+
+    def _base64(self, m: re.Match[str]) -> str:
+        """A base64 blob is hidden whole when its decoding holds a credential (a service-account key)."""
+        parts = re.split(r"(\r?\n|\\n)", m.group(0))   # wrapped: every line as long as the first, but the last
+        lines, width = [parts[0]], len(parts[0])
+        for line in parts[2::2]:
+            if len(lines[-1]) != width or len(line) > width:
+                break
+            lines.append(line)
+        kept = "".join(parts[: 2 * len(lines) - 1])
+        rest = m.group(0)[len(kept):]
+        blob = "".join(lines)
+        for start in range(4):   # where the blob was cut out of a longer one, its alignment may be off
+            body = blob[start:]
+            body = body[: len(body) - len(body) % 4] if "=" not in body else body
+            try:
+                data = base64.b64decode(body.replace("-", "+").replace("_", "/") + "=" * (-len(body) % 4))
+            except ValueError:
+                continue
+            if any(mark in data for mark in _B64_MARKS):
+                self.learn(kept)
+                return REDACTED + rest
+        return m.group(0)
+
+    def _conn_pwd(self, m: re.Match[str]) -> str:
+        s, i, j = m.string, m.start(), m.end()
+        if s[i - 1:i] != ";" and s[j:j + 1] != ";":   # PWD=/x alone is the shell's working folder
+            return m.group(0)
+        return f"{m.group(1)}={self._secret(m.group(2))}"
+
+    def _keyval(self, m: re.Match[str]) -> str:
+        """``name: value`` (YAML, JSON, a header, a message)."""
+        name, sep, value = m.group(2), m.group(3), m.group(4)
+        if not is_secret_name(name) or value.strip("\"'") == REDACTED or plain_value(value):
+            return m.group(0)
+        if sep == ":" and "." in name and re.fullmatch(r"\d+(?::\d+)?:?", value):   # file:line in a message
+            return m.group(0)
+        if name.lower() in _ONE_WORD_COUNTS and re.fullmatch(r"\d{1,6}", value):   # `pass: 3, fail: 0`
+            return m.group(0)
+        if not m.group(1) and len(name_words(name)) == 1 and _PROSE_BEFORE.search(m.string[max(0, m.start() - 40):m.start()]):
+            return m.group(0)   # a word of a sentence: "in one concurrent pass: GPU state, ..."
+        return f"{m.group(1)}{name}{m.group(1)}{sep}{self._quoted(value)}"
 
     def _quoted(self, value: str) -> str:
         """Keep the quoting of a replaced value, so a command line still parses."""
@@ -232,7 +414,12 @@ class Redactor:
 
     def _flag(self, m: re.Match[str]) -> str:
         name, sep, value = m.group(1), m.group(2), m.group(3)
-        if not is_secret_name(name) or value.startswith("-") or value.strip("\"'") == REDACTED or plain_value(value):
+        if not is_secret_name(name):
+            # a quoted value is a command of its own (`--bench 'client --api-key KEY'`): redacted as one
+            if len(value) > 2 and value[0] in "\"'" and value[-1] == value[0]:
+                return f"{name}{sep}{value[0]}{self.text(value[1:-1])}{value[0]}"
+            return m.group(0)
+        if value.startswith("-") or value.strip("\"'") == REDACTED or plain_value(value):
             return m.group(0)
         return f"{name}{sep}{self._quoted(value)}"
 
@@ -270,9 +457,14 @@ class Redactor:
         if isinstance(obj, dict):
             out = {}
             for k, v in obj.items():
-                if isinstance(k, str) and is_secret_name(k) and isinstance(v, str | int | float) and not isinstance(v, bool) \
-                        and v != "" and not plain_value(str(v)):
+                secret = isinstance(k, str) and is_secret_name(k)
+                if isinstance(k, str) and len(k) >= self.MIN_LEARNED:   # a key is a field too (a URL, `NAME=value`)
+                    k = self.text(k)
+                if secret and isinstance(v, str | int | float) and not isinstance(v, bool) and v != "" \
+                        and not plain_value(str(v)):
                     out[k] = self._secret(str(v))
+                elif secret and isinstance(v, list) and all(isinstance(x, str) for x in v):   # `"api_keys": [...]`
+                    out[k] = [self._secret(x) if x and not plain_value(x) else x for x in v]
                 else:
                     out[k] = self.value(v)
             return out

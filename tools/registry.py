@@ -1,8 +1,9 @@
 """The typed tools by name, and the runner that sends them and parses what comes back.
 
-A tool is one row of ``TOOLS``: its input model builds the exact command; its parser
-turns the ``CommandResult`` into a typed output or raises ``ParseError``; the row also
-holds its timeout and whether it changes the host. The runner
+A tool is one row of ``TOOLS`` (a ``tools.probes.base.Tool``): its input model builds the exact
+command; its parser turns the ``CommandResult`` into a typed output or raises ``ParseError``; the
+row also holds its timeout and whether it changes the host. The read-only rows are the probes'
+(``tools.probes``, one module per area), the mutations are listed here. The runner
 reports every call to an observer (the transcript), runs independent calls
 concurrently, and never lets a parse failure escape as a traceback.
 """
@@ -14,31 +15,14 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from . import gpu, host, mutate
+from . import mutate, probes
 from .errors import ParseError
+from .probes.base import Parser, Tool
 from .transport import CommandResult, Transport
-
-
-class GpuList(BaseModel):
-    gpus: list[gpu.GpuState]
-
-
-class ProcessList(BaseModel):
-    processes: list[host.ProcessLine]
-
-
-class GpuProcessList(BaseModel):
-    processes: list[gpu.GpuProcess]
-
-
-class BenchValue(BaseModel):
-    value: float
-    unit: str | None = None
 
 
 class Done(BaseModel):
@@ -48,63 +32,14 @@ class Done(BaseModel):
     detail: str = ""
 
 
-Parser = Callable[[Any, CommandResult], BaseModel]
-
-
-def _need_ok(r: CommandResult, tool: str) -> None:
-    if r.timed_out:
-        raise ParseError(f"cut at its timeout after {r.duration_ms / 1000:.1f} s", tool=tool)
-    if r.exit_code != 0:
-        raise ParseError(f"exit {r.exit_code}: {r.tail(2) or 'no output'}", tool=tool)
-
-
-@dataclass(frozen=True)
-class Tool:
-    """One typed tool, one row: its name, its input model (whose ``command()`` is the exact command it
-    sends), the parser of what came back, its timeout, and whether it changes the host (experiments
-    only, each with its undo; never sent twice). A ``checked`` tool's failing or cut command is an
-    error before its parser sees it; an unchecked parser reads whatever came back."""
-
-    name: str
-    input: type[BaseModel]
-    parse: Parser
-    timeout: float = 60.0
-    mutates: bool = False
-    checked: bool = True
-
-    def read(self, inp: Any, r: CommandResult) -> BaseModel:
-        """The typed output of ``r``, or ``ParseError``."""
-        if self.checked:
-            _need_ok(r, self.name)
-        return self.parse(inp, r)
-
-
 def _done(lines: int = 1) -> Parser:
     """A mutation's output: it ran, and its last ``lines`` lines."""
     return lambda i, r: Done(detail=r.tail(lines))
 
 
-def _bench_value(i: host.Bench, r: CommandResult) -> BenchValue:
-    value, unit = host.parse_bench(r.stdout, i.metric, i.regex)
-    return BenchValue(value=value, unit=unit)
-
-
-TOOLS: dict[str, Tool] = {t.name: t for t in (
-    Tool("host_info", host.HostInfo, lambda i, r: host.parse_host_info(r.stdout)),
-    Tool("gpu_query", gpu.GpuQuery, lambda i, r: GpuList(gpus=gpu.parse_query_csv(r.stdout))),
-    Tool("gpu_q", gpu.GpuQ, lambda i, r: gpu.parse_q(r.stdout)),
-    Tool("gpu_processes", gpu.GpuProcesses, lambda i, r: GpuProcessList(processes=gpu.parse_compute_apps(r.stdout))),
-    Tool("gpu_sample_under_load", gpu.GpuSampleUnderLoad, lambda i, r: gpu.parse_load_samples(r.stdout), timeout=120.0,
-         checked=False),
-    Tool("find_servers", host.FindServers, lambda i, r: ProcessList(processes=host.parse_find_servers(r.stdout))),
-    Tool("process_table", host.ProcessTableInput, lambda i, r: host.parse_process_table(r.stdout)),
-    Tool("server_details", host.ServerDetails, lambda i, r: host.parse_server_details(i.pid, r.stdout)),
-    Tool("python_packages", host.PythonPackages, lambda i, r: host.parse_python_packages(r.stdout), timeout=120.0),
-    Tool("git_state", host.GitState, lambda i, r: host.parse_git_state(i.repo, r.stdout)),
-    Tool("git_range", host.GitRange, lambda i, r: host.parse_git_range(r.stdout)),
-    Tool("driver_files", host.DriverFiles, lambda i, r: host.parse_driver_files(r.stdout)),
-    Tool("bench", host.Bench, _bench_value, timeout=900.0),
-    # mutations: experiments only, each with its undo
+# The tools that change the host: experiments only, each with its undo. The read-only tools are the probes'
+# (``tools.probes``).
+MUTATIONS: tuple[Tool, ...] = (
     Tool("git_worktree_add", mutate.WorktreeAdd, _done(), mutates=True),
     Tool("git_worktree_remove", mutate.WorktreeRemove, _done(), mutates=True),
     Tool("restart_server", mutate.RestartServer, lambda i, r: mutate.parse_restart(r.stdout), timeout=300.0, mutates=True),
@@ -116,13 +51,8 @@ TOOLS: dict[str, Tool] = {t.name: t for t in (
     Tool("overlay_install", mutate.OverlayInstall, _done(), timeout=300.0, mutates=True),
     Tool("remove_tree", mutate.RemoveTree, _done(), mutates=True),
     Tool("pip_download", mutate.PipDownload, lambda i, r: mutate.parse_wheels(r.stdout), timeout=120.0, mutates=True),
-    # read-only checks experiments make before they act
-    Tool("server_control", mutate.ServerControl, lambda i, r: mutate.parse_server_control(i.pid, r.stdout)),
-    Tool("import_roots", mutate.ImportRoots, lambda i, r: mutate.parse_import_roots(r.stdout)),
-    Tool("server_ready", mutate.ServerReady, lambda i, r: mutate.parse_server_ready(r.stdout)),
-    Tool("find_wheels", mutate.FindWheels, lambda i, r: mutate.parse_wheels(r.stdout)),
-    Tool("overlay_packages", mutate.OverlayPackages, lambda i, r: host.parse_python_packages(r.stdout), timeout=120.0),
-)}
+)
+TOOLS: dict[str, Tool] = {**probes.tools(), **{t.name: t for t in MUTATIONS}}
 
 
 class Outcome(BaseModel):

@@ -78,14 +78,15 @@ class ReplayTransport(BaseTransport):
         self._display: dict[str, str] = {}
         for n, ev in enumerate(events, 1):
             if ev["event"] == "tool_call":
-                self._display.setdefault(ev.get("command", ""), ev.get("display", ""))
+                self._display.setdefault(redact_text(ev.get("command", "")), ev.get("display", ""))
             if ev["event"] != "tool_result":
                 continue
             missing = [f for f in RESULT_FIELDS if f not in ev]
             if missing:
                 raise RecordingError(f"tool_result lacks {', '.join(missing)}", file=file, line=n,
                                      fix="the recording is edited or truncated; record the run again")
-            self._queues.setdefault(ev["command"], deque()).append(ev)
+            # keyed as asked (redacted by today's rules): a recording made before a rule existed still matches
+            self._queues.setdefault(redact_text(ev["command"]), deque()).append(ev)
             self._order.append(ev)
         self._used: set[int] = set()
         self.step = 0

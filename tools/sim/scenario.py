@@ -413,7 +413,7 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
         sc = Scenario.model_validate(data)
     except ValidationError as exc:
         loc, msg = describe_validation(exc)
-        raise ScenarioError(msg, file=file, field=loc, fix="see the scenario format in DESIGN.md / README (version 1)") from exc
+        raise ScenarioError(msg, file=file, field=loc, fix="see the scenario format (version 1) in docs/simulator.md, or `debugagent sim schema`") from exc
     sc.source = file
     _check_factors(sc, file)
     _check_wheels(sc, file)

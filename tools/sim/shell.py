@@ -85,13 +85,17 @@ class SimShell:
         return self.sandbox + ("/root" if self.user == "root" else "/home/" + self.user)
 
     def env(self, sealed: bool | None = None) -> dict[str, str]:
+        # pip on a simulated host resolves only from what the scenario lays out (its wheelhouse, given with
+        # --find-links): never from this machine's pip configuration or the network, sealed or not, so the
+        # two modes give one answer (a sealed host has no network; an unsealed one would reach the index)
+        offline = {"PIP_CONFIG_FILE": "/dev/null", "PIP_NO_INDEX": "1"}
         if self.sealed if sealed is None else sealed:
             return {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": self.home_inside(),
-                    "USER": self.user, "LOGNAME": self.user, "LANG": "C.UTF-8", "SHELL": "/bin/bash"}
+                    "USER": self.user, "LOGNAME": self.user, "LANG": "C.UTF-8", "SHELL": "/bin/bash", **offline}
         return {
             "PATH": f"{self.bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "HOME": self.home(), "USER": self.user, "LOGNAME": self.user, "LANG": "C.UTF-8", "SHELL": "/bin/bash",
-            "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null",
+            "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", **offline,
         }
 
     def own_pids(self) -> list[int]:

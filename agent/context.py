@@ -104,6 +104,7 @@ class Ctx:
     def commands(self) -> int:
         return sum(r.count for r in self._runners.values())
 
-    def say(self, text: str, hypothesis: str | None = None) -> None:
-        self.transcript.emit("reasoning", text=text, hypothesis=hypothesis)
+    def say(self, text: str, hypothesis: str | None = None, kind: str = "reasoning") -> None:
+        """Reasoning in the transcript; ``kind="not_run"`` for an experiment left out (agent/events.py)."""
+        self.transcript.emit("reasoning", text=text, hypothesis=hypothesis, kind=kind)
         self.on_status("reasoning", {"text": text})

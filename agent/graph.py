@@ -127,9 +127,7 @@ def conclude(ctx: Ctx, s: RunState) -> dict[str, Any]:
 
 
 def report(ctx: Ctx, s: RunState) -> dict[str, Any]:
-    """The Markdown transcript and the HTML report, from the events."""
-    from .report import write_report
-    from .transcript import write_markdown
-    write_markdown(ctx.transcript.folder)
-    write_report(ctx.transcript.folder)
+    """Every output format (agent/outputs.py: the Markdown transcript, the HTML report), from the events."""
+    from .outputs import write_outputs
+    write_outputs(ctx.transcript.folder)
     return {}

@@ -16,7 +16,6 @@ exactly as it was sent, in a code span, or as a heredoc when it is long.
 from __future__ import annotations
 
 import re
-import shlex
 import statistics
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -25,12 +24,14 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from tools import probes
-from tools.discovery import DiscoveryInput, candidates, rank
-from tools.host import ProcTable
+from tools.discovery import DiscoveryInput
+from tools.gpu import GpuProcess
+from tools.probes import server as server_probe
 from tools.transport import ssh_line
 
+from .events import Cause, Event, ToolCall, ToolResult, Verdict
 from .fixes import Fix, fixes_for
-from .runfacts import RunFacts, gather
+from .runfacts import Pair, RunFacts, gather, pct
 
 STATUS_WORD = {"confirmed": "CONFIRMED", "ruled_out": "ruled out", "suspect": "suspect", "inconclusive": "inconclusive",
                "pending": "not reached"}
@@ -126,11 +127,11 @@ def ssh_target(display: str) -> str | None:
     return m.group(1) if m else None
 
 
-def shown_command(call: dict[str, Any], target: str | None) -> Shown:
+def shown_command(call: ToolCall, target: str | None) -> Shown:
     """The command as it was run, pasteable: the recorded display line when it is the full command,
     else (a placeholder, or too long to read inline) the real command sent as a heredoc."""
-    command = call.get("command") or ""
-    display = call.get("display") or command
+    command = call.command
+    display = call.display or command
     exact = display in (command, ssh_line(target, command) if target else command)
     if exact and "\n" not in display:
         return Shown(inline=display)
@@ -144,40 +145,30 @@ def shown_command(call: dict[str, Any], target: str | None) -> Shown:
 
 
 # ---------------------------------------------------------------- outputs, readable
-def render_output(tool: str, ev: dict[str, Any]) -> list[str]:
-    """The output of one tool call, made readable by its probe's summary (``tools.probes``); the raw text is in
-    events.jsonl."""
+class RunDiscovery(BaseModel):
+    """What the run's discovery was given: the user's overrides (``--server-pattern`` …) and the processes
+    holding GPU memory, so the transcript names the server the run picked."""
+
+    inp: DiscoveryInput = Field(default_factory=DiscoveryInput)
+    gpu: list[GpuProcess] = Field(default_factory=list)
+
+
+def render_output(tool: str, ev: Any, discovery: RunDiscovery | None = None) -> list[str]:
+    """The output of one tool call, made readable by its probe's summary (``tools.probes``); a process table
+    with the run's own discovery input. The raw text is in events.jsonl."""
+    parsed = ev.get("output") or {}
+    if tool == "process_table" and discovery is not None and parsed.get("procs") is not None:
+        return render_process_table(parsed, discovery) + probes.tail(tool, ev)
     return probes.render_output(tool, ev)
 
 
-def render_process_table(parsed: dict[str, Any]) -> list[str]:
-    """``process_table``: evidence of which process is the server, so its row and the counts; every
-    process (argv joined by spaces, not the probe's \\x1f) and the listeners in a collapsed block."""
+def render_process_table(parsed: dict[str, Any], discovery: RunDiscovery | None = None) -> list[str]:
+    """``process_table``: the server found as the run found it (its flags, the GPU processes it read)."""
+    d = discovery or RunDiscovery()
     try:
-        t = ProcTable.model_validate(parsed)
-    except ValueError:
-        return ["Output: (a process table that could not be read; the raw text is in events.jsonl)"]
-    found, own = candidates(t, [], DiscoveryInput())
-    found = rank(found, DiscoveryInput())
-    head = (f"Output: {plural(len(t.procs), 'process', 'processes')} ({len(own & {p.pid for p in t.procs})} of them "
-            f"debugagent's own probe), {plural(len(t.listeners), 'listening TCP port')}; ")
-    if found:
-        s = found[0]
-        ports = f", listening on {', '.join(map(str, s.ports))}" if s.ports else ""
-        workers = f", {plural(len(s.workers), 'worker')}" if s.workers else ""
-        head += f"the server: pid {s.pid} (parent {s.ppid}{workers}{ports}) {code(shlex.join(s.argv))}"
-        if len(found) > 1:
-            head += f"; {plural(len(found) - 1, 'other server-like process', 'other server-like processes')}: " + ", ".join(
-                f"pid {o.pid}" for o in found[1:])
-    else:
-        head += "no process whose command line looks like an inference server"
-    rows = [[p.pid, p.ppid, code(p.exe) if p.exe else "", code(" ".join(p.argv)), "yes" if p.pid in own else ""]
-            for p in t.procs]
-    listen = ", ".join(f"{ln.address}:{ln.port}" + (f" (pid {', '.join(map(str, ln.pids))})" if ln.pids else "")
-                       for ln in t.listeners) or "none"
-    return [head, "<details><summary>every process and listener</summary>", "",
-            *table(["pid", "ppid", "executable", "command line", "debugagent's own"], rows), "",
-            f"TCP listeners: {listen}", "", "</details>"]
+        return server_probe.render_process_table(parsed, d.inp, d.gpu)
+    except re.error:   # a --server-pattern that is no regular expression: the run said so; no pattern here
+        return server_probe.render_process_table(parsed, DiscoveryInput(), d.gpu)
 
 
 # ---------------------------------------------------------------- the document
@@ -188,6 +179,7 @@ class Doc(BaseModel):
     n: int = 0
     by_call: dict[int, int] = Field(default_factory=dict)   # call id -> msg number
     check_run: tuple[int, float] | None = None   # the check's run (msg, value): the reproduce step's first
+    discovery: RunDiscovery | None = None   # what the run's discovery was given
 
     def msg(self, text: str, tag: str = "assistant") -> int:
         self.n += 1
@@ -198,21 +190,21 @@ class Doc(BaseModel):
         self.lines.extend(lines)
 
 
-def render_call(doc: Doc, call: dict[str, Any], res: dict[str, Any], target: str | None) -> None:
+def render_call(doc: Doc, call: ToolCall, res: ToolResult, target: str | None) -> None:
     s = shown_command(call, target)
-    why = f" — {call['why']}" if call.get("why") else ""
+    why = f" — {call.why}" if call.why else ""
     doc.n += 1
-    doc.by_call[call.get("call_id", -doc.n)] = doc.n
+    doc.by_call[call.call_id] = doc.n
     if s.inline:
         doc.add(f"[msg {doc.n}] [assistant] [bash] {code(s.inline)}{why}")
     else:
-        first = (call.get("command") or "").strip().splitlines()[0][:60]
+        first = call.command.strip().splitlines()[0][:60]
         doc.add(f"[msg {doc.n}] [assistant] [bash] {code(first + ' …')}{why} (sent as this heredoc:)",
                 "<details><summary>the command in full</summary>", "", *fenced(s.block or "", "bash"), "", "</details>")
-    shown = render_output(call.get("tool") or res.get("tool") or "", res)
-    value = (res.get("output") or {}).get("value") if (call.get("tool") == "bench" and res.get("exit_code") == 0) else None
-    if value is not None and not (res.get("stderr") or "").strip():
-        out = res.get("output") or {}
+    shown = render_output(call.tool or res.tool, res, doc.discovery)
+    value = bench_value(call, res)
+    if value is not None and not res.stderr.strip():
+        out = res.output or {}
         doc.lines[-1] += f": {(out.get('metric') + ' ') if out.get('metric') else ''}{fmt(value)} {out.get('unit') or ''}".rstrip()
         shown = []
     if shown == ["(no output)"]:
@@ -221,70 +213,81 @@ def render_call(doc: Doc, call: dict[str, Any], res: dict[str, Any], target: str
     doc.add(*shown, "")
 
 
-def render_bench_group(doc: Doc, items: list[tuple[dict[str, Any], dict[str, Any]]], target: str | None,
-                       metric: str, unit: str, why: str, lead: tuple[int, float] | None = None) -> list[float]:
+def bench_value(call: ToolCall, res: ToolResult) -> float | None:
+    """A benchmark run's reading; None for another tool or a failed run."""
+    return res.value if call.tool == "bench" else None
+
+
+def render_bench_group(doc: Doc, items: list[Pair], target: str | None, metric: str, unit: str, label: str,
+                       lead: tuple[int, float] | None = None) -> list[float]:
     """Repeated benchmark runs: one message, one table (run, value), mean ± sd. ``lead`` (its message and
     value) is an earlier run that belongs to the same sample: the check's run, the reproduce step's first."""
     call, _ = items[0]
     s = shown_command(call, target)
     first, last = doc.n + 1, doc.n + len(items)
     for i, (c, _) in enumerate(items):
-        doc.by_call[c.get("call_id", -i)] = first + i
+        doc.by_call[c.call_id] = first + i
     doc.n = last
     vals: list[float] = [lead[1]] if lead else []
     rows: list[list[Any]] = [[f"1 (msg {lead[0]})", fmt(lead[1])]] if lead else []
-    for i, (_, r) in enumerate(items, len(rows) + 1):
-        out = r.get("output") or {}
-        if r.get("exit_code") == 0 and out.get("value") is not None:
-            vals.append(out["value"])
-            rows.append([i, fmt(out["value"])])
+    for i, (c, r) in enumerate(items, len(rows) + 1):
+        v = bench_value(c, r)
+        if v is not None:
+            vals.append(v)
+            rows.append([i, fmt(v)])
         else:
-            rows.append([i, "failed: " + clip_words((r.get("error") or r.get("stderr") or r.get("stdout") or "").strip(), 120)])
-    cmd = code(s.inline) if s.inline else code(call.get("command") or "")
+            rows.append([i, "failed: " + clip_words((r.error or r.stderr or r.stdout or "").strip(), 120)])
+    cmd = code(s.inline) if s.inline else code(call.command)
     span = f"msg {first}" if first == last else f"msg {first}–{last}"
-    doc.add(f"[{span}] [assistant] [bash] {cmd} ×{len(items)} — {why}",
+    doc.add(f"[{span}] [assistant] [bash] {cmd} ×{len(items)} — {label}",
             *table(["run", *[str(r[0]) for r in rows], "mean ± sd"], [[f"{metric} ({unit})", *[r[1] for r in rows], mean_sd(vals)]]),
             "")
     return vals
 
 
-def bench_why(call: dict[str, Any]) -> str:
-    return re.sub(r",? run \d+(?: of \d+)?$", "", call.get("why") or "the benchmark")
+def bench_label(call: ToolCall) -> str:
+    """The reason a group of benchmark runs shows: the first run's, without its run number."""
+    return re.sub(r",? run \d+(?: of \d+)?$", "", call.why or "the benchmark")
+
+
+def same_step(a: ToolCall, b: ToolCall) -> bool:
+    """Two benchmark calls of one step: the same purpose, hypothesis and input."""
+    return b.tool == "bench" and (a.purpose, a.hypothesis, a.input) == (b.purpose, b.hypothesis, b.input)
 
 
 REDISCOVER = ("process_table", "gpu_processes", "server_details", "import_roots", "server_control")
 
 
-def group_of(call: dict[str, Any]) -> str | None:
+def group_of(call: ToolCall) -> str | None:
     """Routine steps shown as one collapsed message: the undo steps, and finding the server again."""
-    if (call.get("why") or "").startswith("undo:"):
+    if call.purpose == "undo":
         return "undo"
-    if call.get("tool") in REDISCOVER:
+    if call.tool in REDISCOVER:
         return "find"
     return None
 
 
-def render_group(doc: Doc, kind: str, items: list[tuple[dict[str, Any], dict[str, Any]]], target: str | None) -> None:
+def render_group(doc: Doc, kind: str, items: list[Pair], target: str | None) -> None:
     """One message saying what the steps did; each command and its output (pasteable as ever) collapsed below it."""
     first = doc.n + 1
-    inner = Doc(n=doc.n)
+    inner = Doc(n=doc.n, discovery=discovery_of(doc.discovery, items))
     for call, res in items:
         render_call(inner, call, res, target)
     doc.by_call.update(inner.by_call)
     doc.n = inner.n
-    bad = [f"{c.get('tool')} exit {r.get('exit_code')}" for c, r in items if r.get("exit_code") not in (0, None)]
+    bad = [f"{c.tool} exit {r.exit_code}" for c, r in items if r.exit_code not in (0, None)]
     status = "; failed: " + ", ".join(bad) if bad else ""
     if kind == "undo":
-        what = "; ".join((c.get("why") or "")[len("undo:"):].strip().split(" (")[0] for c, _ in items)
+        what = "; ".join(c.why.removeprefix("undo:").strip().split(" (")[0] for c, _ in items)
         text = f"Undo, {plural(len(items), 'step')}: {clip_words(what, 300)}{status or '; each one done'}."
     else:
-        table_res = next((r for c, r in items if c.get("tool") == "process_table"), None)
+        table_res = next((r for c, r in items if c.tool == "process_table"), None)
         found = ""
-        if table_res and (table_res.get("output") or {}).get("procs") is not None:
-            found = render_process_table(table_res["output"])[0].removeprefix("Output: ")
-        more = [render_output(c.get("tool") or "", r)[0].removeprefix("Output: ") for c, r in items
-                if c.get("tool") in ("server_control", "import_roots") and r.get("exit_code") == 0]
-        text = (f"Where the server is ({', '.join(c.get('tool') or '' for c, _ in items)}): {found or 'see below'}"
+        if table_res and table_res.output and table_res.output.get("procs") is not None:
+            found = render_process_table(table_res.output, inner.discovery)[0].removeprefix("Output: ")
+        more = [render_output(c.tool, r, inner.discovery)[0].removeprefix("Output: ") for c, r in items
+                if c.tool in ("server_control", "import_roots") and r.exit_code == 0]
+        text = (f"Where the server is ({', '.join(c.tool for c, _ in items)}): {found or 'see below'}"
                 + "".join(f"; {m}" for m in more) + f"{status}.")
     body = [ln for ln in inner.lines if "<details>" not in ln and ln != "</details>"]
     span = f"msg {first}" if first == doc.n else f"msg {first}–{doc.n}"
@@ -292,12 +295,26 @@ def render_group(doc: Doc, kind: str, items: list[tuple[dict[str, Any], dict[str
             "</details>", "")
 
 
-CHECK_WHY = "check once that the benchmark prints"
-REPRODUCE_WHY = "reproduce"
+def gpu_processes_of(pairs: list[Pair]) -> list[GpuProcess] | None:
+    """The processes holding GPU memory that these calls read (None when none of them read it)."""
+    res = next((r for c, r in pairs if c.tool == "gpu_processes" and r.output), None)
+    if res is None or res.output is None:
+        return None
+    try:
+        return [GpuProcess.model_validate(p) for p in res.output.get("processes") or []]
+    except ValueError:
+        return None
 
 
-def render_calls(doc: Doc, pairs: list[tuple[dict[str, Any], dict[str, Any]]], target: str | None,
-                 metric: str, unit: str) -> None:
+def discovery_of(base: RunDiscovery | None, pairs: list[Pair]) -> RunDiscovery | None:
+    """The run's discovery input, with the GPU processes these calls read (a discovery done again reads its own)."""
+    gpu = gpu_processes_of(pairs)
+    if base is None or gpu is None:
+        return base
+    return base.model_copy(update={"gpu": gpu})
+
+
+def render_calls(doc: Doc, pairs: list[Pair], target: str | None, metric: str, unit: str) -> None:
     i = 0
     while i < len(pairs):
         call, res = pairs[i]
@@ -310,33 +327,33 @@ def render_calls(doc: Doc, pairs: list[tuple[dict[str, Any], dict[str, Any]]], t
                 render_group(doc, kind, pairs[i:j], target)
                 i = j
                 continue
-        if call.get("tool") == "bench":
+        if call.tool == "bench":
             j = i
-            while j < len(pairs) and pairs[j][0].get("tool") == "bench" and bench_why(pairs[j][0]) == bench_why(call):
+            while j < len(pairs) and same_step(call, pairs[j][0]):
                 j += 1
-            lead = doc.check_run if bench_why(call) == REPRODUCE_WHY else None
+            lead = doc.check_run if call.purpose == "reproduce" else None
             if j - i > 1 or lead:
-                render_bench_group(doc, pairs[i:j], target, metric, unit, bench_why(call), lead)
+                render_bench_group(doc, pairs[i:j], target, metric, unit, bench_label(call), lead)
                 i = j
                 continue
         render_call(doc, call, res, target)
-        value = (res.get("output") or {}).get("value") if res.get("exit_code") == 0 else None
-        if call.get("tool") == "bench" and (call.get("why") or "").startswith(CHECK_WHY) and value is not None:
-            doc.check_run = (doc.by_call.get(call.get("call_id", -1), doc.n), value)
+        value = bench_value(call, res)
+        if value is not None and doc.check_run is None and call.purpose == "probe" and call.hypothesis is None:
+            doc.check_run = (doc.by_call.get(call.call_id, doc.n), value)   # the check's run: the reproduce step's first
         i += 1
 
 
 def arithmetic(f: RunFacts) -> list[str]:
     """The regression in the user's units and its rate/latency counterpart, as the seeds work it out."""
     reg = f.regression
-    if not reg or reg.get("mean") is None or reg.get("baseline") is None:
+    if reg.mean is None or reg.baseline is None:
         return []
-    bad, good, unit = reg["mean"], reg["baseline"], f.unit
+    bad, good, unit = reg.mean, reg.baseline, f.unit
     if not good or not bad:
         return []
     delta = bad - good
-    pct = delta / good * 100
-    line = f"The arithmetic: {fmt(bad)} {unit} against {fmt(good)} {unit} is {delta:+.4g} {unit} ({pct:+.1f}%)"
+    pct_ = delta / good * 100
+    line = f"The arithmetic: {fmt(bad)} {unit} against {fmt(good)} {unit} is {delta:+.4g} {unit} ({pct_:+.1f}%)"
     if f.direction == "lower":
         scale = 1000.0 if unit == "ms" else 1e6 if unit == "us" else 1.0
         r_good, r_bad = scale / good, scale / bad
@@ -363,16 +380,15 @@ def render_timeline(f: RunFacts, doc: Doc) -> list[str]:
                    [[when(t), what, f"msg {doc.by_call[c]}" if c in doc.by_call else "this run"] for t, what, c in rows]), ""]
 
 
-def verdict_text(ev: dict[str, Any]) -> str:
-    how = f" by {ev['how']}" if ev.get("how") else ""
-    because = (ev.get("because") or "").strip().rstrip(";").rstrip()
-    return f"**{STATUS_WORD.get(ev.get('status'), ev.get('status'))}**{how}: {because}"
+def verdict_text(ev: Verdict) -> str:
+    how = f" by {ev.how}" if ev.how else ""
+    because = ev.because.strip().rstrip(";").rstrip()
+    return f"**{STATUS_WORD.get(ev.status, ev.status)}**{how}: {because}"
 
 
 def render_hypothesis(doc: Doc, hid: str, f: RunFacts) -> None:
     h = f.hyps[hid]
-    final = h.verdicts[-1] if h.verdicts else {"status": "pending", "because": "not reached"}
-    doc.add(f"### {hid}: {h.title} — {STATUS_WORD.get(final.get('status'), final.get('status'))}", "")
+    doc.add(f"### {hid}: {h.title} — {STATUS_WORD.get(h.status, h.status)}", "")
     checks = [f"{code(t)} msg {doc.by_call[c]}" for t in h.checks for c in f.calls_by_tool.get(t, []) if c in doc.by_call]
     seen = h.verdicts[0] if h.verdicts else None
     if seen is not None:
@@ -382,61 +398,61 @@ def render_hypothesis(doc: Doc, hid: str, f: RunFacts) -> None:
             text += (" What decides it: an experiment that undoes it; if that recovers a significant share of the "
                      "regression it is a cause, if the benchmark stays where it is, it is not.")
         doc.msg(text)
-    shown = {seen.get("because")} if seen else set()
+    shown = {seen.because} if seen else set()   # a verdict whose reason is already shown is not repeated
+    followed: set[int] = set()
     for ex in h.experiments:
         reason = (ex.reason + " ") if ex.reason else ""
         undo = (" Its undo is recorded before it acts: " + "; ".join(ex.undo_recorded) + ".") if ex.undo_recorded else ""
         doc.msg(f"{reason}Experiment: {ex.title}.{undo}")
         render_calls(doc, ex.reference + ex.calls, f.target, f.metric, f.unit)
-        after = next((v for v in h.verdicts[1:] if ex.result and v.get("because") and ex.result in v["because"]), None)
+        after = ex.verdict
         if ex.result:
-            doc.msg(f"Result: {ex.result}." + (f" Verdict: **{STATUS_WORD.get(after['status'], after['status'])}**"
-                                                 f"{' by ' + after['how'] if after.get('how') else ''}." if after else ""))
+            doc.msg(f"Result: {ex.result}." + (f" Verdict: **{STATUS_WORD.get(after.status, after.status)}**"
+                                                 f"{' by ' + after.how if after.how else ''}." if after else ""))
             shown.add(ex.result)
             if after:
-                shown.add(after.get("because"))
+                followed.add(id(after))
     for v in h.verdicts[1:]:
-        if v.get("because") not in shown:
+        if id(v) not in followed and v.because not in shown:
             doc.msg(verdict_text(v))
     for note in h.notes:
         doc.msg(note)
 
 
-def cause_share(rc: dict[str, Any]) -> str:
-    share, ci = rc.get("explains"), rc.get("explains_ci")
-    part = f"explains {share:.0%}" if share is not None else "share not measured"
-    if isinstance(ci, list | tuple) and len(ci) == 2 and None not in ci:
-        part += f", interval {ci[0]:.0%}–{ci[1]:.0%}"
+def cause_share(rc: Cause) -> str:
+    ci = rc.explains_ci
+    part = f"explains {pct(rc.explains)}" if rc.explains is not None else "share not measured"
+    if ci is not None and len(ci) == 2:
+        part += f", interval {pct(ci[0])}–{pct(ci[1])}"
     return part
 
 
 def render_conclusion(doc: Doc, f: RunFacts) -> None:
     c = f.conclusion
-    if not c:
+    if c is None:
         doc.add("## No conclusion", "", "The run ended before it concluded; see the last messages above.", "")
         return
     doc.add("## Conclusion", "")
-    causes = c.get("root_causes") or ([c["root_cause"]] if c.get("root_cause") else [])
+    causes = c.root_causes or ([c.root_cause] if c.root_cause else [])
     if not causes:
-        reg = f.regression or {}
-        if reg.get("measured") and not reg.get("real"):
-            doc.add(f"**No reproducible regression**: {reg.get('why')}.", "")
+        reg = f.regression
+        if reg.measured and not reg.real:
+            doc.add(f"**No reproducible regression**: {reg.why}.", "")
         else:
             doc.add("**No root cause was confirmed.**", "")
-    for s in c.get("suspects") or []:
+    for s in c.suspects:
         extra = "; ".join(f"{k.replace('_', ' ')}: {v}" for k, v in s.items() if k not in ("hypothesis", "because") and v)
-        doc.add(f"- suspect **{s['hypothesis']}**: {clip_words(s.get('because', ''), 300)}" + (f" ({extra})" if extra else ""))
-    if c.get("suspects"):
+        doc.add(f"- suspect **{s.hypothesis}**: {clip_words(s.because, 300)}" + (f" ({extra})" if extra else ""))
+    if c.suspects:
         doc.add("")
     rows = []
-    for h in c.get("table") or []:
-        evidence = clip_words("; ".join(h.get("because") or []), 240)
-        rows.append([h["id"], STATUS_WORD.get(h["status"], h["status"]), h.get("how") or "",
-                     f"{h['share']:.0%}" if h.get("share") is not None else "", evidence])
+    for h in c.table:
+        evidence = clip_words("; ".join(h.because), 240)
+        rows.append([h.id, STATUS_WORD.get(h.status, h.status), h.how or "",
+                     pct(h.share) if h.share is not None else "", evidence])
     doc.add(*table(["hypothesis", "verdict", "how", "share", "evidence"], rows), "")
-    for n in c.get("notes") or []:
+    for n in c.notes:
         doc.add(f"Note: {n}", "")
-
 
 
 def render_fixes(doc: Doc, fixes: list[Fix]) -> None:
@@ -466,28 +482,38 @@ def render_items(doc: Doc, items: list[tuple], f: RunFacts) -> None:
             doc.msg(item[1], item[2])
 
 
-def render(events: list[dict[str, Any]]) -> str:
+def run_discovery(f: RunFacts) -> RunDiscovery:
+    """What the run's discovery was given (its flags, from ``run_started``) and the GPU processes it read."""
+    i = f.inputs
+    try:
+        inp = DiscoveryInput(server_pattern=i.server_pattern, python=i.python, repo=i.repo, bench=i.bench,
+                             bench_regex=i.bench_regex, metric=f.metric or None)
+    except ValueError:
+        inp = DiscoveryInput()
+    gpu = [GpuProcess.model_validate(p) for p in (f.outputs.get("gpu_processes") or {}).get("processes") or []]
+    return RunDiscovery(inp=inp, gpu=gpu)
+
+
+def render(events: list[Event]) -> str:
     """The whole transcript.md."""
     f = gather(events)
-    doc = Doc()
+    doc = Doc(discovery=run_discovery(f))
     title = f"# {f.symptom}" + (f", was {f.baseline}" if f.baseline else "") + f" on {f.hostname or f.host}"
     doc.add(title, "")
     meta = [f"Host {code(f.host)}"] + ([f"reached as {code('ssh ' + f.target)}"] if f.target else [])
     meta += [f"playbook {code(f.playbook)} ({f.playbook_digest})", f"debugagent {f.version}", f"run {code(f.run_id)}"]
-    if f.conclusion:
-        c = f.conclusion
-        meta.append(f"{plural(c.get('commands') or 0, 'command')}, {plural(c.get('bench_runs') or 0, 'benchmark run')}"
-                    + (f" in {f.wall_s:.1f} s" if f.wall_s else "") + f", exit {c.get('exit_code')}")
+    c = f.conclusion
+    if c is not None:
+        meta.append(f"{plural(c.commands, 'command')}, {plural(c.bench_runs, 'benchmark run')}"
+                    + (f" in {f.wall_s:.1f} s" if f.wall_s else "") + f", exit {c.exit_code}")
     doc.add(" · ".join(meta), "")
-    if f.conclusion:
-        causes = f.conclusion.get("root_causes") or []
-        if causes:
-            doc.add("**Answer**: " + "; ".join(f"**{c['hypothesis']}** ({cause_share(c)}, by {c.get('how') or '?'}) — "
-                                               f"{c.get('summary', '')}" for c in causes)
+    if c is not None:
+        if c.root_causes:
+            doc.add("**Answer**: " + "; ".join(f"**{rc.hypothesis}** ({cause_share(rc)}, by {rc.how or '?'}) — "
+                                               f"{rc.summary}" for rc in c.root_causes)
                     + ". The fix is under [What to do now](#what-to-do-now).", "")
-        elif f.conclusion.get("suspects"):
-            doc.add("**Answer**: no cause confirmed; suspects: " + ", ".join(s["hypothesis"] for s in f.conclusion["suspects"])
-                    + ".", "")
+        elif c.suspects:
+            doc.add("**Answer**: no cause confirmed; suspects: " + ", ".join(s.hypothesis for s in c.suspects) + ".", "")
     doc.add("## The regression", "")
     render_items(doc, f.prelude, f)
     if doc.lines and not doc.lines[-1]:

@@ -18,6 +18,7 @@ from rich.console import Console
 
 from tools.errors import ReplayMiss, UsageError
 
+from .events import Conclusion, Event
 from .graph import RECURSION_LIMIT, build_graph
 from .session import open_replay
 from .state import conclusion_of
@@ -48,8 +49,8 @@ def verdict_diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     return lines
 
 
-def replay_events(events: list[dict[str, Any]], *, playbook: str | None, out: Path, file: str = "events.jsonl") -> dict[str, Any]:
-    recorded = next((e for e in reversed(events) if e["event"] == "conclusion"), None)
+def replay_events(events: list[Event], *, playbook: str | None, out: Path, file: str = "events.jsonl") -> dict[str, Any]:
+    recorded = next((e for e in reversed(events) if isinstance(e, Conclusion)), None)
     ctx, transport = open_replay(events, playbook=playbook, out=out, file=file)
     transcript = ctx.transcript
     t0 = time.monotonic()
@@ -59,11 +60,11 @@ def replay_events(events: list[dict[str, Any]], *, playbook: str | None, out: Pa
         transcript.close()
     write_markdown(out)
     conclusion = conclusion_of(state)
-    a = outcome(recorded or {})
+    a = outcome(recorded.model_dump(mode="json", by_alias=True) if recorded is not None else {})
     b = outcome(conclusion)
     return {"same": a == b and recorded is not None, "recorded": a, "replayed": b, "diff": verdict_diff(a, b),
             "commands": ctx.commands, "replay_s": round(time.monotonic() - t0, 3),
-            "recorded_s": max((e.get("t", 0) for e in events), default=0), "conclusion": conclusion,
+            "recorded_s": max((e.t for e in events), default=0), "conclusion": conclusion,
             "unused_results": transport.unused, "transcript": str(out), "events": len(events)}
 
 

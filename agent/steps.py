@@ -241,7 +241,7 @@ def ask(ctx: Ctx, s: RunState, hyps: dict[str, vd.Hyp], cands: list[tuple[str, d
             ctx.say(f"Next: {title}, to test {hid} ({hyps[hid].because[0]}).", hid)
             return {"current": Current(hyp=hid, spec=spec), "hyps": hyps, "done": done, "notes": notes}
         note = f"{hid}: experiment \"{title}\" not run (it changes the host: give --allow-mutations or answer yes)"
-        ctx.say(note, hid)
+        ctx.say(note, hid, kind="not_run")
         notes.append(note)
         hyps[hid] = vd.not_run(hyps[hid], spec, title)
         done.append(vd.exp_key(hid, spec))

@@ -2,6 +2,8 @@
 
 Events are written through structlog: stable event names, bound context (``run_id``,
 ``hypothesis``), and a redaction processor that runs before anything reaches the file.
+Each event is first built as its model (``agent/events.py``): a field the model does not
+know, or a value of the wrong type, raises ``BadEvent`` and nothing is written.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ import structlog
 
 from tools.redact import redact, write_private
 
-SCHEMA_VERSION = 1
-EVENTS = ("run_started", "hypothesis_opened", "reasoning", "tool_call", "tool_result", "verdict", "experiment",
-          "llm_call", "conclusion", "error", "interrupted", "resumed")
+from .events import EVENTS, SCHEMA_VERSION, Event, build, describe, migrate, parse_event
+
+__all__ = ["EVENTS", "SCHEMA_VERSION", "Event", "Transcript", "read_events", "render_markdown", "write_markdown"]
 
 
 def redact_processor(logger: Any, name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
@@ -44,7 +46,7 @@ class Transcript:
         self._file = open(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "a", buffering=1)
         self._lock = threading.Lock()
         self._start = time.monotonic()
-        self.listeners: list[Any] = []   # reporters (the live view): called with (event, data) after it is written
+        self.listeners: list[Any] = []   # reporters (the live view): called with (event, model) after it is written
 
         def stamp(logger: Any, name: str, ed: dict[str, Any]) -> dict[str, Any]:
             with self._lock:
@@ -60,11 +62,17 @@ class Transcript:
         ).bind(run_id=run_id)
 
     def emit(self, event: str, **data: Any) -> None:
-        assert event in EVENTS, event
-        self.log.msg(event, **data)
-        shown = redact(data) if self.listeners else data   # the live view shows what the file holds
-        for listen in self.listeners:
-            listen(event, shown)
+        """Write one event; ``BadEvent`` (nothing written) when it does not fit its model."""
+        if event == "run_started":
+            data["schema_version"] = SCHEMA_VERSION   # written in this version's schema, a replay's header too
+        model = build(event, data)
+        fields = model.model_dump(mode="json", by_alias=True, exclude_unset=True)
+        del fields["event"]
+        self.log.msg(event, **fields)
+        if self.listeners:
+            shown = build(event, redact(fields))   # the live view shows what the file holds
+            for listen in self.listeners:
+                listen(event, shown)
 
     def observer(self, hypothesis: str | None = None):
         def observe(event: str, data: dict[str, Any]) -> None:
@@ -75,9 +83,13 @@ class Transcript:
         self._file.close()
 
 
-def read_events(path: Path) -> list[dict[str, Any]]:
+def read_events(path: Path) -> list[Event]:
+    """The events of a recording as models, migrated from the schema version its header names."""
+    from pydantic import ValidationError
+
     from tools.errors import RecordingError
-    events = []
+    events: list[dict[str, Any]] = []
+    lines: list[int] = []
     if not path.is_file():
         raise RecordingError("no such recording", file=str(path), line=0, fix="give a transcript folder that holds events.jsonl")
     # JSON lines: split on "\n" only; U+2028, U+2029 and U+0085 may sit inside a value (str.splitlines splits there)
@@ -93,15 +105,28 @@ def read_events(path: Path) -> list[dict[str, Any]]:
             raise RecordingError(f"not a debugagent event (event={ev.get('event') if isinstance(ev, dict) else None!r})",
                                  file=str(path), line=n, fix="the recording is edited; record the run again")
         events.append(ev)
+        lines.append(n)
     if not events or events[0]["event"] != "run_started":
         raise RecordingError("the first event is not run_started", file=str(path), line=1, fix="record the run again")
     from tools.replay import check_events
     check_events(events, str(path))
-    return events
+    v = events[0].get("schema_version")
+    version = v if isinstance(v, int) and not isinstance(v, bool) else 1
+    if version > SCHEMA_VERSION:
+        raise RecordingError(f"schema version {version} is newer than this debugagent reads ({SCHEMA_VERSION})",
+                             file=str(path), line=1, fix="read it with the debugagent that wrote it, or a newer one")
+    out: list[Event] = []
+    for n, ev in zip(lines, events, strict=True):
+        try:
+            out.append(parse_event(migrate(ev, version)))
+        except ValidationError as exc:
+            raise RecordingError(f"{ev['event']}: {describe(exc)}", file=str(path), line=n,
+                                 fix="the recording is edited or damaged; record the run again") from None
+    return out
 
 
 # ---------------------------------------------------------------- Markdown
-def render_markdown(events: list[dict[str, Any]]) -> str:
+def render_markdown(events: list[Event]) -> str:
     """transcript.md from the events (agent/markdown.py holds the rendering)."""
     from .markdown import render
     return render(events)

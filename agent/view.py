@@ -21,6 +21,22 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from .events import (
+    Conclusion,
+    Event,
+    EventBase,
+    Experiment,
+    HypothesisOpened,
+    Interrupted,
+    Resumed,
+    RunStarted,
+    ToolCall,
+    ToolResult,
+    Verdict,
+    parse_event,
+)
+from .runfacts import baseline_value, live_share, pct, runs_text, unit_and_direction
+
 ICON = {"pending": "·", "suspect": "?", "confirmed": "✔", "ruled_out": "✗", "inconclusive": "~"}
 STYLE = {"confirmed": "bold green", "ruled_out": "dim", "suspect": "yellow", "inconclusive": "magenta", "pending": ""}
 
@@ -36,13 +52,14 @@ class Series:
 
     label: str
     values: list[float] = field(default_factory=list)
+    reproduce: bool = False
+    share: float | None = None   # the experiment's result: the share of the regression it recovered
+    done: bool = False
 
     def text(self, unit: str) -> str:
-        v = self.values
-        if not v:
+        if not self.values:
             return f"{self.label}: waiting for the first run"
-        sd = f" ± {statistics.stdev(v):.2f}" if len(v) > 1 else ""
-        return f"{self.label}: {statistics.fmean(v):.2f}{sd} {unit} over {len(v)} run{'s' if len(v) != 1 else ''}"
+        return f"{self.label}: {runs_text(self.values, unit)}"
 
 
 @dataclass
@@ -62,24 +79,34 @@ class ViewState:
     max_runs: int = 8
     experiments_done: int = 0
     in_experiment: str | None = None
+    counting: bool = False   # the benchmark call in flight adds to the last series (not a warm-up, not a control)
     result: str = ""
     lines: list[str] = field(default_factory=list)   # plain lines not yet printed (non-TTY mode)
 
     def _say(self, line: str) -> None:
         self.lines.append(line)
 
+    def reproduce(self) -> Series | None:
+        return next((s for s in self.series if s.reproduce), None)
+
     def bad_mean(self) -> float | None:
-        rep = next((s for s in self.series if s.label.startswith("reproduce")), None)
+        rep = self.reproduce()
         return statistics.fmean(rep.values) if rep and rep.values else None
 
     def recovered(self, s: Series) -> float | None:
-        bad = self.bad_mean()
-        if bad is None or self.baseline is None or not s.values or s.label.startswith("reproduce") or bad == self.baseline:
+        """An experiment's share: its result's once it has one, else the runs so far against the reproduction."""
+        if s.reproduce:
             return None
-        return (bad - statistics.fmean(s.values)) / (bad - self.baseline)
+        if s.done:
+            return s.share if s.values else None
+        return live_share(self.bad_mean(), self.baseline, s.values)
+
+    def recovered_text(self, s: Series) -> str:
+        rec = self.recovered(s)
+        return "" if rec is None else f"; recovered {pct(rec)}" + ("" if s.done else " so far")
 
     def planned_runs(self) -> int:
-        rep = next((s for s in self.series if s.label.startswith("reproduce")), None)
+        rep = self.reproduce()
         early = self.phase.startswith(("starting", "connecting", "discover", "probe"))
         left = max(0, self.reproduce_runs - len(rep.values if rep else [])) if rep or early else 0
         pending_exp = sum(1 for st in self.status.values() if st == "suspect") - (1 if self.in_experiment else 0)
@@ -93,79 +120,88 @@ class ViewState:
             return None
         return statistics.fmean(self.bench_ms) / 1000 * self.planned_runs()
 
-    def apply(self, event: str, d: dict[str, Any]) -> None:
-        if event == "run_started":
-            inp = d.get("inputs") or {}
-            self.reproduce_runs = int(inp.get("reproduce_runs") or 5)
-            self.max_runs = int(inp.get("max_runs") or 8)
-            from .symptom import parse_symptom
-            try:
-                sym = parse_symptom(d.get("symptom") or "")
-                self.unit, self.lower = sym.unit, sym.direction == "lower"
-                if d.get("baseline"):
-                    self.baseline = parse_symptom(d["baseline"]).in_unit(sym.unit)
-            except Exception:  # noqa: BLE001 - a view never stops a run
-                pass
+    def apply(self, ev: Event) -> None:
+        if isinstance(ev, RunStarted):
+            self.reproduce_runs = int(ev.inputs.reproduce_runs or 5)
+            self.max_runs = int(ev.inputs.max_runs or 8)
+            _, unit, direction = unit_and_direction(ev.symptom)
+            self.unit, self.lower = unit, direction == "lower"
+            self.baseline = baseline_value(ev.baseline, unit) if unit else None
             self.set_phase("discover: finding the server")
-        elif event == "resumed":
+        elif isinstance(ev, Resumed):
             self.set_phase("resumed")
-        elif event == "tool_call":
-            self.command = d.get("display") or d.get("command") or ""
-            tool, why, hyp = d.get("tool"), d.get("why") or "", d.get("hypothesis")
-            if tool == "bench" and why.startswith("check"):
-                self.series.append(Series("first run (the metric check)"))
-                self.set_phase("discover: checking that the benchmark prints the metric")
-            elif tool == "bench" and why.startswith("reproduce"):
-                if not self.series or not self.series[-1].label.startswith("reproduce"):
-                    self.series.append(Series("reproduce"))
-                self.set_phase(f"reproduce: {why.replace('reproduce, ', '')}")
-            elif tool in ("gpu_query", "python_packages", "git_state", "gpu_sample_under_load") and not hyp:
-                self.set_phase("probe: the read-only evidence pass")
-        elif event == "tool_result":
-            if d.get("tool") == "bench":
-                if d.get("duration_ms"):
-                    self.bench_ms.append(float(d.get("wall_ms") or d["duration_ms"]))
-                val = (d.get("output") or {}).get("value")
-                if val is not None and self.series:
+        elif isinstance(ev, ToolCall):
+            self.command = ev.display or ev.command
+            self.counting = False
+            if ev.tool != "bench":
+                if ev.tool in ("gpu_query", "python_packages", "git_state", "gpu_sample_under_load") and not ev.hypothesis:
+                    self.set_phase("probe: the read-only evidence pass")
+                return
+            rep = self.reproduce()
+            if ev.hypothesis is None and ev.purpose in ("probe", "reproduce") and (rep is None or not rep.done):
+                if rep is None:
+                    rep = Series("reproduce", reproduce=True)
+                    self.series.append(rep)
+                self.counting = True
+                self.set_phase("discover: checking that the benchmark prints the metric" if ev.purpose == "probe" else
+                               f"reproduce: run {len(rep.values) + 1} of {self.reproduce_runs}")
+            elif ev.hypothesis is not None and ev.purpose == "experiment" and self.in_experiment == ev.hypothesis:
+                self.counting = True
+        elif isinstance(ev, ToolResult):
+            if ev.tool == "bench":
+                if ev.duration_ms:
+                    self.bench_ms.append(float(ev.wall_ms or ev.duration_ms))
+                val = ev.value
+                if val is not None and self.counting and self.series:
                     s = self.series[-1]
-                    s.values.append(float(val))
-                    rec = self.recovered(s)
-                    self._say(f"[measure] {s.text(self.unit)}" + (f"; recovered {rec:.0%} so far" if rec is not None else ""))
+                    s.values.append(val)
+                    self._say(f"[measure] {s.text(self.unit)}{self.recovered_text(s)}")
+            self.counting = False
             self.command = ""
-        elif event == "hypothesis_opened":
+        elif isinstance(ev, HypothesisOpened):
+            rep = self.reproduce()
+            if rep is not None:
+                rep.done = True
             self.set_phase("evaluate: reading the evidence")
-        elif event == "verdict":
-            h, st = d.get("hypothesis"), d.get("status", "pending")
-            if h:
-                if h not in self.status:
-                    self.order.append(h)
-                if self.status.get(h) != st:
-                    self._say(f"[verdict] {h}: {st.replace('_', ' ')}" + (f" (by {d['how']})" if d.get("how") else ""))
-                self.status[h] = st
-        elif event == "experiment":
-            ph, hyp = d.get("phase"), d.get("hypothesis")
-            if ph == "start":
+        elif isinstance(ev, Verdict):
+            h, st = ev.hypothesis, ev.status
+            if h not in self.status:
+                self.order.append(h)
+            if self.status.get(h) != st:
+                self._say(f"[verdict] {h}: {st.replace('_', ' ')}" + (f" (by {ev.how})" if ev.how else ""))
+            self.status[h] = st
+        elif isinstance(ev, Experiment):
+            hyp = ev.hypothesis
+            if ev.phase == "start":
+                rep = self.reproduce()
+                if rep is not None:
+                    rep.done = True
                 self.in_experiment = hyp
                 self.series.append(Series(str(hyp)))
-                self.set_phase(f"experiment on {hyp}: {d.get('text', '')}")
-            elif ph == "undo":
-                self.set_phase(f"experiment on {hyp}: undoing ({d.get('text', '')})")
-            elif ph == "result":
+                self.set_phase(f"experiment on {hyp}: {ev.text}")
+            elif ev.phase == "undo":
+                self.set_phase(f"experiment on {hyp}: undoing ({ev.text})")
+            elif ev.phase == "result":
+                cur = next((s for s in reversed(self.series) if s.label == str(hyp) and not s.done), None)
+                if cur is not None:
+                    cur.share, cur.done = ev.share, True
+                    if cur.values and ev.share is not None:
+                        self._say(f"[measure] {cur.text(self.unit)}{self.recovered_text(cur)}")
                 self.in_experiment = None
                 self.experiments_done += 1
-        elif event == "conclusion":
-            for row in d.get("table") or []:
-                if row["id"] not in self.status:
-                    self.order.append(row["id"])
-                self.status[row["id"]] = row["status"]
-            causes = d.get("root_causes") or []
+        elif isinstance(ev, Conclusion):
+            for row in ev.table:
+                if row.id not in self.status:
+                    self.order.append(row.id)
+                self.status[row.id] = row.status
+            causes = ev.root_causes
             self.result = ("Root cause: " + "; ".join(
-                f"{c['hypothesis']} ({'explains ' + format(c['explains'], '.0%') if c.get('explains') is not None else 'share not measured'})"
-                f": {c.get('summary', '')}" for c in causes)) if causes else (d.get("summary") or "no root cause")
+                f"{c.hypothesis} ({'explains ' + pct(c.explains) if c.explains is not None else 'share not measured'})"
+                f": {c.summary}" for c in causes)) if causes else (ev.summary or "no root cause")
             self.command = ""
             self.set_phase("done")
             self._say(f"[result] {self.result}")
-        elif event in ("interrupted",):
+        elif isinstance(ev, Interrupted):
             self.set_phase("interrupted")
             self.command = ""
 
@@ -173,6 +209,17 @@ class ViewState:
         if phase != self.phase:
             self.phase = phase
             self._say(f"[phase] {phase}")
+
+
+def as_event(event: str, data: Any) -> Event | None:
+    """The model of what the transcript hands over (a model), or of a dict (events fed by hand); None when it is
+    not an event (a view never stops a run)."""
+    if isinstance(data, EventBase):
+        return data  # type: ignore[return-value]
+    try:
+        return parse_event({**data, "event": event})
+    except ValueError:
+        return None
 
 
 class View:
@@ -190,16 +237,21 @@ class View:
                              redirect_stdout=False, redirect_stderr=False)
 
     # ------------------------------------------------------------ feeding
-    def load(self, events: list[dict[str, Any]]) -> None:
+    def load(self, events: list[Any]) -> None:
         """Events already recorded (a resumed run): the view starts where the run stands."""
         with self._lock:
             for ev in events:
-                self.state.apply(ev["event"], ev)
+                model = as_event(ev["event"], ev)
+                if model is not None:
+                    self.state.apply(model)
             self.state.lines.clear()
 
-    def feed(self, event: str, data: dict[str, Any]) -> None:
+    def feed(self, event: str, data: Any) -> None:
+        """One event as the transcript wrote it (its model), or as a dict of its fields."""
+        model = as_event(event, data)
         with self._lock:
-            self.state.apply(event, data)
+            if model is not None:
+                self.state.apply(model)
             lines, self.state.lines = self.state.lines, []
         if self.live is None and not self.quiet:
             for ln in lines:
@@ -222,9 +274,7 @@ class View:
                         f"{s.planned_runs()} planned)", style="dim")
         parts: list[Any] = [head]
         for ser in s.series[-3:]:
-            rec = s.recovered(ser)
-            so_far = " so far" if s.in_experiment == ser.label else ""
-            parts.append(Text(clip(ser.text(s.unit) + (f"; recovered {rec:.0%}{so_far}" if rec is not None else ""), width)))
+            parts.append(Text(clip(ser.text(s.unit) + s.recovered_text(ser), width)))
         t = Table(box=None, show_header=False, padding=(0, 1))
         for h in s.order:
             st = s.status.get(h, "pending")

@@ -293,3 +293,16 @@ def test_report_command_prints_the_path(quick, tmp_path):
     assert r.returncode == 0 and r.stdout.strip() == str((folder / "report.html").resolve())
     r = subprocess.run([sys.executable, "-m", "agent.cli", "report", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "not a debugagent run folder" in r.stderr and "fix:" in r.stderr
+
+
+def test_report_escapes_what_the_run_recorded(tmp_path):
+    """report.html goes through an autoescaping template: markup in a recorded value is shown, never run."""
+    from agent.report import render_html
+    from agent.transcript import read_events
+    from debugagent_testing import TranscriptBuilder
+    b = TranscriptBuilder("verify 30ms", "verify 20ms", host="<script>alert(1)</script>")
+    b.events.append({"event": "hypothesis_opened", "hypothesis": "env_var", "title": "a <b>bold</b> & odd title"})
+    b.events.append({"event": "verdict", "hypothesis": "env_var", "status": "suspect", "because": "x < y"})
+    page = render_html(read_events(b.write(tmp_path / "rec") / "events.jsonl"))
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "a &lt;b&gt;bold&lt;/b&gt; &amp; odd title" in page and "x &lt; y" in page

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -68,7 +69,9 @@ class ReplayTransport(BaseTransport):
     max_parallel = 1  # replay in a deterministic order
     live = False      # there is no host: nothing is kept on one
 
-    def __init__(self, events: list[dict[str, Any]], file: str = "events.jsonl") -> None:
+    def __init__(self, events: Sequence[Any], file: str = "events.jsonl") -> None:
+        """``events``: a recording as ``agent.transcript.read_events`` returns it (models that answer
+        ``ev["field"]`` and ``ev.get``), or as plain dicts."""
         self.host = "replay:" + str(events[0].get("host", "?"))
         self._queues: dict[str, deque[dict[str, Any]]] = {}
         self._order: list[dict[str, Any]] = []

@@ -29,7 +29,7 @@ class Fields(BaseModel):
     server: host.ServerInfo | None = None
 
 
-def render_process_table(parsed: dict[str, Any], inp: DiscoveryInput | None = None) -> list[str]:
+def render_process_table(parsed: dict[str, Any], inp: DiscoveryInput | None = None, gpu: list[Any] | None = None) -> list[str]:
     """``process_table``: evidence of which process is the server (found as ``inp`` says; by default as
     discovery finds it with no override), so its row and the counts; every process (argv joined by spaces,
     not the probe's \\x1f) and the listeners in a collapsed block."""
@@ -39,7 +39,7 @@ def render_process_table(parsed: dict[str, Any], inp: DiscoveryInput | None = No
         t = host.ProcTable.model_validate(parsed)
     except ValueError:
         return ["Output: (a process table that could not be read; the raw text is in events.jsonl)"]
-    found, own = candidates(t, [], inp)
+    found, own = candidates(t, list(gpu or []), inp)
     found = rank(found, inp)
     head = (f"Output: {plural(len(t.procs), 'process', 'processes')} ({len(own & {p.pid for p in t.procs})} of them "
             f"debugagent's own probe), {plural(len(t.listeners), 'listening TCP port')}; ")

@@ -1,0 +1,93 @@
+"""One number per fact: the live view, transcript.md, report.html and ``--json`` print the same numbers for the
+same fact, on every kept recording (each output reads them from agent/runfacts.py)."""
+
+from __future__ import annotations
+
+import html
+import io
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from agent.outputs import render_all
+from agent.run import output_of
+from agent.runfacts import gather, pct, runs_text
+from agent.transcript import read_events
+from agent.view import View
+
+ROOT = Path(__file__).resolve().parents[1]
+KEPT = sorted(p.parent for p in [*(ROOT / "transcripts").glob("*/events.jsonl"), *(ROOT / "transcripts").glob("h200/*/events.jsonl")])
+
+
+def outputs(run: Path) -> dict:
+    events = read_events(run / "events.jsonl")
+    view_out = io.StringIO()
+    view = View([], quiet=False, console=Console(file=view_out, width=300, force_terminal=False))
+    for ev in events:
+        view.feed(ev.event, ev)
+    conclusion = next(ev for ev in events if ev.event == "conclusion")
+    texts = render_all(events)
+    return {"facts": gather(events), "md": texts["markdown"], "html": html.unescape(texts["html"]),
+            "view": view_out.getvalue(), "json": output_of(conclusion.model_dump(mode="json", by_alias=True), run, 0.0)}
+
+
+def last_measure(view: str, label: str) -> str:
+    lines = [ln for ln in view.splitlines() if ln.startswith(f"[measure] {label}: ")]
+    assert lines, f"the view measured no {label}"
+    return lines[-1]
+
+
+def reproduce_table(md: str) -> tuple[int, str]:
+    """The transcript's table of the reproduce step: its number of runs and its mean ± sd cell."""
+    lines = md.splitlines()
+    i = next(i for i, ln in enumerate(lines) if re.search(r"×\d+ — reproduce$", ln))
+    head, row = lines[i + 1], lines[i + 3]
+    runs = len(head.strip("|").split("|")) - 2
+    return runs, row.strip().strip("|").split("|")[-1].strip()
+
+
+@pytest.mark.parametrize("run", KEPT, ids=[r.name for r in KEPT])
+def test_reproduce_step_numbers_agree(run):
+    """The reproduce step's mean ± sd and run count: the same in the view, the transcript, the report and --json."""
+    o = outputs(run)
+    f = o["facts"]
+    assert f.reproduce, "a kept run without a reproduce step"
+    text = runs_text(f.reproduce, f.unit)
+    mean, sd, n = statistics.fmean(f.reproduce), statistics.stdev(f.reproduce), len(f.reproduce)
+    assert last_measure(o["view"], "reproduce") == f"[measure] reproduce: {text}"
+    assert f"The regression is real: {text}" in o["html"] or f"The regression is not reproduced: {text}" in o["html"]
+    assert reproduce_table(o["md"]) == (n, f"{mean:.2f} ± {sd:.2f}")
+    reg = o["json"]["regression"]
+    assert f"{reg['mean']:.2f}" == f"{mean:.2f}"
+    if not (f.baseline_snapshot or {}).get("bench"):   # with a baseline snapshot's runs, sd is the pooled noise
+        assert f"{reg['sd']:.2f}" == f"{sd:.2f}"
+
+
+@pytest.mark.parametrize("run", KEPT, ids=[r.name for r in KEPT])
+def test_experiment_numbers_agree(run):
+    """Each experiment's runs and recovered share, and each cause's share: the same in every output."""
+    o = outputs(run)
+    f = o["facts"]
+    page = o["html"]
+    for hid in f.order:
+        for x in f.hyps[hid].experiments:
+            share = x.measured_share
+            after = runs_text(x.samples, f.unit)
+            assert f"Experiment: <b>{x.title}</b> — before {runs_text(f.reproduce, f.unit)}, after {after}" in page
+            if share is None:
+                continue
+            assert f"after {after}; recovered {pct(share)} of the regression" in page
+            assert last_measure(o["view"], hid) == f"[measure] {hid}: {after}; recovered {pct(share)}"
+            said = re.findall(r"(-?\d+)% of the regression", x.result)
+            assert said and f"{said[-1]}%" == pct(share), x.result   # the engine's sentence, in the transcript
+            assert f"Result: {x.result}." in o["md"]
+    for cause in o["json"]["root_causes"]:
+        if cause["explains"] is None:
+            continue
+        share = f"explains {pct(cause['explains'])}"
+        assert f"**{cause['hypothesis']}** ({share}" in o["md"]
+        assert f"Root cause: {cause['hypothesis']}</b> ({share}" in page
+        assert f"{cause['hypothesis']} ({share})" in o["view"]

@@ -7,7 +7,6 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import paramiko
 from paramiko import ssh_exception as px
@@ -77,12 +76,13 @@ class SSHTransport(BaseTransport):
                    explicit_identity=r["explicit_identity"])
 
     # ------------------------------------------------------------ connection
-    def _socket(self) -> Any:
+    def _socket(self) -> socket.socket | paramiko.Channel:
         if self.proxyjump:
             self._jump = SSHTransport.from_spec(self.proxyjump, known_hosts=str(self.known_hosts), accept_new=self.accept_new,
                                                 connect_timeout=self.connect_timeout)
             assert self._jump._client is not None
             t = self._jump._client.get_transport()
+            assert t is not None   # connect() leaves a transport or raises
             return t.open_channel("direct-tcpip", (self.hostname, self.port), ("127.0.0.1", 0), timeout=self.connect_timeout)
         sock = socket.create_connection((self.hostname, self.port), timeout=self.connect_timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -92,7 +92,8 @@ class SSHTransport(BaseTransport):
         try:
             sock = self._socket()
             client = paramiko.SSHClient()
-            client._host_keys_filename = None  # noqa: SLF001 - never let paramiko rewrite the file
+            # known_hosts is read by tools/known_hosts.py, never by client.load_host_keys: paramiko has
+            # no file name of its own, so nothing of paramiko's ever rewrites the file
             client.set_missing_host_key_policy(Policy(self.known_hosts, self.accept_new, self.hostname, self.port))
             entries = known_hosts.load(self.known_hosts)
             name = known_hosts.lookup_name(self.hostname, self.port)
@@ -326,7 +327,10 @@ class SSHTransport(BaseTransport):
         timed_out = self._pump(chan, shell.ready, marks, deadline, until_marks=True)
         (out, t_out), (err, t_err) = marks[0].output(), marks[1].output()
         shell.retire = marks[1].background
-        return out, err, -1 if timed_out else marks[0].status, t_out or t_err, timed_out
+        if timed_out:
+            return out, err, -1, t_out or t_err, True
+        assert marks[0].status is not None   # _pump returned on both end marks, the first carries the status
+        return out, err, marks[0].status, t_out or t_err, False
 
     def _pump(self, chan: paramiko.Channel, ready_ev: threading.Event, sinks: tuple[Capped, Capped], deadline: float,
               until_marks: bool) -> bool:

@@ -111,6 +111,7 @@ def start(sim: SimHost) -> tuple[subprocess.Popen, int]:
         if proc.poll() is not None:
             break
         time.sleep(0.005)
+    assert proc.stderr is not None   # stderr=subprocess.PIPE
     err = proc.stderr.read().decode(errors="replace") if proc.poll() is not None else "it did not start in 30 s"
     stop(proc)
     from ..errors import ScenarioError

@@ -326,7 +326,7 @@ class Journal:
 
 def others_on_host(remote: HostFiles, run_id: str) -> list[JournalData]:
     """Unfinished journals other runs left on the host (a crash, a kill -9)."""
-    out = []
+    out: list[JournalData] = []
     for name, text in remote.journals().items():
         if name == f"journal-{run_id}.json":
             continue

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any, ClassVar
@@ -40,7 +40,7 @@ class Signals:
         self.received: list[int] = []
         self.depth = 0
         self.pending: int | None = None
-        self.on_held = on_held or (lambda signum: None)
+        self.on_held: Callable[[int], object] = on_held or (lambda signum: None)
 
     def handler(self, signum: int, frame: FrameType | None) -> None:
         self.received.append(signum)
@@ -52,7 +52,7 @@ class Signals:
             raise Interrupted(signum)
 
     @contextmanager
-    def hold(self) -> Iterator[None]:
+    def hold(self) -> Generator[None, None, None]:
         self.depth += 1
         try:
             yield
@@ -77,7 +77,7 @@ class Signals:
 
 
 @contextmanager
-def held() -> Iterator[None]:
+def held() -> Generator[None, None, None]:
     """A section a signal does not cut (a mutation's command and the recording of its result); outside a run's
     ``Signals``, a plain section."""
     s = Signals.active

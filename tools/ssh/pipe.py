@@ -68,7 +68,8 @@ class ChunkPipe(BufferedPipe):
             if self._event is not None and not self._closed:
                 self._event.clear()
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        out, got = [], 0
+        out: list[bytes] = []
+        got = 0
         while got < nbytes:
             c = self._chunks[0]
             if got + len(c) <= nbytes:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import paramiko
@@ -99,7 +100,7 @@ class SSHTransport(BaseTransport):
             name = known_hosts.lookup_name(self.hostname, self.port)
             types = known_hosts.known_types(entries, name)
             certs = known_hosts.has_authority(entries, name)
-            pkeys = []
+            pkeys: list[paramiko.PKey] = []
             for path in self.identities:
                 try:
                     pkeys.append(paramiko.PKey.from_path(path))
@@ -110,7 +111,7 @@ class SSHTransport(BaseTransport):
                            banner_timeout=self.connect_timeout, auth_timeout=self.connect_timeout,
                            pkey=pkeys[0] if pkeys else None, allow_agent=not self.explicit_identity,
                            look_for_keys=not pkeys,
-                           transport_factory=lambda sock, **kw: fast_transport(sock, types, certs, **kw))
+                           transport_factory=partial(fast_transport, known_types=types, certs=certs))
         except UsageError:
             raise
         except BaseException as exc:  # noqa: BLE001 - the one boundary where paramiko's errors become ours

@@ -85,7 +85,7 @@ def rank_suspects(hyps: dict[str, Hyp], order: list[str], baseline_snapshot: boo
     """Suspects, best first; elimination only decides the order."""
     sus = [hid for hid in order if hyps[hid].status == "suspect"]
     others_closed = all(hyps[h].status in ("ruled_out", "confirmed") for h in order if h not in sus)
-    out = []
+    out: list[Suspect] = []
     for hid in sus:
         h = hyps[hid]
         rank = None
@@ -111,8 +111,9 @@ def no_regression_summary(regression: Regression) -> str:
 
 def conclude(hyps: dict[str, Hyp], order: list[str], regression: Regression, *, baseline_snapshot: bool,
              next_steps: dict[str, str], not_judged: NotJudged) -> Conclusion:
-    closed = lambda st: [Open(hypothesis=h, because="; ".join(hyps[h].because), next=hyps[h].next)  # noqa: E731
-                         for h in order if hyps[h].status == st]
+    def closed(status: str) -> list[Open]:
+        return [Open(hypothesis=h, because="; ".join(hyps[h].because), next=hyps[h].next)
+                for h in order if hyps[h].status == status]
     ruled, undecided = closed("ruled_out"), closed("inconclusive")
     if regression.refuted:
         summary = no_regression_summary(regression)
@@ -122,7 +123,7 @@ def conclude(hyps: dict[str, Hyp], order: list[str], regression: Regression, *, 
     causes.sort(key=lambda c: (c.how != "experiment", -(c.explains or 0)))
     suspects = rank_suspects(hyps, order, baseline_snapshot, next_steps)
     if causes:
-        parts = []
+        parts: list[str] = []
         for c in causes:
             share = (f"explains {_pct(c.explains)}, 95% CI {_pct(c.explains_ci[0])} to {_pct(c.explains_ci[1])}"
                      if c.explains is not None and c.explains_ci else "share not measured")

@@ -38,7 +38,7 @@ def state_of(d: Discovery) -> dict[str, Any]:
 
 def narrate(d: Discovery) -> list[str]:
     """What the transcript says about discovery, in order."""
-    lines = []
+    lines: list[str] = []
     s = d.server
     if s:
         flags = " ".join(f"--{k}" + ("" if v is True else f" {v}") for k, v in s.flags.items())

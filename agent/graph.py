@@ -14,8 +14,10 @@ returns the fields it changes.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 
 from . import conclusion as concl
@@ -32,13 +34,13 @@ __all__ = ["RECURSION_LIMIT", "REPRODUCE_RUNS", "Ctx", "Overrides", "build_graph
 RECURSION_LIMIT = 200
 
 
-def build_graph(ctx: Ctx, checkpointer: Any = None):
+def build_graph(ctx: Ctx, checkpointer: BaseCheckpointSaver | None = None):
     """The compiled graph; ``checkpointer`` (SQLite in the run folder) makes it resumable."""
     g = StateGraph(RunState)
     for name, node in (("intake", intake), ("discover", discover), ("probe", probe), ("evaluate", evaluate),
                        ("plan", plan), ("experiment", experiment), ("judge", judge), ("conclude", conclude),
                        ("report", report)):
-        g.add_node(name, lambda s, node=node: node(ctx, s))
+        g.add_node(name, partial(node, ctx))
     g.add_edge(START, "intake")
     g.add_edge("intake", "discover")
     g.add_edge("discover", "probe")
@@ -63,70 +65,70 @@ def after_plan(s: RunState) -> str:
 
 
 # ---------------------------------------------------------------- nodes
-def intake(ctx: Ctx, s: RunState) -> dict[str, Any]:
+def intake(ctx: Ctx, state: RunState) -> dict[str, Any]:
     """Say what the user reported and the plan; every hypothesis pending."""
     ctx.say(steps.intro(ctx))
     return {"hyps": {h: vd.Hyp() for h in ctx.playbook.order()}, "done": [], "notes": [], "bench_runs": 0,
             "current": None}
 
 
-def discover(ctx: Ctx, s: RunState) -> dict[str, Any]:
+def discover(ctx: Ctx, state: RunState) -> dict[str, Any]:
     """Find the server, its interpreter, checkout and benchmark; check the benchmark prints the metric."""
     d = find_host_server(ctx.runner(None), run_input(ctx.overrides, ctx.symptom.metric))
     for line in narrate(d):
         ctx.say(line)
-    state = state_of(d)
-    state["first_run"] = check_benchmark(ctx, state)   # the reproduce step's first run
-    return {"discovered": state}
+    found = state_of(d)
+    found["first_run"] = check_benchmark(ctx, found)   # the reproduce step's first run
+    return {"discovered": found}
 
 
-def probe(ctx: Ctx, s: RunState) -> dict[str, Any]:
+def probe(ctx: Ctx, state: RunState) -> dict[str, Any]:
     """The read-only evidence in one pass, then the regression reproduced."""
-    snap = steps.snapshot(ctx, s.discovered)
-    regression, runs = steps.reproduce_regression(ctx, s.discovered)
+    snap = steps.snapshot(ctx, state.discovered)
+    regression, runs = steps.reproduce_regression(ctx, state.discovered)
     return {"snapshot": snap, "regression": regression, "bench_runs": runs}
 
 
-def evaluate(ctx: Ctx, s: RunState) -> dict[str, Any]:
+def evaluate(ctx: Ctx, state: RunState) -> dict[str, Any]:
     """Every hypothesis' rules over the facts: its verdict on the evidence."""
-    facts = steps.rule_facts(ctx, s)
+    facts = steps.rule_facts(ctx, state)
     return {"hyps": steps.judge_all(ctx, facts), "facts": facts}
 
 
-def plan(ctx: Ctx, s: RunState) -> dict[str, Any]:
+def plan(ctx: Ctx, state: RunState) -> dict[str, Any]:
     """The next experiment, or none (no benchmark, nothing left, or the causes explain the regression)."""
-    if not s.discovered.get("bench") or not s.regression.samples:
+    if not state.discovered.get("bench") or not state.regression.samples:
         return {"current": None}
-    return steps.choose(ctx, s)
+    return steps.choose(ctx, state)
 
 
-def experiment(ctx: Ctx, s: RunState) -> dict[str, Any]:
+def experiment(ctx: Ctx, state: RunState) -> dict[str, Any]:
     """Change one thing, measure, put it back."""
-    cur, runs = steps.run_experiment(ctx, s)
-    return {"current": cur, "bench_runs": s.bench_runs + runs}
+    cur, runs = steps.run_experiment(ctx, state)
+    return {"current": cur, "bench_runs": state.bench_runs + runs}
 
 
-def judge(ctx: Ctx, s: RunState) -> dict[str, Any]:
+def judge(ctx: Ctx, state: RunState) -> dict[str, Any]:
     """The experiment's result applied to its hypothesis."""
-    cur = s.current
+    cur = state.current
     assert cur is not None and cur.result is not None
-    h = vd.after_experiment(cur.hyp, s.hyps[cur.hyp], cur.spec, cur.result)
+    h = vd.after_experiment(cur.hyp, state.hyps[cur.hyp], cur.spec, cur.result)
     steps.emit_verdict(ctx, cur.hyp, h, h.because[-1])
-    return {"hyps": {**s.hyps, cur.hyp: h}, "current": None, "done": s.done + [vd.exp_key(cur.hyp, cur.spec)]}
+    return {"hyps": {**state.hyps, cur.hyp: h}, "current": None, "done": state.done + [vd.exp_key(cur.hyp, cur.spec)]}
 
 
-def conclude(ctx: Ctx, s: RunState) -> dict[str, Any]:
+def conclude(ctx: Ctx, state: RunState) -> dict[str, Any]:
     """The verdicts as a conclusion (``conclusion.run_conclusion``), with the run's counts."""
-    c = concl.run_conclusion(s.hyps, ctx.playbook.order(), s.regression,
+    c = concl.run_conclusion(state.hyps, ctx.playbook.order(), state.regression,
                              baseline_snapshot=ctx.baseline_snapshot is not None,
                              next_steps=ctx.playbook.knowledge.get("next_steps") or {},
-                             not_judged=vd.NotJudged.model_validate((s.facts or {}).get("not_judged") or {}),
-                             commands=ctx.commands, bench_runs=s.bench_runs, notes=s.notes)
+                             not_judged=vd.NotJudged.model_validate((state.facts or {}).get("not_judged") or {}),
+                             commands=ctx.commands, bench_runs=state.bench_runs, notes=state.notes)
     ctx.transcript.emit("conclusion", **c.to_json())
     return {"conclusion": c}
 
 
-def report(ctx: Ctx, s: RunState) -> dict[str, Any]:
+def report(ctx: Ctx, state: RunState) -> dict[str, Any]:
     """Every output format (agent/outputs.py: the Markdown transcript, the HTML report), from the events."""
     from .outputs import write_outputs
     write_outputs(ctx.transcript.folder)

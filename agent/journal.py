@@ -31,7 +31,7 @@ from pydantic import BaseModel, Field, ValidationError
 from agent.signals import held
 from tools.errors import DebugAgentError, UsageError
 from tools.redact import redact
-from tools.transport import Transport, q
+from tools.transport import CommandResult, Transport, q
 
 HOST_DIR = '"${XDG_CACHE_HOME:-$HOME/.cache}"/debugagent'
 LOCK = "host.lock"
@@ -182,7 +182,7 @@ class HostFiles:
     def __init__(self, transport: Transport) -> None:
         self.transport = transport
 
-    def _run(self, command: str) -> Any:
+    def _run(self, command: str) -> CommandResult:
         # every command here is idempotent (an atomic overwrite, a removal, a lock this run may hold already),
         # so the transport may send it again after a reconnect. It runs held: a signal waits for its answer, or
         # the undo's removal of the journal (or the lock) could reach the host first and the late write outlive it
@@ -326,7 +326,7 @@ class Journal:
 
 def others_on_host(remote: HostFiles, run_id: str) -> list[JournalData]:
     """Unfinished journals other runs left on the host (a crash, a kill -9)."""
-    out = []
+    out: list[JournalData] = []
     for name, text in remote.journals().items():
         if name == f"journal-{run_id}.json":
             continue

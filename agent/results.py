@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_serializer
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
 
 Outcome = Literal["cause", "not_cause", "more"]
 
@@ -28,7 +28,7 @@ class Regression(BaseModel):
     runs_needed: int | None = None
 
     @model_serializer(mode="wrap")
-    def _measured_only(self, handler: Any) -> dict[str, Any]:
+    def _measured_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """Only the fields the reproduce step set (it is built once, never changed in place)."""
         return {k: v for k, v in handler(self).items() if k in self.model_fields_set}
 

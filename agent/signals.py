@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Generator
 from contextlib import contextmanager
+from types import FrameType
 from typing import Any, ClassVar
+
+# what signal.signal takes and returns: a function, SIG_DFL or SIG_IGN, or None (a handler not set from Python)
+Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 
 
 class Interrupted(KeyboardInterrupt):
@@ -31,14 +35,14 @@ class Signals:
     NAMES = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     active: ClassVar[Signals | None] = None
 
-    def __init__(self, on_held: Any = None) -> None:
-        self.old: dict[int, Any] = {}
+    def __init__(self, on_held: Callable[[int], object] | None = None) -> None:
+        self.old: dict[int, Handler] = {}
         self.received: list[int] = []
         self.depth = 0
         self.pending: int | None = None
-        self.on_held = on_held or (lambda signum: None)
+        self.on_held: Callable[[int], object] = on_held or (lambda signum: None)
 
-    def handler(self, signum: int, frame: Any) -> None:
+    def handler(self, signum: int, frame: FrameType | None) -> None:
         self.received.append(signum)
         if len(self.received) == 1:
             if self.depth:
@@ -48,7 +52,7 @@ class Signals:
             raise Interrupted(signum)
 
     @contextmanager
-    def hold(self) -> Iterator[None]:
+    def hold(self) -> Generator[None, None, None]:
         self.depth += 1
         try:
             yield
@@ -65,7 +69,7 @@ class Signals:
             Signals.active = self
         return self
 
-    def __exit__(self, *a: Any) -> None:
+    def __exit__(self, *a: object) -> None:
         for sig, h in self.old.items():
             signal.signal(sig, h)
         if Signals.active is self:
@@ -73,7 +77,7 @@ class Signals:
 
 
 @contextmanager
-def held() -> Iterator[None]:
+def held() -> Generator[None, None, None]:
     """A section a signal does not cut (a mutation's command and the recording of its result); outside a run's
     ``Signals``, a plain section."""
     s = Signals.active

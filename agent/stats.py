@@ -181,9 +181,11 @@ def decide(reference: list[float], changed: list[float], regression: float | Non
     q_not = t_quantile(1 - ALPHA_NOT, e.df)
     upper = e.improvement + q_not * e.se
     relevant = reg if reg is not None else 0.05 * abs(statistics.fmean(reference))
-    share = share_lo = share_hi = share_se = None
+    share = share_se = None
+    share_ci: tuple[float, float] | None = None
     if reg is not None:
         share, share_lo, share_hi = share_interval(e.improvement, e.se, e.df, reg, regression_se)
+        share_ci = (share_lo, share_hi)
         share_se = (share_hi - share) / t_quantile(0.975, e.df)
     big_enough = e.improvement >= MIN_SHARE * relevant
     agrees = fresh_agrees(reference, reference[len(reference) - fresh:] if fresh else [], changed, lower_is_better,
@@ -196,13 +198,14 @@ def decide(reference: list[float], changed: list[float], regression: float | Non
         outcome = "more"
     mc, mr = statistics.fmean(changed), statistics.fmean(reference)
     how = {"cause": "a cause", "not_cause": "not a cause", "more": "undecided" + (" at the run budget" if final else "")}
-    share_txt = (f", {share:.0%} of the regression (95% CI {share_lo:.0%} to {share_hi:.0%})" if share is not None else "")
+    share_txt = (f", {share:.0%} of the regression (95% CI {share_ci[0]:.0%} to {share_ci[1]:.0%})"
+                 if share_ci is not None else "")
     test = "t-test" if e.normal else "t-test and Mann-Whitney U (the noise is not normal)"
     text = (f"mean {mc:.4g} vs {mr:.4g} in the reference state ({len(changed)} vs {len(reference)} runs): "
             f"{'recovers' if e.improvement > 0 else 'changes'} {e.improvement:+.3g}{share_txt}; "
             f"{test} p={e.p_better:.2g}: {how[outcome]}")
     return Decision(outcome=outcome, improvement=e.improvement, share=share if share is not None else 0.0,
-                    share_ci=(share_lo, share_hi) if share is not None else None, share_se=share_se,
+                    share_ci=share_ci, share_se=share_se,
                     improvement_se=e.se, df=e.df, p=e.p_better, n_changed=len(changed), n_reference=len(reference), text=text)
 
 

@@ -29,6 +29,9 @@ from tools.units import (  # noqa: F401 - re-exported: the unit tables and their
     unit_kind,
 )
 
+__all__ = ["EXAMPLE", "RATE_FAMILIES", "RATE_UNITS", "TIME_UNITS", "Direction", "Symptom", "check_pair", "convert",
+           "direction_flag", "normalise_unit", "parse_symptom", "same_family", "unit_family", "unit_kind"]
+
 Direction = Literal["lower", "higher"]
 EXAMPLE = "`verify 30ms`, `decode 82 tok/s` or `ttft 1.2 s`"
 _RE = re.compile(r"^\s*([A-Za-z_][\w.\-]*)\s*[:=]?\s*([0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)\s*([A-Za-zµ/%_]*)\s*$")

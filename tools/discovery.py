@@ -245,7 +245,7 @@ def resolve(inp: DiscoveryInput, facts: HostFacts | None, server: ServerInfo | N
     """Each of python, repo, bench, metric, bench_regex: (value, where it came from). Flags win."""
     profile = facts.profile if facts else {}
 
-    def pick(name: str, *options: tuple[Any, str]) -> tuple[str | None, str]:
+    def pick(name: str, *options: tuple[object, str]) -> tuple[str | None, str]:
         for value, src in options:
             if value:
                 return str(value), src
@@ -262,9 +262,10 @@ def resolve(inp: DiscoveryInput, facts: HostFacts | None, server: ServerInfo | N
 
 
 # ---------------------------------------------------------------- the calls
-def calls(inp: DiscoveryInput, *, host_info: bool = True) -> list[tuple[str, Any, str]]:
-    """The read-only calls discovery needs; independent, so a caller may run them with others."""
-    out: list[tuple[str, Any, str]] = []
+def calls(inp: DiscoveryInput, *, host_info: bool = True) -> list[tuple[str, BaseModel | dict[str, Any] | None, str]]:
+    """The read-only calls discovery needs (tool, input, why: ``Runner.call_many``'s); independent, so a
+    caller may run them with others."""
+    out: list[tuple[str, BaseModel | dict[str, Any] | None, str]] = []
     if host_info:
         out.append(("host_info", None, "who is this host: hostname, cores, governor, and a host profile if one is installed"))
     out += [("process_table", None, "every process with its parent and command line, and the TCP listeners: "

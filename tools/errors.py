@@ -23,6 +23,12 @@ message names the thing, shows the evidence and gives a fix.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
 
 class DebugAgentError(Exception):
     """Base of every error debugagent raises on purpose."""
@@ -137,13 +143,13 @@ class ParseError(DebugAgentError):
         super().__init__(f"{tool}: {message}" + (f" (near: {excerpt[:80]!r})" if excerpt else ""))
 
 
-def parser(tool: str):
+def parser(tool: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Decorate a pure parser so that any shape error surfaces as ``ParseError``, never a traceback."""
     import functools
 
-    def deco(fn):
+    def deco(fn: Callable[P, R]) -> Callable[P, R]:
         @functools.wraps(fn)
-        def wrapped(*args, **kwargs):
+        def wrapped(*args: P.args, **kwargs: P.kwargs) -> R:
             try:
                 return fn(*args, **kwargs)
             except ParseError:

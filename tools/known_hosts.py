@@ -97,7 +97,7 @@ def host_matches(patterns: str, name: str) -> bool:
 
 def parse(text: str) -> list[Entry]:
     """Every usable line; comments, blank lines and lines OpenSSH would skip are skipped."""
-    out = []
+    out: list[Entry] = []
     for n, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         if not line or line.startswith("#"):
@@ -194,7 +194,7 @@ def parse_cert(blob: bytes) -> HostCert | None:
         cert_type = m.get_int()
         m.get_string()                       # key id
         pm = paramiko.Message(m.get_string())
-        principals = []
+        principals: list[str] = []
         while pm.get_remainder():
             principals.append(pm.get_text())
         after, before = m.get_int64(), m.get_int64()

@@ -97,8 +97,8 @@ class RestartServer(BaseModel):
         # a caught (not ignored) HUP/INT/TERM: a dropped connection cannot stop the script half-way, and the
         # server it starts still gets the default handlers
         parts = ["trap : HUP INT TERM; same() { [ \"$(tr '\\0' '\\037' < /proc/$1/cmdline 2>/dev/null)\" = \"$2\" ]; }; "]
+        spf = q(self.stop_pid_file) if self.stop_pid_file else ""
         if self.stop_pid_file:
-            spf = q(self.stop_pid_file)
             # an interrupted run's restart may still be running on the host ("busy SCRIPT_PID SERVER_PID" in the
             # file): wait for it to end, so this one sees the host as that one left it
             parts.append(f"for i in $(seq 1 {int(self.wait_s * 30)}); do read -r a b c < {spf} 2>/dev/null || break; "

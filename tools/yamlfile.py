@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
+from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
 from .errors import FileError
 
 
-def load_yaml_mapping(text: str, file: str, error: type[FileError], example: str) -> dict:
-    """YAML text -> a mapping, or ``error`` naming the file and the line."""
+def load_yaml_mapping(text: str, file: str, error: type[FileError], example: str) -> dict[str, Any]:
+    """YAML text -> a mapping (its values are whatever the file holds), or ``error`` naming the file and
+    the line."""
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -25,9 +28,9 @@ def load_yaml_mapping(text: str, file: str, error: type[FileError], example: str
     return data
 
 
-def describe_validation(exc: Exception) -> tuple[str, str]:
+def describe_validation(exc: ValidationError) -> tuple[str, str]:
     """A pydantic ValidationError's first problem as (field path, message) for a user-facing error."""
-    e = exc.errors()[0]  # type: ignore[attr-defined]
+    e = exc.errors()[0]
     loc = ".".join(str(x) for x in e["loc"])
     msg = e["msg"].removeprefix("Value error, ")
     if e["type"] == "extra_forbidden":

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..host import parse_flags
-from .scenario import Scenario
+from .scenario import Factor, Scenario
 from .standin import nvsmi, so_bytes
 
 
@@ -238,9 +238,11 @@ class Controller:
             return parse_flags(client, dashes=False).get(parts[2])
         return None
 
-    def active(self, f: Any, cur: Any) -> bool:
+    def active(self, f: Factor, cur: Any) -> bool:
+        """Whether the factor is in its bad state, ``cur`` being its path's value as :meth:`current` read it."""
         if f.path == "repo.head":
-            labels = [c.sha for c in self.scenario.host.repo.commits]
+            repo = self.scenario.host.repo   # a repo.head factor has one (Scenario's validation)
+            labels = [c.sha for c in repo.commits] if repo else []
             if cur not in labels:
                 return False
             if f.culprit:

@@ -40,7 +40,7 @@ uvloop watchfiles wcwidth websockets wheel xgrammar xxhash yarl zipp zstandard
 
 def extra_distributions(count: int, skip: set[str]) -> list[tuple[str, str, bool]]:
     """``count`` (name, version, has a compiled file) not in ``skip`` (normalised names), in list order."""
-    out = []
+    out: list[tuple[str, str, bool]] = []
     for name in NAMES:
         if len(out) >= count:
             break

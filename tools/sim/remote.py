@@ -16,15 +16,18 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
+from typing import IO
 
 from session import SESSION_COMMAND, frame, parse_frame  # tools/session.py: tools/ is on PYTHONPATH
 from shell import SimShell, StreamUnrewrite  # tools/sim/shell.py, beside this script
 
 
-def pump(src, dst, sandbox: str) -> None:
+def pump(src: IO[bytes], dst: IO[bytes], sandbox: str) -> None:
     u = StreamUnrewrite(sandbox)
+    read = getattr(src, "read1", src.read)   # a buffered pipe's read1: what has come, without waiting for 64 KiB
     while True:
-        chunk = src.read1(65536) if hasattr(src, "read1") else src.read(65536)
+        chunk = read(65536)
         if not chunk:
             break
         dst.write(u.feed(chunk))
@@ -33,9 +36,10 @@ def pump(src, dst, sandbox: str) -> None:
     dst.flush()
 
 
-def bash_unsealed(sh: SimShell, args: list[str], stdin, feed=None) -> int:
-    """Runs ``bash ARGS`` on the sandbox folder, its output streamed back unrewritten; ``feed(p)``, if
-    given, writes its stdin. Returns bash's exit code."""
+def bash_unsealed(sh: SimShell, args: list[str], stdin: int | None,
+                  feed: Callable[[IO[bytes]], None] | None = None) -> int:
+    """Runs ``bash ARGS`` on the sandbox folder, its output streamed back unrewritten; ``feed(w)``, if
+    given (with ``stdin`` a pipe), writes its stdin ``w``. Returns bash's exit code."""
     sh.sync_proc()
     os.makedirs(sh.home(), exist_ok=True)
     p = subprocess.Popen(["bash", *args], stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=sh.env(),
@@ -45,7 +49,8 @@ def bash_unsealed(sh: SimShell, args: list[str], stdin, feed=None) -> int:
     for t in ts:
         t.start()
     if feed is not None:
-        feed(p)
+        assert p.stdin is not None   # stdin=subprocess.PIPE
+        feed(p.stdin)
     code = p.wait()
     for t in ts:
         t.join()
@@ -56,16 +61,16 @@ def bash_unsealed(sh: SimShell, args: list[str], stdin, feed=None) -> int:
 def session_unsealed(sh: SimShell) -> int:
     """A shell session (tools/session.py): one bash, each frame rewritten on its way in."""
 
-    def feed(p: subprocess.Popen) -> None:
+    def feed(w: IO[bytes]) -> None:
         try:
             for line in iter(sys.stdin.buffer.readline, b""):
                 sh.sync_proc()
                 text = line.decode("utf-8", "surrogateescape")
                 parsed = parse_frame(text)
-                p.stdin.write(frame(sh.rewrite(parsed[0]), parsed[1]) if parsed
-                              else sh.rewrite(text).encode("utf-8", "surrogateescape"))
-                p.stdin.flush()
-            p.stdin.close()
+                w.write(frame(sh.rewrite(parsed[0]), parsed[1]) if parsed
+                        else sh.rewrite(text).encode("utf-8", "surrogateescape"))
+                w.flush()
+            w.close()
         except BrokenPipeError:
             pass
 
@@ -77,7 +82,7 @@ def main() -> int:
     hostname = sys.argv[2] if len(sys.argv) > 2 else "sim"
     command = os.environ.get("SSH_ORIGINAL_COMMAND")
     if sh.sealed:
-        argv = sh.argv(command, args=None if command is not None else ["-i"])
+        argv = sh.argv(command) if command is not None else sh.argv("", args=["-i"])
         os.execvp(argv[0], argv)
     if command == SESSION_COMMAND:
         return session_unsealed(sh)

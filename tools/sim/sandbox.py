@@ -554,14 +554,16 @@ class SimHost:
         service = f"{self.inside(SERVICE_DIR)}/service.sock"
         bindir = self.path("/usr/local/bin")
         binary = compiled_client(service)
+        script = ""   # the Python client, where no compiled one could be built
         if binary is None:
             text = (GUEST / "client.py").read_text().replace(f'SERVICE = "{SERVICE_DIR}/service.sock"', f'SERVICE = "{service}"', 1)
             shebang = f"#!{self.inside(self.base_python())} -SE\n" if self.sealed else f"#!{sys.executable} -SE\n"
+            script = shebang + text
         for name in ("nvidia-smi", os.path.basename(self.scenario.bench.cmd.split()[0])):
             if binary is not None:
                 shutil.copy(binary, bindir / name)
             else:
-                (bindir / name).write_text(shebang + text)
+                (bindir / name).write_text(script)
             (bindir / name).chmod(0o755)
         (bindir / "nproc").write_text(f"#!/bin/sh\necho {int(self.state['cpu']['cores'])}\n")
         (bindir / "nproc").chmod(0o755)

@@ -80,7 +80,7 @@ def bwrap_args(sim: SimHost) -> list[str]:
     return a
 
 
-def start(sim: SimHost) -> tuple[subprocess.Popen, int]:
+def start(sim: SimHost) -> tuple[subprocess.Popen[bytes], int]:
     """Start the namespace; returns bwrap's process and the pid (here) of the process that holds it."""
     args_r, args_w = os.pipe()
     info_r, info_w = os.pipe()
@@ -111,6 +111,7 @@ def start(sim: SimHost) -> tuple[subprocess.Popen, int]:
         if proc.poll() is not None:
             break
         time.sleep(0.005)
+    assert proc.stderr is not None   # stderr=subprocess.PIPE
     err = proc.stderr.read().decode(errors="replace") if proc.poll() is not None else "it did not start in 30 s"
     stop(proc)
     from ..errors import ScenarioError
@@ -123,7 +124,7 @@ def _entering(init_pid: int) -> list[int]:
     return pids_where(lambda argv: argv[0].endswith(b"nsenter") and want in argv)
 
 
-def stop(proc: subprocess.Popen, init_pid: int = 0) -> None:
+def stop(proc: subprocess.Popen[bytes], init_pid: int = 0) -> None:
     """End the host: SIGKILL to the namespace's pid 1 ends every process in it; then bwrap.
 
     First every ``nsenter`` into it is killed: its child inside the namespace dies with pid 1,

@@ -38,7 +38,7 @@ def free_port() -> int:
 @dataclass
 class Served:
     sim: SimHost
-    proc: subprocess.Popen
+    proc: subprocess.Popen[bytes]
     port: int
     user: str
     folder: Path
@@ -63,7 +63,7 @@ class Served:
 
 @dataclass
 class Sshd:
-    proc: subprocess.Popen
+    proc: subprocess.Popen[bytes]
     port: int
     folder: Path
     identity: Path
@@ -74,7 +74,7 @@ class Sshd:
         stop_process(self.proc)
 
 
-def stop_process(proc: subprocess.Popen) -> None:
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.terminate()
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -21,9 +22,9 @@ def enter(init_pid: int, home: str, env: dict[str, str], argv: list[str]) -> lis
             "--", "/usr/bin/env", "-i", *(f"{k}={v}" for k, v in env.items()), *argv]
 
 
-def pids_where(match) -> list[int]:
+def pids_where(match: Callable[[list[bytes]], bool]) -> list[int]:
     """The pids of this machine whose argv (a list of bytes) ``match`` accepts."""
-    pids = []
+    pids: list[int] = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue

@@ -12,13 +12,25 @@ import hashlib
 import hmac
 import struct
 from datetime import UTC, datetime
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 REASON_BITS = {
     "gpu_idle": 0x1, "applications_clocks_setting": 0x2, "sw_power_cap": 0x4, "hw_slowdown": 0x8,
     "sync_boost": 0x10, "sw_thermal_slowdown": 0x20, "hw_thermal_slowdown": 0x40,
     "hw_power_brake_slowdown": 0x80, "display_clock_setting": 0x100,
 }
+
+
+class HostView(Protocol):
+    """What nvidia-smi reads of the host and writes back (tools/sim/controller.py's ``Controller``)."""
+
+    host: dict[str, Any]   # the scenario's host state, as tools/sim/scenario.py dumps it
+
+    def gpu(self, i: int) -> dict[str, Any]: ...
+    def save_override(self, i: int, key: str, value: object) -> None: ...
+    def loaded(self) -> bool: ...
+    def servers(self) -> list[tuple[int, list[str], dict[str, str]]]: ...
+    def driver_old(self) -> bool: ...
 
 
 ELF_HEADER = struct.Struct("<16sHHIQQQIHHHHHH")  # Elf64_Ehdr
@@ -47,7 +59,7 @@ CANON = {"clocks.sm": "clocks.current.sm", "clocks.mem": "clocks.current.memory"
          "clocks.gr": "clocks.current.graphics", "gpu_name": "name", "gpu_uuid": "uuid", "gpu_bus_id": "pci.bus_id"}
 
 
-def gpu_view(ctl: Any, i: int, loaded: bool) -> dict:
+def gpu_view(ctl: HostView, i: int, loaded: bool) -> dict:
     g = ctl.gpu(i)
     servers = ctl.servers()
     used = int(g["memory_mib"] * 0.88) if servers else 0
@@ -86,7 +98,7 @@ def gpu_view(ctl: Any, i: int, loaded: bool) -> dict:
     }
 
 
-def nvsmi(ctl: Any, args: list[str], out: TextIO, err: TextIO) -> int:
+def nvsmi(ctl: HostView, args: list[str], out: TextIO, err: TextIO) -> int:
     fmt = ""
     query = None
     apps = None
@@ -201,8 +213,9 @@ def nvsmi(ctl: Any, args: list[str], out: TextIO, err: TextIO) -> int:
     return 0
 
 
-def lock_clocks(ctl: Any, indices: list[int], spec: str, out: TextIO, err: TextIO) -> int:
+def lock_clocks(ctl: HostView, indices: list[int], spec: str, out: TextIO, err: TextIO) -> int:
     """``-lgc MIN,MAX`` locks the SM clock at most MAX under load; ``-rgc`` (spec "") resets it."""
+    clocks: tuple[int, int] | None = None
     if spec:
         try:
             lo, hi = (int(x) for x in spec.split(","))
@@ -212,9 +225,11 @@ def lock_clocks(ctl: Any, indices: list[int], spec: str, out: TextIO, err: TextI
         if lo > hi:
             print("Invalid clock values: MIN is above MAX", file=err)
             return 2
+        clocks = (lo, hi)
     for idx in indices:
         bus = f"00000000:{0x18 + 0x10 * idx:02X}:00.0"
-        if spec:
+        if clocks is not None:
+            lo, hi = clocks
             ctl.save_override(idx, "locked_sm_clock", hi)
             print(f"GPU clocks set to \"(gpuClkMin {lo}, gpuClkMax {hi})\" for GPU {bus}", file=out)
         else:
@@ -230,7 +245,7 @@ def _line(indent: int, key: str, value: object | None = None) -> str:
     return head if value is None else head.ljust(55) + f": {value}"
 
 
-def q_text(ctl: Any, indices: list[int], loaded: bool) -> str:
+def q_text(ctl: HostView, indices: list[int], loaded: bool) -> str:
     old = ctl.driver_old()
     d = ctl.host["driver"]
     out = ["", "==============NVSMI LOG==============", "",
@@ -279,7 +294,7 @@ def q_text(ctl: Any, indices: list[int], loaded: bool) -> str:
     return "\n".join(out) + "\n"
 
 
-def table(ctl: Any, loaded: bool) -> str:
+def table(ctl: HostView, loaded: bool) -> str:
     d = ctl.host["driver"]
     lines = [datetime.now(UTC).strftime("%a %b %d %H:%M:%S %Y       "), "+" + "-" * 89 + "+",
              f"| NVIDIA-SMI {d['version']:<22} Driver Version: {d['version']:<14} CUDA Version: {d['cuda']:<9}|",

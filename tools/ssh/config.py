@@ -7,14 +7,24 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import paramiko
 
 from ..errors import UsageError
 
 
-def resolve(spec: str, identity_file: str | None) -> dict[str, Any]:
+class Resolved(TypedDict):
+    """Where ``--host`` leads, as ``resolve`` found it."""
+    host: str
+    port: int
+    user: str
+    identities: list[str]
+    proxyjump: str | None
+    explicit_identity: bool
+
+
+def resolve(spec: str, identity_file: str | None) -> Resolved:
     """``user@host[:port]`` or an ~/.ssh/config alias -> host, port, user, identities, proxyjump.
 
     ``ssh -G`` (OpenSSH's own resolution, Include and all) when the client is installed;
@@ -35,7 +45,7 @@ def resolve(spec: str, identity_file: str | None) -> dict[str, Any]:
         port = int(p)
     else:
         host = rest
-    cfg: dict[str, Any] = {}
+    cfg: dict[str, Any] = {}   # ssh -G's output or paramiko's SSHConfig lookup: text as the user's config has it
     ssh = shutil.which("ssh")
     config = Path.home() / ".ssh" / "config"
     if ssh and config.is_file():

@@ -29,7 +29,7 @@ EXCEPTION_MAP: dict[type[BaseException], type[TransportError]] = {
     px.ProxyCommandFailure: ConnectError,
     px.SSHException: ConnectError,
 }
-FIXES = {
+FIXES: dict[type[TransportError], str] = {
     AuthError: "give the private key with -i/--identity-file KEY, or load it into ssh-agent (ssh-add KEY); check the user",
     ConnectError: "check the address and port, that sshd runs there, and the network path (--connect-timeout)",
 }

@@ -4,6 +4,7 @@ Transport that asks for the key types known_hosts holds (``fast_transport``)."""
 from __future__ import annotations
 
 import fcntl
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,12 @@ class Policy(paramiko.MissingHostKeyPolicy):
         self.added = line.strip()
 
 
-def fast_transport(sock: Any, known_types: list[str] | None = None, certs: bool = False, **kw: Any) -> paramiko.Transport:
+# what paramiko.Transport opens over: an address, a socket, another transport's channel or a ProxyCommand
+SocketLike = str | tuple[str, int] | socket.socket | paramiko.Channel | paramiko.ProxyCommand
+
+
+def fast_transport(sock: SocketLike, known_types: list[str] | None = None, certs: bool = False,
+                   **kw: Any) -> paramiko.Transport:
     """A paramiko Transport that prefers AES-GCM (one AEAD pass: ~20% faster on 1 MB here) when
     the server offers it, and falls back to paramiko's usual order otherwise. Host key types
     known_hosts holds for the host come first (OpenSSH orders them so too)."""

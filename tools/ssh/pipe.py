@@ -30,6 +30,12 @@ class ChunkPipe(BufferedPipe):
     command gets back. ``wake_bytes`` stays well under the window so the stream never stalls.
     """
 
+    # the base class's state, set by its __init__ (paramiko's stubs leave private fields out)
+    _lock: threading.Lock
+    _cv: threading.Condition
+    _event: threading.Event | None
+    _closed: bool
+
     def __init__(self, wake_bytes: int = 0) -> None:
         super().__init__()
         self._chunks: list[bytes] = []
@@ -62,7 +68,8 @@ class ChunkPipe(BufferedPipe):
             if self._event is not None and not self._closed:
                 self._event.clear()
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        out, got = [], 0
+        out: list[bytes] = []
+        got = 0
         while got < nbytes:
             c = self._chunks[0]
             if got + len(c) <= nbytes:

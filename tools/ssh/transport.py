@@ -6,8 +6,8 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from functools import partial
 from pathlib import Path
-from typing import Any
 
 import paramiko
 from paramiko import ssh_exception as px
@@ -77,12 +77,13 @@ class SSHTransport(BaseTransport):
                    explicit_identity=r["explicit_identity"])
 
     # ------------------------------------------------------------ connection
-    def _socket(self) -> Any:
+    def _socket(self) -> socket.socket | paramiko.Channel:
         if self.proxyjump:
             self._jump = SSHTransport.from_spec(self.proxyjump, known_hosts=str(self.known_hosts), accept_new=self.accept_new,
                                                 connect_timeout=self.connect_timeout)
             assert self._jump._client is not None
             t = self._jump._client.get_transport()
+            assert t is not None   # connect() leaves a transport or raises
             return t.open_channel("direct-tcpip", (self.hostname, self.port), ("127.0.0.1", 0), timeout=self.connect_timeout)
         sock = socket.create_connection((self.hostname, self.port), timeout=self.connect_timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -92,13 +93,14 @@ class SSHTransport(BaseTransport):
         try:
             sock = self._socket()
             client = paramiko.SSHClient()
-            client._host_keys_filename = None  # noqa: SLF001 - never let paramiko rewrite the file
+            # known_hosts is read by tools/known_hosts.py, never by client.load_host_keys: paramiko has
+            # no file name of its own, so nothing of paramiko's ever rewrites the file
             client.set_missing_host_key_policy(Policy(self.known_hosts, self.accept_new, self.hostname, self.port))
             entries = known_hosts.load(self.known_hosts)
             name = known_hosts.lookup_name(self.hostname, self.port)
             types = known_hosts.known_types(entries, name)
             certs = known_hosts.has_authority(entries, name)
-            pkeys = []
+            pkeys: list[paramiko.PKey] = []
             for path in self.identities:
                 try:
                     pkeys.append(paramiko.PKey.from_path(path))
@@ -109,7 +111,7 @@ class SSHTransport(BaseTransport):
                            banner_timeout=self.connect_timeout, auth_timeout=self.connect_timeout,
                            pkey=pkeys[0] if pkeys else None, allow_agent=not self.explicit_identity,
                            look_for_keys=not pkeys,
-                           transport_factory=lambda sock, **kw: fast_transport(sock, types, certs, **kw))
+                           transport_factory=partial(fast_transport, known_types=types, certs=certs))
         except UsageError:
             raise
         except BaseException as exc:  # noqa: BLE001 - the one boundary where paramiko's errors become ours
@@ -326,7 +328,10 @@ class SSHTransport(BaseTransport):
         timed_out = self._pump(chan, shell.ready, marks, deadline, until_marks=True)
         (out, t_out), (err, t_err) = marks[0].output(), marks[1].output()
         shell.retire = marks[1].background
-        return out, err, -1 if timed_out else marks[0].status, t_out or t_err, timed_out
+        if timed_out:
+            return out, err, -1, t_out or t_err, True
+        assert marks[0].status is not None   # _pump returned on both end marks, the first carries the status
+        return out, err, marks[0].status, t_out or t_err, False
 
     def _pump(self, chan: paramiko.Channel, ready_ev: threading.Event, sinks: tuple[Capped, Capped], deadline: float,
               until_marks: bool) -> bool:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import re
 import shlex
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -46,7 +47,7 @@ def on_host(f: RunFacts, command: str) -> str:
     return ssh_line(f.target, command) if f.target else command
 
 
-def restart_line(f: RunFacts, argv: list[str], unset: list[str] = (), set_env: dict[str, str] | None = None) -> str:
+def restart_line(f: RunFacts, argv: list[str], unset: Sequence[str] = (), set_env: dict[str, str] | None = None) -> str:
     """How the server is started again with a change: its own command line, in its own folder (not on the host)."""
     srv = f.outputs.get("server_details") or {}
     if not argv:

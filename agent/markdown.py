@@ -205,7 +205,8 @@ def render_call(doc: Doc, call: ToolCall, res: ToolResult, target: str | None) -
     value = bench_value(call, res)
     if value is not None and not res.stderr.strip():
         out = res.output or {}
-        doc.lines[-1] += f": {(out.get('metric') + ' ') if out.get('metric') else ''}{fmt(value)} {out.get('unit') or ''}".rstrip()
+        metric = out.get("metric")
+        doc.lines[-1] += f": {(metric + ' ') if metric else ''}{fmt(value)} {out.get('unit') or ''}".rstrip()
         shown = []
     if shown == ["(no output)"]:
         doc.lines[-1] += " (no output)"

@@ -21,7 +21,7 @@ from tools.errors import ReplayMiss, UsageError
 from .events import Conclusion, Event
 from .graph import RECURSION_LIMIT, build_graph
 from .session import open_replay
-from .state import conclusion_of
+from .state import RunState, conclusion_of
 from .transcript import read_events, write_markdown
 
 err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
@@ -55,7 +55,7 @@ def replay_events(events: list[Event], *, playbook: str | None, out: Path, file:
     transcript = ctx.transcript
     t0 = time.monotonic()
     try:
-        state = build_graph(ctx).invoke({}, {"recursion_limit": RECURSION_LIMIT})
+        state = build_graph(ctx).invoke(RunState(), {"recursion_limit": RECURSION_LIMIT})
     finally:
         transcript.close()
     write_markdown(out)

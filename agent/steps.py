@@ -269,8 +269,10 @@ def lab_for(ctx: Ctx, s: RunState, hid: str) -> Lab:
     restarts = 1 if kind is not None and kind.restarts else 0
     if max_runs:
         fresh = max(0, min(fresh, max_runs - 2 - warm - restarts))
+    bench = bench_of(ctx, d)
+    assert bench is not None, "an experiment is planned only once discovery has a benchmark"
     return Lab(ctx.runner, lambda ev, **kw: ctx.transcript.emit(ev, hypothesis=hid, **kw), ctx.undo,
-               Measure(bench=bench_of(ctx, d), metric=d["metric"], cwd=d.get("repo"), regex=ctx.overrides.bench_regex,
+               Measure(bench=bench, metric=d["metric"], cwd=d.get("repo"), regex=ctx.overrides.bench_regex,
                        ready_timeout_s=ctx.overrides.ready_timeout,
                        max_runs=max(2, max_runs - fresh - (warm if fresh else 0)) if max_runs else 0),
                ctx.run_id, ctx.symptom.direction == "lower",

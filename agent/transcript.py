@@ -57,7 +57,7 @@ class Transcript:
 
         self.log = structlog.wrap_logger(
             structlog.WriteLogger(self._file),
-            processors=[stamp, redact_processor, structlog.processors.JSONRenderer(sort_keys=False, ensure_ascii=False)],
+            processors=[stamp, redact_processor, structlog.processors.JSONRenderer(sort_keys=False, ensure_ascii=False)],  # pyright: ignore[reportArgumentType]  (structlog types an event dict as MutableMapping; these take dicts, as context_class makes them)
             context_class=dict,
         ).bind(run_id=run_id)
 
@@ -98,7 +98,7 @@ def read_events(path: Path) -> list[Event]:
             continue
         try:
             ev = json.loads(line)
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             raise RecordingError(f"not a JSON object ({exc.msg})", file=str(path), line=n,
                                  fix="the recording is truncated or edited; record the run again") from exc
         if not isinstance(ev, dict) or ev.get("event") not in EVENTS:

@@ -87,7 +87,7 @@ def apply_result(h: Hyp, spec: dict[str, Any], res: ExperimentResult, max_runs_h
     if outcome == "cause":
         h.status, h.how, h.next = "confirmed", "experiment", None
         if res.share_ci is not None and within_group:   # the narrower group's measurement replaces the wider one's
-            h.share, h.share_se, h.share_ci = float(res.share), res.share_se, tuple(res.share_ci)
+            h.share, h.share_se, h.share_ci = float(res.share), res.share_se, (res.share_ci[0], res.share_ci[1])
         elif res.share_ci is not None:
             h.share, h.share_se, h.share_ci = _combine(h, float(res.share), res.share_se)
         if res.culprit:

@@ -101,7 +101,8 @@ class Runner:
             self.count += 1
             call_id = next(self._ids) if self._ids is not None else self.count
         command = self.command_of(tool, inp)
-        shown = inp.display_command() if hasattr(inp, "display_command") else command
+        display = getattr(inp, "display_command", None)
+        shown = str(display()) if callable(display) else command
         data_in = inp.model_dump(mode="json")
         self.observer("tool_call", {"call_id": call_id, "tool": tool, "input": data_in, "command": command,
                                     "display": self.transport.display(shown), "why": why})

@@ -78,7 +78,8 @@ def _discovery(runner: Runner, inp: DiscoveryInput, outs: list[Outcome],
     gp_o = outs[0]
     values = resolve(inp, facts0, server0)
     return Discovery(server=server0, host_facts=facts0, gpu_processes=list(gp_o.output.processes) if gp_o.ok else [],
-                     **{k: v for k, (v, _) in values.items()})
+                     python=values["python"][0], repo=values["repo"][0], bench=values["bench"][0],
+                     metric=values["metric"][0], bench_regex=values["bench_regex"][0])
 
 
 def collect(runner: Runner, *, bench: str | None = None, python: str | None = None, repo: str | None = None,

@@ -67,7 +67,7 @@ class Tool:
 class Add(Protocol):
     """Records one difference (``tools.snapshot.Change``) between two snapshots."""
 
-    def __call__(self, path: str, a: Any, b: Any, note: str = "", *, editable: bool = False,
+    def __call__(self, path: str, a: Any, b: Any, /, note: str = "", *, editable: bool = False,
                  follows_load: bool = False) -> None: ...
 
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 class CodeRevertSpec(ExperimentSpec):
-    kind: Literal["code_revert"]
+    kind: Literal["code_revert"]  # pyright: ignore[reportIncompatibleVariableOverride]  (each kind narrows the base str)
     to: Text | None = None                # the commit (template)
     bisect: bool = True                   # bisect the range if the revert recovers
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 class PowerLimitSpec(ExperimentSpec):
-    kind: Literal["power_limit"]
+    kind: Literal["power_limit"]  # pyright: ignore[reportIncompatibleVariableOverride]  (each kind narrows the base str)
     gpu: Text | None = None                # the GPU index (template)
     watts: Text | None = None              # the limit to set (template)
 
@@ -32,7 +32,7 @@ class PowerLimitSpec(ExperimentSpec):
 
 
 class GovernorSpec(ExperimentSpec):
-    kind: Literal["governor"]
+    kind: Literal["governor"]  # pyright: ignore[reportIncompatibleVariableOverride]  (each kind narrows the base str)
     governor: Text | None = None           # the governor to set
 
     @model_validator(mode="after")

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 
 class PackageRestoreSpec(RestoreSpec):
-    kind: Literal["package_restore"]
+    kind: Literal["package_restore"]  # pyright: ignore[reportIncompatibleVariableOverride]  (each kind narrows the base str)
     area: ClassVar[str] = "packages.*"
     package: Text | None = None           # one distribution (template); default: every changed one
 

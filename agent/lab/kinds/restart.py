@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 class ServerRestartSpec(ExperimentSpec):
-    kind: Literal["server_restart"]
+    kind: Literal["server_restart"]  # pyright: ignore[reportIncompatibleVariableOverride]  (each kind narrows the base str)
     set_flags: dict[str, str] = Field(default_factory=dict)
     unset_flags: list[str] = Field(default_factory=list)
     set_env: dict[str, str] = Field(default_factory=dict)

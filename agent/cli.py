@@ -12,7 +12,7 @@ import inspect
 import json
 import os
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -24,7 +24,7 @@ from rich.markup import escape
 from tools.errors import DebugAgentError, UsageError
 from tools.redact import redact_text, write_private
 
-from .config import RunConfig, SSHOptions, flag_fields, usage_error
+from .config import RunConfig, SSHOptions, bounds, flag_fields, usage_error
 from .hosts import host_help, open_transport
 
 app = typer.Typer(
@@ -52,17 +52,16 @@ def options_of(model: type, only: Iterable[str] | None = None, help: Mapping[str
     params = []
     for name in (only if only is not None else fields):
         annotation, info, fl = fields[name]
-        lo = next((m.ge for m in info.metadata if getattr(m, "ge", None) is not None), None)
-        hi = next((m.le for m in info.metadata if getattr(m, "le", None) is not None), None)
+        b = bounds(info.metadata)   # gt/lt have no click range: RunConfig.from_flags names the flag
         option = typer.Option(*fl.names, metavar=fl.metavar, help=(help or {}).get(name, info.description),
-                              min=lo, max=hi)
+                              min=b.get("ge"), max=b.get("le"))
         default = inspect.Parameter.empty if info.is_required() else info.get_default(call_default_factory=True)
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
                                         annotation=Annotated[annotation, option]))
     return params
 
 
-def with_options(head: list[inspect.Parameter] = (), tail: list[inspect.Parameter] = ()  # type: ignore[assignment]
+def with_options(head: Sequence[inspect.Parameter] = (), tail: Sequence[inspect.Parameter] = (),
                  ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Give a command the options ``options_of`` made, before and after its own parameters (it takes them as
     ``**kw``); the order is the order of ``--help``."""

@@ -10,7 +10,7 @@ import pytest
 from typer._click import Context
 
 from agent.cli import command, main
-from agent.config import REPRODUCE_RUNS, RunConfig, SSHOptions, flag_fields
+from agent.config import REPRODUCE_RUNS, RunConfig, SSHOptions, bounds, flag_fields
 from agent.playbook import load_playbook
 from agent.run import load_run
 from agent.session import header, inputs_from_recording, overrides_of
@@ -38,9 +38,8 @@ def test_run_options_are_the_config_fields():
         assert o.required == info.is_required(), name
         rec = o.get_help_record(ctx)
         assert rec and (name == "host" or info.description in " ".join(rec[1].split())), name
-        lo = next((m.ge for m in info.metadata if getattr(m, "ge", None) is not None), None)
-        hi = next((m.le for m in info.metadata if getattr(m, "le", None) is not None), None)
-        assert (o.min, o.max) == (lo, hi), name
+        b = bounds(info.metadata)
+        assert (o.min, o.max) == (b.get("ge"), b.get("le")), name
 
 
 def test_the_documented_defaults():

@@ -8,21 +8,24 @@ its recording · 6 the host could not be fully restored (``debugagent undo RUN``
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
 from tools.errors import DebugAgentError, UsageError
 from tools.redact import redact_text, write_private
 
-from .context import REPRODUCE_RUNS
-from .hosts import SSHOptions, open_transport
+from .config import RunConfig, SSHOptions, bounds, flag_fields, usage_error
+from .hosts import host_help, open_transport
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_enable=False,
@@ -36,82 +39,83 @@ app.add_typer(playbook_app, name="playbook")
 err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True, emoji=False)
 
-HostOpt = Annotated[str, typer.Option("--host", metavar="HOST", help="user@host[:port], an ~/.ssh/config alias, `local`, or sim:NAME[@good] / sim:PATH.yaml")]
-IdentOpt = Annotated[str | None, typer.Option("--identity-file", "-i", metavar="KEY", help="private key file for SSH")]  # noqa: UP007
-KnownOpt = Annotated[str | None, typer.Option("--known-hosts", metavar="FILE", help="known_hosts file (default ~/.ssh/known_hosts)")]  # noqa: UP007
-AcceptOpt = Annotated[bool, typer.Option("--accept-new-host-key", help="record an unknown host key (as OpenSSH's accept-new); a changed key is always refused")]
-TimeoutOpt = Annotated[float, typer.Option("--connect-timeout", metavar="SECONDS", help="seconds to wait for the SSH connection")]
-ForceUnlockOpt = Annotated[bool, typer.Option("--force-unlock", help="take over the host's lock left by a run that is gone (a stale lock)")]
+HOST_HELP = {"host": host_help()}   # the --host forms, from the table of transports (agent/hosts.py)
 
 
-def ssh_opts(identity_file: str | None, known_hosts: str | None, accept: bool, timeout: float) -> SSHOptions:
-    return SSHOptions(identity_file=identity_file, known_hosts=known_hosts, accept_new_host_key=accept, connect_timeout=timeout)
+# ---------------------------------------------------------------- options made from the configuration
+def options_of(model: type, only: Iterable[str] | None = None, help: Mapping[str, str] | None = None,
+               ) -> list[inspect.Parameter]:
+    """Typer options for a model's fields (``RunConfig``, ``SSHOptions``): the flag's names and metavar, the
+    field's description as help (or ``help[name]``), its default, and its ``ge``/``le`` bounds as the option's
+    range (out of range: exit 2 naming the flag and the range)."""
+    fields = flag_fields(model)
+    params = []
+    for name in (only if only is not None else fields):
+        annotation, info, fl = fields[name]
+        b = bounds(info.metadata)   # gt/lt have no click range: RunConfig.from_flags names the flag
+        option = typer.Option(*fl.names, metavar=fl.metavar, help=(help or {}).get(name, info.description),
+                              min=b.get("ge"), max=b.get("le"))
+        default = inspect.Parameter.empty if info.is_required() else info.get_default(call_default_factory=True)
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                        annotation=Annotated[annotation, option]))
+    return params
+
+
+def with_options(head: Sequence[inspect.Parameter] = (), tail: Sequence[inspect.Parameter] = (),
+                 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command the options ``options_of`` made, before and after its own parameters (it takes them as
+    ``**kw``); the order is the order of ``--help``."""
+    def wrap(func: Callable[..., Any]) -> Callable[..., Any]:
+        sig = inspect.signature(func, eval_str=True)
+        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in sig.parameters.values()
+               if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        func.__signature__ = sig.replace(parameters=[*head, *own, *tail])  # type: ignore[attr-defined]
+        return func
+    return wrap
+
+
+def ssh_opts(kw: Mapping[str, Any]) -> SSHOptions:
+    """The SSH options from a command's values (exit 2 naming the flag of one out of its bounds)."""
+    try:
+        return SSHOptions.model_validate({k: kw[k] for k in SSHOptions.model_fields})
+    except ValidationError as exc:
+        raise usage_error(SSHOptions, exc) from None
 
 
 # ---------------------------------------------------------------- run
 @app.command()
-def run(
-    host: HostOpt,
-    symptom: Annotated[str, typer.Option("--symptom", metavar="'METRIC VALUE UNIT'", help="what got worse: `verify 30ms`, `decode 82 tok/s`, `ttft 1.2 s`")],
-    baseline: Annotated[str | None, typer.Option("--baseline", metavar="'METRIC VALUE UNIT'", help="what it was when good: `verify 20ms`")] = None,
-    baseline_snapshot: Annotated[str | None, typer.Option("--baseline-snapshot", metavar="FILE", help="a snapshot of the good state (debugagent snapshot)")] = None,
-    playbook: Annotated[str | None, typer.Option("--playbook", metavar="NAME|FILE", help="playbook name or YAML path (default gpu-inference-regression)")] = None,
-    bench: Annotated[str | None, typer.Option("--bench", metavar="CMD", help="benchmark command printing METRIC=VALUE UNIT")] = None,
-    repo: Annotated[str | None, typer.Option("--repo", metavar="DIR", help="the server's git checkout on the host")] = None,
-    python: Annotated[str | None, typer.Option("--python", metavar="PATH", help="the server's Python interpreter on the host")] = None,
-    allow_mutations: Annotated[bool, typer.Option("--allow-mutations", help="run experiments (each undone afterwards) without asking")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object on stdout")] = False,
-    out_dir: Annotated[str | None, typer.Option("--out", metavar="DIR", help="run folder (default $XDG_STATE_HOME/debugagent/runs/<UTC time>-<slug>/, ~/.local/state when unset)")] = None,
-    llm: Annotated[str | None, typer.Option("--llm", metavar="URL", help="OpenAI-compatible base URL of an LLM that advises on the plan (optional)")] = None,
-    llm_model: Annotated[str, typer.Option("--llm-model", metavar="NAME", help="model name for --llm")] = "gpt-4o-mini",
-    llm_insecure: Annotated[bool, typer.Option("--llm-insecure", help="send the API key to an --llm URL over plain http (by default only https or loopback)")] = False,
-    server_pattern: Annotated[str | None, typer.Option("--server-pattern", metavar="REGEX", help="regex for the server's command line (default: SGLang, vLLM, TGI, TensorRT-LLM)")] = None,
-    bench_regex: Annotated[str | None, typer.Option("--bench-regex", metavar="REGEX", help="regex whose group 1 is the metric in the benchmark's output")] = None,
-    reproduce_runs: Annotated[int, typer.Option("--reproduce-runs", metavar="N", min=2, help="most benchmark runs to reproduce the regression (3 when clear)")] = REPRODUCE_RUNS,
-    max_runs: Annotated[int | None, typer.Option("--max-runs", metavar="N", min=3, help="most benchmark runs per experiment (default: a budget from the noise and the regression)")] = None,  # noqa: UP007
-    code_root: Annotated[str | None, typer.Option("--code-root", metavar="DIR", help="the folder inside the checkout the server imports its code from (default: found from its cwd, PYTHONPATH, .pth or editable finder)")] = None,
-    wheelhouse: Annotated[str | None, typer.Option("--wheelhouse", metavar="DIR", help="a folder of wheels (or one .whl) on the host holding the baseline builds, for the package experiment")] = None,
-    restart_cmd: Annotated[str | None, typer.Option("--restart-cmd", metavar="CMD", help="command that restarts the server on the host (systemd, container, supervisor); gets DEBUGAGENT_ARGV, DEBUGAGENT_CWD, DEBUGAGENT_SET_ENV, DEBUGAGENT_UNSET_ENV, DEBUGAGENT_PYTHONPATH_FIRST, DEBUGAGENT_PHASE")] = None,
-    ready_timeout: Annotated[float, typer.Option("--ready-timeout", metavar="SECONDS", min=1.0, help="seconds to wait for a restarted server to be ready")] = 600.0,
-    force_unlock: ForceUnlockOpt = False,
-    higher_is_better: Annotated[bool, typer.Option("--higher-is-better", help="the metric is better when higher (for a unit debugagent does not know)")] = False,
-    lower_is_better: Annotated[bool, typer.Option("--lower-is-better", help="the metric is better when lower (for a unit debugagent does not know)")] = False,
-    identity_file: IdentOpt = None, known_hosts: KnownOpt = None, accept_new_host_key: AcceptOpt = False,
-    connect_timeout: TimeoutOpt = 10.0,
-) -> None:
+@with_options(options_of(RunConfig, help=HOST_HELP))
+def run(**values: Any) -> None:
     """Investigate a regression: reproduce it, gather evidence, run experiments, conclude."""
-    if err.is_terminal and not as_json:   # at once, before the heavy imports
-        err.print(escape(f"debugagent run: {symptom}" + (f" (was {baseline})" if baseline else "") + f" on {host}"))
-    from .run import RunOptions, execute
-    opts = RunOptions(host=host, symptom=symptom, baseline=baseline, baseline_snapshot=baseline_snapshot,
-                      playbook=playbook, bench=bench, repo=repo, python=python, allow_mutations=allow_mutations,
-                      as_json=as_json, out=out_dir, llm=llm, llm_model=llm_model, llm_insecure=llm_insecure, server_pattern=server_pattern,
-                      bench_regex=bench_regex, reproduce_runs=reproduce_runs, max_runs=max_runs,
-                      code_root=code_root, wheelhouse=wheelhouse, restart_cmd=restart_cmd, ready_timeout=ready_timeout, force_unlock=force_unlock,
-                      higher_is_better=higher_is_better, lower_is_better=lower_is_better,
-                      ssh=ssh_opts(identity_file, known_hosts, accept_new_host_key, connect_timeout))
+    opts = RunConfig.from_flags(values)
+    if err.is_terminal and not opts.as_json:   # at once, before the heavy imports
+        err.print(escape(f"debugagent run: {opts.symptom}" + (f" (was {opts.baseline})" if opts.baseline else "")
+                         + f" on {opts.host}"))
+    from .run import execute
     raise typer.Exit(execute(opts))
 
 
+RESUME_HELP = {"allow_mutations": "run the remaining experiments (each undone afterwards) without asking",
+               "bench": "the benchmark again, where it held a secret (never saved)",
+               "llm": "the LLM URL again, where it held a secret (never saved)"}
+
+
 @app.command()
+@with_options(tail=options_of(RunConfig, ("allow_mutations", "as_json", "bench", "llm", "force_unlock"), RESUME_HELP))
 def resume(run_dir: Annotated[str, typer.Argument(metavar="RUN", help="the transcript folder of the interrupted run")],
-           allow_mutations: Annotated[bool, typer.Option("--allow-mutations", help="run the remaining experiments (each undone afterwards) without asking")] = False,
-           as_json: Annotated[bool, typer.Option("--json", help="print one JSON object on stdout")] = False,
-           bench: Annotated[str | None, typer.Option("--bench", metavar="CMD", help="the benchmark again, where it held a secret (never saved)")] = None,
-           llm: Annotated[str | None, typer.Option("--llm", metavar="URL", help="the LLM URL again, where it held a secret (never saved)")] = None,
-           force_unlock: ForceUnlockOpt = False) -> None:
+           **again: Any) -> None:
     """Continue an interrupted run from its last checkpoint (after restoring what its journal left unfinished)."""
     from .run import resume_run
-    raise typer.Exit(resume_run(run_dir, allow_mutations=allow_mutations, as_json=as_json, bench=bench, llm=llm,
-                                force_unlock=force_unlock))
+    raise typer.Exit(resume_run(run_dir, **again))
 
 
 @app.command()
+@with_options(tail=options_of(RunConfig, ("force_unlock",)))
 def undo(run_dir: Annotated[str, typer.Argument(metavar="RUN", help="the folder of the run that left changes (a crash, a kill, a lost connection)")],
-         force_unlock: ForceUnlockOpt = False) -> None:
+         **kw: Any) -> None:
     """Restore what a run left changed on its host, from its undo journal; exit 6 saying what is left if it cannot."""
     from .run import undo_run
-    raise typer.Exit(undo_run(run_dir, force_unlock=force_unlock))
+    raise typer.Exit(undo_run(run_dir, **kw))
 
 
 @app.command()
@@ -145,8 +149,8 @@ def report(run_dir: Annotated[str, typer.Argument(metavar="RUN", help="a run fol
 
 # ---------------------------------------------------------------- snapshot / diff
 @app.command()
+@with_options(options_of(RunConfig, ("host",), HOST_HELP), options_of(SSHOptions))
 def snapshot(
-    host: HostOpt,
     output: Annotated[str, typer.Option("-o", "--output", metavar="FILE", help="where to write the JSON (- for stdout)")],
     bench: Annotated[str | None, typer.Option("--bench", metavar="CMD", help="benchmark command printing METRIC=VALUE UNIT; run while GPUs are sampled, and --bench-runs times for the snapshot's own numbers")] = None,
     metric: Annotated[str | None, typer.Option("--metric", metavar="NAME", help="the METRIC the benchmark prints (as in --symptom 'METRIC VALUE UNIT'); default: the host profile's")] = None,
@@ -155,8 +159,7 @@ def snapshot(
     python: Annotated[str | None, typer.Option("--python", metavar="PATH", help="the server's Python interpreter on the host")] = None,
     server_pattern: Annotated[str | None, typer.Option("--server-pattern", metavar="REGEX", help="regex for the server's command line (default: SGLang, vLLM, TGI, TensorRT-LLM)")] = None,
     bench_runs: Annotated[int, typer.Option("--bench-runs", metavar="N", min=0, help="benchmark runs recorded in the snapshot: its baseline numbers and their noise (a run's test cannot be surer than these few runs let it)")] = 5,
-    identity_file: IdentOpt = None, known_hosts: KnownOpt = None, accept_new_host_key: AcceptOpt = False,
-    connect_timeout: TimeoutOpt = 10.0,
+    **kw: Any,
 ) -> None:
     """Write the host's fingerprint as JSON: git, packages and build hashes, GPUs, driver, server, CPU.
 
@@ -176,7 +179,8 @@ def snapshot(
     from .discovery import DiscoveryInput, check_input
     check_input(DiscoveryInput(server_pattern=server_pattern, python=python, repo=repo, bench=bench,
                                bench_regex=bench_regex, metric=metric), bench_runs=bench_runs)
-    with open_transport(host, ssh_opts(identity_file, known_hosts, accept_new_host_key, connect_timeout)) as tr:
+    host = kw["host"]
+    with open_transport(host, ssh_opts(kw)) as tr:
         with err.status(f"snapshot of {host} …"):
             snap = collect(Runner(tr), bench=bench, python=python, repo=repo, server_pattern=server_pattern,
                            metric=metric, bench_regex=bench_regex, bench_runs=bench_runs)

@@ -9,25 +9,25 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import AliasChoices, BaseModel, Field
 
 from tools.registry import Runner
 from tools.snapshot import Snapshot
 from tools.transport import BaseTransport
 
+from .config import READY_TIMEOUT_S, REPRODUCE_RUNS
 from .journal import Journal
 from .playbook import Playbook
 from .signals import held
 from .symptom import Symptom
 from .transcript import Transcript
 
-REPRODUCE_RUNS = 12     # the most; the reproduce step stops at 3 when the answer is clear
-READY_TIMEOUT_S = 600.0
+__all__ = ["READY_TIMEOUT_S", "REPRODUCE_RUNS", "Ctx", "Overrides", "Warmth"]
 
 
 class Overrides(BaseModel):
-    """What the user gave instead of what discovery finds, and the run's budgets (``run.json``'s and the
-    recording's ``inputs``)."""
+    """What the user gave instead of what discovery finds, and the run's budgets: read from the recording's
+    ``inputs`` (``RunConfig.recorded_inputs``, the same for a live run and its replay); other keys are ignored."""
 
     bench: str | None = None
     repo: str | None = None
@@ -39,7 +39,7 @@ class Overrides(BaseModel):
     code_root: str | None = None
     wheelhouse: str | None = None
     restart_cmd: str | None = None
-    ready_timeout_s: float | None = None
+    ready_timeout_s: float | None = Field(None, validation_alias=AliasChoices("ready_timeout", "ready_timeout_s"))
 
     @property
     def most_reproduce_runs(self) -> int:

@@ -26,8 +26,9 @@ from rich.markup import escape
 from tools.errors import DebugAgentError, RestoreError, TransportError, UsageError
 from tools.redact import private_file, redact, redact_text
 
+from .config import RunConfig
 from .graph import RECURSION_LIMIT, Ctx, build_graph
-from .hosts import SSHOptions, open_transport
+from .hosts import open_transport
 from .journal import HostLock, Journal, host_instance, host_side, others_on_host
 from .lab import Lab, Measure
 from .session import RunOptions, Session, inputs_from_options, make_view, open_run
@@ -36,7 +37,7 @@ from .state import conclusion_of, to_jsonable
 from .transcript import Transcript, write_markdown
 from .view import clip
 
-__all__ = ["RunOptions", "execute", "investigate", "resume_run", "undo_run"]
+__all__ = ["RunConfig", "RunOptions", "execute", "investigate", "resume_run", "undo_run"]
 
 err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
 
@@ -63,7 +64,7 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:40] or "run"
 
 
-def execute(opts: RunOptions, *, folder: Path | None = None, resume: bool = False) -> int:
+def execute(opts: RunConfig, *, folder: Path | None = None, resume: bool = False) -> int:
     """Run (or resume) an investigation, print its result, return the exit code."""
     from . import STARTED
     output = investigate(opts, folder=folder, resume=resume, since=STARTED)
@@ -76,7 +77,7 @@ def execute(opts: RunOptions, *, folder: Path | None = None, resume: bool = Fals
     return int(output["exit_code"])
 
 
-def investigate(opts: RunOptions, *, folder: Path | None = None, resume: bool = False,
+def investigate(opts: RunConfig, *, folder: Path | None = None, resume: bool = False,
                 transport: Any = None, since: float | None = None) -> dict[str, Any]:
     """The investigation itself; returns the ``--json`` object.
 
@@ -185,7 +186,7 @@ def _writable(folder: Path, flag: str, shown: str) -> None:
         raise UsageError(f"{flag} {shown}: cannot write there ({p} is not a writable folder)", fix=fix)
 
 
-def new_run_folder(opts: RunOptions, metric: str) -> Path:
+def new_run_folder(opts: RunConfig, metric: str) -> Path:
     """The run's folder, checked but not made: ``--out``, or a new ``<UTC stamp>-<slug>`` in the state folder."""
     if opts.out:
         folder = Path(opts.out).expanduser()
@@ -290,35 +291,33 @@ def print_human(o: dict[str, Any]) -> None:
               f"Transcript: {o['transcript']}/transcript.md")
 
 
-def load_run(run_dir: str) -> tuple[RunOptions, str]:
-    """A run folder's options and run id, or a ``UsageError`` naming what is wrong."""
+def load_run(run_dir: str) -> tuple[RunConfig, str]:
+    """A run folder's configuration and run id, or a ``UsageError`` naming what is wrong."""
     folder = Path(run_dir)
     p = folder / "run.json"
     if not p.is_file():
         raise UsageError(f"{run_dir}: no run.json (not a debugagent run folder)", fix="give the folder `debugagent run` wrote")
     try:
-        d = json.loads(p.read_text())
-        run_id = d.pop("run_id", None) or folder.name
-        d["ssh"] = SSHOptions(**d.get("ssh", {}))
-        return RunOptions(**d), run_id
-    except (ValueError, TypeError) as exc:
+        opts, run_id = RunConfig.from_saved(json.loads(p.read_text()))
+    except ValueError as exc:   # pydantic's ValidationError is one
         raise UsageError(f"{p}: not a debugagent run.json ({str(exc).splitlines()[0]})",
                          fix="the file is damaged; start a new run (its journal, if any, is still read by `debugagent undo`)") from exc
+    return opts, run_id or folder.name
 
 
 def resume_run(run_dir: str, *, allow_mutations: bool = False, as_json: bool = False, bench: str | None = None,
                llm: str | None = None, force_unlock: bool = False) -> int:
-    opts, _ = load_run(run_dir)
-    opts.allow_mutations = opts.allow_mutations or allow_mutations
-    opts.as_json = as_json
-    opts.force_unlock = force_unlock
+    saved, _ = load_run(run_dir)
+    again: dict[str, Any] = {"allow_mutations": saved.allow_mutations or allow_mutations, "as_json": as_json,
+                             "force_unlock": force_unlock}
     # secrets were never saved: a value that held one must be given again
-    for flag, given in (("bench", bench), ("llm", llm)):
+    for name, given in (("bench", bench), ("llm", llm)):
         if given:
-            setattr(opts, flag, given)
-        elif "REDACTED" in (getattr(opts, flag) or ""):
-            raise UsageError(f"{run_dir}/run.json: --{flag} held a secret, so it was not saved",
-                             fix=f"give it again: debugagent resume {run_dir} --{flag} '…'")
+            again[name] = given
+        elif "REDACTED" in (getattr(saved, name) or ""):
+            raise UsageError(f"{run_dir}/run.json: --{name} held a secret, so it was not saved",
+                             fix=f"give it again: debugagent resume {run_dir} --{name} '…'")
+    opts = RunConfig.model_validate({**saved.model_dump(), **again})
     return execute(opts, folder=Path(run_dir), resume=True)
 
 

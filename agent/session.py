@@ -3,14 +3,14 @@ one place.
 
 ::
 
-    RunOptions (the flags, run.json) ──► inputs_from_options ─┐
+    RunConfig (the flags, run.json)  ──► inputs_from_options ─┐
     a recording's run_started header ──► inputs_from_recording ┴► Inputs ──► make_ctx(inputs, transport,
                                                                    transcript, journal, advisor) ──► Ctx
     open_run:    the run folder, the transport, the transcript, the journal, the host's lock, the advisor
     open_replay: a ReplayTransport over the events, a transcript in a scratch folder, a local journal
 
-``Inputs.overrides`` (``context.Overrides``) comes from the same names in both: the flags that
-``run.json`` saves are the ones the recording's ``inputs`` hold.
+``Inputs.overrides`` (``context.Overrides``) comes from the same dict in both: a live run's
+``RunConfig.recorded_inputs()`` is what its recording's ``inputs`` hold.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import os
 import secrets
 import sys
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -34,46 +34,20 @@ from tools.replay import ReplayTransport
 from tools.snapshot import Snapshot
 
 from . import __version__
+from .config import RunConfig
 from .context import Ctx, Overrides
 from .discovery import DiscoveryInput, check_input
-from .hosts import SSHOptions, open_transport
+from .hosts import check_host, open_transport
 from .journal import HostLock, HostLocked, Journal, host_instance, host_side
 from .playbook import Playbook, load_playbook
-from .symptom import Symptom, check_pair, direction_flag, parse_symptom
+from .symptom import Symptom, check_pair, parse_symptom
 from .transcript import SCHEMA_VERSION, Transcript, read_events, write_markdown
 from .view import View
 
 err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
 
 
-@dataclass
-class RunOptions:
-    host: str
-    symptom: str
-    baseline: str | None = None
-    baseline_snapshot: str | None = None
-    playbook: str | None = None
-    bench: str | None = None
-    repo: str | None = None
-    python: str | None = None
-    allow_mutations: bool = False
-    as_json: bool = False
-    out: str | None = None
-    llm: str | None = None
-    llm_model: str = "gpt-4o-mini"
-    llm_insecure: bool = False   # send the API key to a plain-http --llm URL that is not loopback
-    ssh: SSHOptions = field(default_factory=SSHOptions)
-    server_pattern: str | None = None
-    bench_regex: str | None = None
-    reproduce_runs: int = 8
-    max_runs: int | None = None
-    higher_is_better: bool = False
-    lower_is_better: bool = False
-    code_root: str | None = None
-    wheelhouse: str | None = None
-    restart_cmd: str | None = None
-    ready_timeout: float = 600.0
-    force_unlock: bool = False
+RunOptions = RunConfig   # the name callers and older code use
 
 
 # ---------------------------------------------------------------- what a run was asked
@@ -91,12 +65,8 @@ class Inputs(BaseModel):
 
 
 def overrides_of(d: Mapping[str, Any]) -> Overrides:
-    """The overrides from ``RunOptions``' fields or a recording's ``inputs`` (the same names)."""
-    return Overrides(bench=d.get("bench"), repo=d.get("repo"), python=d.get("python"),
-                     server_pattern=d.get("server_pattern"), bench_regex=d.get("bench_regex"),
-                     reproduce_runs=d.get("reproduce_runs"), max_runs=d.get("max_runs"), code_root=d.get("code_root"),
-                     wheelhouse=d.get("wheelhouse"), restart_cmd=d.get("restart_cmd"),
-                     ready_timeout_s=d.get("ready_timeout"))
+    """The overrides from a run's ``recorded_inputs()`` or a recording's ``inputs`` (the same dict)."""
+    return Overrides.model_validate(dict(d))
 
 
 def _symptoms(symptom: str, baseline: str | None, direction: str | None) -> tuple[Symptom, Symptom | None]:
@@ -107,10 +77,10 @@ def _symptoms(symptom: str, baseline: str | None, direction: str | None) -> tupl
     return sym, base
 
 
-def inputs_from_options(opts: RunOptions) -> Inputs:
+def inputs_from_options(opts: RunConfig) -> Inputs:
     """The flags checked (exit 2 on bad input, before anything connects) and parsed."""
-    direction = direction_flag(opts.higher_is_better, opts.lower_is_better)
-    symptom, baseline = _symptoms(opts.symptom, opts.baseline, direction)
+    check_host(opts.host)
+    symptom, baseline = _symptoms(opts.symptom, opts.baseline, opts.direction)
     if opts.baseline and opts.baseline_snapshot:
         raise UsageError("--baseline and --baseline-snapshot both given", fix="give one: a number or a snapshot of the good state")
     snap = Snapshot.load(opts.baseline_snapshot) if opts.baseline_snapshot else None
@@ -126,7 +96,7 @@ def inputs_from_options(opts: RunOptions) -> Inputs:
     check_input(DiscoveryInput(server_pattern=opts.server_pattern, python=opts.python, repo=opts.repo,
                                bench=opts.bench, bench_regex=opts.bench_regex, metric=symptom.metric))
     return Inputs(host=opts.host, symptom=symptom, baseline=baseline, baseline_snapshot=snap,
-                  playbook=load_playbook(opts.playbook), overrides=overrides_of(asdict(opts)),
+                  playbook=load_playbook(opts.playbook), overrides=overrides_of(opts.recorded_inputs()),
                   allow_mutations=opts.allow_mutations)
 
 
@@ -153,20 +123,16 @@ def make_ctx(inputs: Inputs, transport: Any, transcript: Transcript, undo: Journ
 
 
 # ---------------------------------------------------------------- a live run (or a resumed one)
-def header(opts: RunOptions, playbook: Any, run_id: str, snap: Snapshot | None = None) -> dict[str, Any]:
+def header(opts: RunConfig, playbook: Any, run_id: str, snap: Snapshot | None = None) -> dict[str, Any]:
     return {"schema_version": SCHEMA_VERSION, "debugagent_version": __version__, "run_id": run_id, "host": opts.host,
             "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "symptom": opts.symptom, "baseline": opts.baseline, "baseline_snapshot": opts.baseline_snapshot,
             "playbook": playbook.name, "playbook_source": os.path.basename(playbook.source), "playbook_digest": playbook.digest,
-            "inputs": {"bench": opts.bench, "repo": opts.repo, "python": opts.python, "server_pattern": opts.server_pattern,
-                       "bench_regex": opts.bench_regex, "reproduce_runs": opts.reproduce_runs, "max_runs": opts.max_runs,
-                       "allow_mutations": opts.allow_mutations, "llm": bool(opts.llm), "code_root": opts.code_root,
-                       "wheelhouse": opts.wheelhouse, "restart_cmd": opts.restart_cmd, "ready_timeout": opts.ready_timeout,
-                       "direction": direction_flag(opts.higher_is_better, opts.lower_is_better)},
+            "inputs": opts.recorded_inputs(),
             "baseline_snapshot_data": snap.model_dump(mode="json") if snap else None}
 
 
-def start_folder(folder: Path, opts: RunOptions, resume: bool) -> str:
+def start_folder(folder: Path, opts: RunConfig, resume: bool) -> str:
     """Make the run folder (0700) and write ``run.json`` (redacted, 0600); returns the run id."""
     if resume:
         return json.loads((folder / "run.json").read_text()).get("run_id") or folder.name
@@ -177,9 +143,7 @@ def start_folder(folder: Path, opts: RunOptions, resume: bool) -> str:
         raise UsageError(f"{flag} {folder}: cannot make it ({exc.strerror})", fix="give a folder you can write to") from exc
     # unique on the host too: it names debugagent's worktree and saved files there
     run_id = f"{folder.name}-{secrets.token_hex(3)}"
-    d = asdict(opts)
-    d["run_id"] = run_id
-    redacted_dump(folder / "run.json", d)
+    redacted_dump(folder / "run.json", opts.saved(run_id))
     return run_id
 
 
@@ -196,7 +160,7 @@ def make_confirm():
     return confirm
 
 
-def make_view(inputs: Inputs, opts: RunOptions, folder: Path, resume: bool, since: float | None) -> View:
+def make_view(inputs: Inputs, opts: RunConfig, folder: Path, resume: bool, since: float | None) -> View:
     """The live view on the terminal (quiet under --json); a resumed run's starts where the run stands."""
     view = View(inputs.playbook.order(), quiet=opts.as_json, since=since)
     if resume and (folder / "events.jsonl").is_file():
@@ -205,7 +169,7 @@ def make_view(inputs: Inputs, opts: RunOptions, folder: Path, resume: bool, sinc
     return view
 
 
-def advisor_for(opts: RunOptions) -> Any:
+def advisor_for(opts: RunConfig) -> Any:
     if not opts.llm:
         return None
     from .llm import Advisor
@@ -238,7 +202,7 @@ class Session:
                 pass
 
 
-def _failed_to_connect(folder: Path, opts: RunOptions, inputs: Inputs, resume: bool, view: View, exc: Exception) -> None:
+def _failed_to_connect(folder: Path, opts: RunConfig, inputs: Inputs, resume: bool, view: View, exc: Exception) -> None:
     """The host could not be opened: the run folder still says so."""
     run_id = start_folder(folder, opts, resume)
     transcript = Transcript(folder, run_id)
@@ -250,7 +214,7 @@ def _failed_to_connect(folder: Path, opts: RunOptions, inputs: Inputs, resume: b
     write_markdown(folder)
 
 
-def open_run(opts: RunOptions, inputs: Inputs, folder: Path, *, resume: bool, transport: Any, view: View) -> Session:
+def open_run(opts: RunConfig, inputs: Inputs, folder: Path, *, resume: bool, transport: Any, view: View) -> Session:
     """Open the host (unless a transport is given: it is then left open), the run folder, the transcript, the
     journal and the host's lock; nothing is changed on the host."""
     owned = transport is None
@@ -280,7 +244,7 @@ def open_run(opts: RunOptions, inputs: Inputs, folder: Path, *, resume: bool, tr
     return Session(ctx=ctx, folder=folder, lock=lock, owned=owned)
 
 
-def _locked(lock: HostLock, opts: RunOptions, transcript: Transcript, folder: Path, transport: Any,
+def _locked(lock: HostLock, opts: RunConfig, transcript: Transcript, folder: Path, transport: Any,
             owned: bool) -> HostLock:
     """The host's lock taken, or the refusal recorded (and the transport closed) before it is raised."""
     try:

@@ -3,7 +3,8 @@
 A non-zero exit status is data, never an exception: the tool that sent the command
 decides what it means. Transports: ``LocalTransport`` (this machine), ``SimTransport``
 (``tools.sim``), ``SSHTransport`` (``tools.ssh``), ``ReplayTransport`` (``tools.replay``),
-and ``FakeTransport`` driven by a function.
+and ``FakeTransport`` driven by a function. A ``--host`` value reaches its transport through
+the table of schemes in ``agent/hosts.py`` (``sim:``, ``local``, SSH; one ``register`` call adds one).
 
 Everything the agent asks of a transport is declared on the protocol, with the defaults
 of ``BaseTransport``: whether a command may be sent again after a lost connection

@@ -24,27 +24,41 @@ class Resolved(TypedDict):
     explicit_identity: bool
 
 
+def split_target(spec: str) -> tuple[str | None, str, int | None]:
+    """``[user@]host[:port]`` (``[ADDRESS]:port`` for IPv6) -> user, host, port; a ``UsageError`` (exit 2)
+    for one that cannot be a host, before anything connects."""
+    user, rest = spec.rsplit("@", 1) if "@" in spec else (None, spec)
+    p: str | None = None
+    if rest.startswith("["):
+        host, bracket, after = rest[1:].partition("]")
+        if not bracket or (after and not after.startswith(":")):
+            raise UsageError(f"--host {spec!r}: " + ("`[` without its `]`" if not bracket else f"`{after}` after `]`"),
+                             fix="write user@[ADDRESS]:PORT for an IPv6 address (user@[::1]:2222)")
+        p = after[1:] if after else None
+    elif rest.count(":") == 1:
+        host, p = rest.split(":")
+    else:
+        host = rest
+    if not host.strip() or host.startswith("-"):
+        raise UsageError(f"--host {spec!r}: " + ("no host" if not host.strip() else "a host cannot start with `-`"),
+                         fix="write user@host[:port] or an ~/.ssh/config alias")
+    if p is None:
+        return user, host, None
+    if not p.isdigit():
+        raise UsageError(f"--host {spec!r}: port `{p}` is not a number", fix="write user@host:PORT")
+    if not 1 <= int(p) <= 65535:
+        raise UsageError(f"--host {spec!r}: port {p} is out of range (1-65535)",
+                         fix="write user@host:PORT with a PORT from 1 to 65535 (22 when left out)")
+    return user, host, int(p)
+
+
 def resolve(spec: str, identity_file: str | None) -> Resolved:
     """``user@host[:port]`` or an ~/.ssh/config alias -> host, port, user, identities, proxyjump.
 
     ``ssh -G`` (OpenSSH's own resolution, Include and all) when the client is installed;
     paramiko's SSHConfig otherwise.
     """
-    user = None
-    rest = spec
-    if "@" in rest:
-        user, rest = rest.rsplit("@", 1)
-    port = None
-    if rest.startswith("["):
-        host, _, p = rest[1:].partition("]")
-        port = int(p[1:]) if p.startswith(":") else None
-    elif rest.count(":") == 1:
-        host, p = rest.split(":")
-        if not p.isdigit():
-            raise UsageError(f"--host {spec!r}: port `{p}` is not a number", fix="write user@host:PORT")
-        port = int(p)
-    else:
-        host = rest
+    user, host, port = split_target(spec)
     cfg: dict[str, Any] = {}   # ssh -G's output or paramiko's SSHConfig lookup: text as the user's config has it
     ssh = shutil.which("ssh")
     config = Path.home() / ".ssh" / "config"

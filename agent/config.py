@@ -19,13 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeGuard
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tools.errors import UsageError
 
-from .symptom import direction_flag
+from .symptom import Direction, direction_flag
 
 REPRODUCE_RUNS = 12     # the most; the reproduce step stops at 3 when the answer is clear
 READY_TIMEOUT_S = 600.0
@@ -58,13 +58,13 @@ class SSHOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     identity_file: Annotated[str | None, flag("--identity-file", "-i", metavar="KEY")] = Field(
-        None, description="private key file for SSH")
+        default=None, description="private key file for SSH")
     known_hosts: Annotated[str | None, flag("--known-hosts", metavar="FILE")] = Field(
-        None, description="known_hosts file (default ~/.ssh/known_hosts)")
+        default=None, description="known_hosts file (default ~/.ssh/known_hosts)")
     accept_new_host_key: Annotated[bool, flag("--accept-new-host-key")] = Field(
-        False, description="record an unknown host key (as OpenSSH's accept-new); a changed key is always refused")
+        default=False, description="record an unknown host key (as OpenSSH's accept-new); a changed key is always refused")
     connect_timeout: Annotated[float, flag("--connect-timeout", metavar="SECONDS")] = Field(
-        CONNECT_TIMEOUT_S, gt=0, description="seconds to wait for the SSH connection")
+        default=CONNECT_TIMEOUT_S, gt=0, description="seconds to wait for the SSH connection")
 
 
 class RunConfig(BaseModel):
@@ -77,60 +77,60 @@ class RunConfig(BaseModel):
     symptom: Annotated[str, flag("--symptom", metavar="'METRIC VALUE UNIT'")] = Field(
         description="what got worse: `verify 30ms`, `decode 82 tok/s`, `ttft 1.2 s`")
     baseline: Annotated[str | None, flag("--baseline", metavar="'METRIC VALUE UNIT'")] = Field(
-        None, description="what it was when good: `verify 20ms`")
+        default=None, description="what it was when good: `verify 20ms`")
     baseline_snapshot: Annotated[str | None, flag("--baseline-snapshot", metavar="FILE")] = Field(
-        None, description="a snapshot of the good state (debugagent snapshot)")
+        default=None, description="a snapshot of the good state (debugagent snapshot)")
     playbook: Annotated[str | None, flag("--playbook", metavar="NAME|FILE")] = Field(
-        None, description="playbook name or YAML path (default gpu-inference-regression)")
+        default=None, description="playbook name or YAML path (default gpu-inference-regression)")
     bench: Annotated[str | None, flag("--bench", metavar="CMD", recorded=True)] = Field(
-        None, description="benchmark command printing METRIC=VALUE UNIT")
+        default=None, description="benchmark command printing METRIC=VALUE UNIT")
     repo: Annotated[str | None, flag("--repo", metavar="DIR", recorded=True)] = Field(
-        None, description="the server's git checkout on the host")
+        default=None, description="the server's git checkout on the host")
     python: Annotated[str | None, flag("--python", metavar="PATH", recorded=True)] = Field(
-        None, description="the server's Python interpreter on the host")
+        default=None, description="the server's Python interpreter on the host")
     allow_mutations: Annotated[bool, flag("--allow-mutations", recorded=True)] = Field(
-        False, description="run experiments (each undone afterwards) without asking")
-    as_json: Annotated[bool, flag("--json")] = Field(False, description="print one JSON object on stdout")
+        default=False, description="run experiments (each undone afterwards) without asking")
+    as_json: Annotated[bool, flag("--json")] = Field(default=False, description="print one JSON object on stdout")
     out: Annotated[str | None, flag("--out", metavar="DIR")] = Field(
-        None, description="run folder (default $XDG_STATE_HOME/debugagent/runs/<UTC time>-<slug>/, ~/.local/state "
+        default=None, description="run folder (default $XDG_STATE_HOME/debugagent/runs/<UTC time>-<slug>/, ~/.local/state "
                           "when unset)")
     llm: Annotated[str | None, flag("--llm", metavar="URL", recorded=bool)] = Field(
-        None, description="OpenAI-compatible base URL of an LLM that advises on the plan (optional)")
-    llm_model: Annotated[str, flag("--llm-model", metavar="NAME")] = Field(LLM_MODEL, description="model name for --llm")
+        default=None, description="OpenAI-compatible base URL of an LLM that advises on the plan (optional)")
+    llm_model: Annotated[str, flag("--llm-model", metavar="NAME")] = Field(default=LLM_MODEL, description="model name for --llm")
     llm_insecure: Annotated[bool, flag("--llm-insecure")] = Field(
-        False, description="send the API key to an --llm URL over plain http (by default only https or loopback)")
+        default=False, description="send the API key to an --llm URL over plain http (by default only https or loopback)")
     server_pattern: Annotated[str | None, flag("--server-pattern", metavar="REGEX", recorded=True)] = Field(
-        None, description="regex for the server's command line (default: SGLang, vLLM, TGI, TensorRT-LLM)")
+        default=None, description="regex for the server's command line (default: SGLang, vLLM, TGI, TensorRT-LLM)")
     bench_regex: Annotated[str | None, flag("--bench-regex", metavar="REGEX", recorded=True)] = Field(
-        None, description="regex whose group 1 is the metric in the benchmark's output")
+        default=None, description="regex whose group 1 is the metric in the benchmark's output")
     reproduce_runs: Annotated[int, flag("--reproduce-runs", metavar="N", recorded=True)] = Field(
-        REPRODUCE_RUNS, ge=2, description="most benchmark runs to reproduce the regression (3 when clear)")
+        default=REPRODUCE_RUNS, ge=2, description="most benchmark runs to reproduce the regression (3 when clear)")
     max_runs: Annotated[int | None, flag("--max-runs", metavar="N", recorded=True)] = Field(
-        None, ge=3, description="most benchmark runs per experiment (default: a budget from the noise and the "
+        default=None, ge=3, description="most benchmark runs per experiment (default: a budget from the noise and the "
                                 "regression)")
     code_root: Annotated[str | None, flag("--code-root", metavar="DIR", recorded=True)] = Field(
-        None, description="the folder inside the checkout the server imports its code from (default: found from "
+        default=None, description="the folder inside the checkout the server imports its code from (default: found from "
                           "its cwd, PYTHONPATH, .pth or editable finder)")
     wheelhouse: Annotated[str | None, flag("--wheelhouse", metavar="DIR", recorded=True)] = Field(
-        None, description="a folder of wheels (or one .whl) on the host holding the baseline builds, for the "
+        default=None, description="a folder of wheels (or one .whl) on the host holding the baseline builds, for the "
                           "package experiment")
     restart_cmd: Annotated[str | None, flag("--restart-cmd", metavar="CMD", recorded=True)] = Field(
-        None, description="command that restarts the server on the host (systemd, container, supervisor); gets "
+        default=None, description="command that restarts the server on the host (systemd, container, supervisor); gets "
                           "DEBUGAGENT_ARGV, DEBUGAGENT_CWD, DEBUGAGENT_SET_ENV, DEBUGAGENT_UNSET_ENV, "
                           "DEBUGAGENT_PYTHONPATH_FIRST, DEBUGAGENT_PHASE")
     ready_timeout: Annotated[float, flag("--ready-timeout", metavar="SECONDS", recorded=True)] = Field(
-        READY_TIMEOUT_S, ge=1.0, description="seconds to wait for a restarted server to be ready")
+        default=READY_TIMEOUT_S, ge=1.0, description="seconds to wait for a restarted server to be ready")
     force_unlock: Annotated[bool, flag("--force-unlock")] = Field(
-        False, description="take over the host's lock left by a run that is gone (a stale lock)")
+        default=False, description="take over the host's lock left by a run that is gone (a stale lock)")
     higher_is_better: Annotated[bool, flag("--higher-is-better")] = Field(
-        False, description="the metric is better when higher (for a unit debugagent does not know)")
+        default=False, description="the metric is better when higher (for a unit debugagent does not know)")
     lower_is_better: Annotated[bool, flag("--lower-is-better")] = Field(
-        False, description="the metric is better when lower (for a unit debugagent does not know)")
+        default=False, description="the metric is better when lower (for a unit debugagent does not know)")
     ssh: SSHOptions = Field(default_factory=SSHOptions)
 
     # ------------------------------------------------------------ the outputs made from it
     @property
-    def direction(self) -> str | None:
+    def direction(self) -> Direction | None:
         """``higher``, ``lower`` or None (from the units); both flags given is exit 2."""
         return direction_flag(self.higher_is_better, self.lower_is_better)
 
@@ -180,7 +180,7 @@ def flag_of(metadata: list[Any]) -> Flag | None:
     return next((m for m in metadata if isinstance(m, Flag)), None)
 
 
-def is_model(annotation: Any) -> bool:
+def is_model(annotation: Any) -> TypeGuard[type[BaseModel]]:
     return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
 

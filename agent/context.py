@@ -39,7 +39,7 @@ class Overrides(BaseModel):
     code_root: str | None = None
     wheelhouse: str | None = None
     restart_cmd: str | None = None
-    ready_timeout_s: float | None = Field(None, validation_alias=AliasChoices("ready_timeout", "ready_timeout_s"))
+    ready_timeout_s: float | None = Field(default=None, validation_alias=AliasChoices("ready_timeout", "ready_timeout_s"))
 
     @property
     def most_reproduce_runs(self) -> int:

@@ -16,11 +16,15 @@ import ipaddress
 import json
 import os
 import re
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from tools.errors import UsageError
 from tools.redact import redact, redact_text
+
+if TYPE_CHECKING:
+    from .events import EventBase
 
 SYSTEM = ("You advise a performance-regression investigation on a GPU inference host. Given the evidence and the "
           "candidate experiments, answer with JSON only: {\"order\": [candidate ids, most likely cause first], "
@@ -111,7 +115,7 @@ class Advisor:
 class RecordedAdvisor:
     """Answers from a recording's ``llm_call`` events, in order (for replay)."""
 
-    def __init__(self, calls: list[dict[str, Any]]) -> None:
+    def __init__(self, calls: Sequence[Mapping[str, Any] | EventBase]) -> None:
         self.calls = list(calls)
 
     def order(self, candidates, facts, hyps, transcript):

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
 from rich.console import Console
@@ -33,7 +34,7 @@ from .journal import HostLock, Journal, host_instance, host_side, others_on_host
 from .lab import Lab, Measure
 from .session import RunOptions, Session, inputs_from_options, make_view, open_run
 from .signals import Interrupted, Signals
-from .state import conclusion_of, to_jsonable
+from .state import RunState, conclusion_of, to_jsonable
 from .transcript import Transcript, write_markdown
 from .view import clip
 
@@ -116,12 +117,12 @@ def drive(session: Session, resume: bool) -> dict[str, Any] | None:
     ctx, folder = session.ctx, session.folder
     conn = sqlite3.connect(str(private_file(folder / "checkpoints.sqlite")), check_same_thread=False)
     graph = build_graph(ctx, checkpointer=SqliteSaver(conn, serde=RedactingSerde(JsonPlusSerializer())))
-    config = {"configurable": {"thread_id": ctx.run_id}, "recursion_limit": RECURSION_LIMIT}
+    config: RunnableConfig = {"configurable": {"thread_id": ctx.run_id}, "recursion_limit": RECURSION_LIMIT}
     try:
         if resume:
             check_checkpoints(folder, conn, config)
         with Signals(on_held=held_note):
-            return _guarded(ctx, folder, lambda: graph.invoke(None if resume else {}, config))
+            return _guarded(ctx, folder, lambda: graph.invoke(None if resume else RunState(), config))
     except RestoreError as exc:
         if not exc.fix:
             exc.fix = f"debugagent undo {folder}"
@@ -217,7 +218,7 @@ class RedactingSerde:
         return self.inner.loads_typed(data)
 
 
-def check_checkpoints(folder: Path, conn: sqlite3.Connection, config: dict[str, Any]) -> None:
+def check_checkpoints(folder: Path, conn: sqlite3.Connection, config: RunnableConfig) -> None:
     """A resumed run's checkpoints can be read, or exit 2 naming the file (the journal still undoes)."""
     try:
         SqliteSaver(conn).get_tuple(config)

@@ -37,10 +37,11 @@ from . import __version__
 from .config import RunConfig
 from .context import Ctx, Overrides
 from .discovery import DiscoveryInput, check_input
+from .events import Event, EventBase
 from .hosts import check_host, open_transport
 from .journal import HostLock, HostLocked, Journal, host_instance, host_side
 from .playbook import Playbook, load_playbook
-from .symptom import Symptom, check_pair, parse_symptom
+from .symptom import Direction, Symptom, as_direction, check_pair, parse_symptom
 from .transcript import SCHEMA_VERSION, Transcript, read_events, write_markdown
 from .view import View
 
@@ -69,7 +70,7 @@ def overrides_of(d: Mapping[str, Any]) -> Overrides:
     return Overrides.model_validate(dict(d))
 
 
-def _symptoms(symptom: str, baseline: str | None, direction: str | None) -> tuple[Symptom, Symptom | None]:
+def _symptoms(symptom: str, baseline: str | None, direction: Direction | None) -> tuple[Symptom, Symptom | None]:
     sym = parse_symptom(symptom, "--symptom", direction)
     base = parse_symptom(baseline, "--baseline", direction) if baseline else None
     if base:
@@ -100,11 +101,11 @@ def inputs_from_options(opts: RunConfig) -> Inputs:
                   allow_mutations=opts.allow_mutations)
 
 
-def inputs_from_recording(head: dict[str, Any], playbook: str | None, file: str) -> Inputs:
+def inputs_from_recording(head: EventBase | dict[str, Any], playbook: str | None, file: str) -> Inputs:
     """What the recorded run was asked (its ``run_started`` header); ``playbook`` replays it against another."""
     pb = load_playbook(playbook or head.get("playbook"))
     inputs = head.get("inputs") or {}
-    symptom, baseline = _symptoms(head["symptom"], head.get("baseline"), inputs.get("direction"))
+    symptom, baseline = _symptoms(head["symptom"], head.get("baseline"), as_direction(inputs.get("direction")))
     try:
         snap = Snapshot.model_validate(head["baseline_snapshot_data"]) if head.get("baseline_snapshot_data") else None
     except ValueError as exc:
@@ -264,7 +265,7 @@ def _locked(lock: HostLock, opts: RunConfig, transcript: Transcript, folder: Pat
 
 
 # ---------------------------------------------------------------- a replay
-def open_replay(events: list[dict[str, Any]], *, playbook: str | None, out: Path, file: str) -> tuple[Ctx, ReplayTransport]:
+def open_replay(events: list[Event], *, playbook: str | None, out: Path, file: str) -> tuple[Ctx, ReplayTransport]:
     """The recorded run's inputs against its recorded outputs, writing a transcript of its own in ``out``."""
     head = events[0]
     inputs = inputs_from_recording(head, playbook, file)

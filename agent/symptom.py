@@ -29,7 +29,7 @@ from tools.units import (  # noqa: F401 - re-exported: the unit tables and their
     unit_kind,
 )
 
-__all__ = ["EXAMPLE", "RATE_FAMILIES", "RATE_UNITS", "TIME_UNITS", "Direction", "Symptom", "check_pair", "convert",
+__all__ = ["EXAMPLE", "RATE_FAMILIES", "RATE_UNITS", "TIME_UNITS", "Direction", "Symptom", "as_direction", "check_pair", "convert",
            "direction_flag", "normalise_unit", "parse_symptom", "same_family", "unit_family", "unit_kind"]
 
 Direction = Literal["lower", "higher"]
@@ -61,6 +61,11 @@ def direction_flag(higher: bool, lower: bool) -> Direction | None:
     if higher and lower:
         raise UsageError("--higher-is-better and --lower-is-better both given", fix="give the one that fits the metric")
     return "higher" if higher else "lower" if lower else None
+
+
+def as_direction(value: object) -> Direction | None:
+    """A direction read back from a recording (untyped JSON): ``higher``, ``lower`` or None."""
+    return "higher" if value == "higher" else "lower" if value == "lower" else None
 
 
 def parse_symptom(text: str, flag: str = "--symptom", direction: Direction | None = None) -> Symptom:

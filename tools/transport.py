@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeAlias, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
@@ -82,10 +82,15 @@ class Transport(Protocol):
     host: str
     supports_retry: bool
     reconnects: int
-    on_event: EventSink
     sandbox: bool
     instance: str
     live: bool
+
+    @property
+    def on_event(self) -> EventSink: ...
+
+    @on_event.setter
+    def on_event(self, sink: EventSink) -> None: ...
 
     def run(self, command: str, *, timeout: float = DEFAULT_TIMEOUT_S, max_output: int = DEFAULT_MAX_OUTPUT) -> CommandResult: ...
 
@@ -103,10 +108,18 @@ class BaseTransport:
     max_parallel: int = 8
     supports_retry: bool = False
     reconnects: int = 0
-    on_event: EventSink = staticmethod(ignore_event)
     sandbox: bool = False
     instance: str = ""
     live: bool = True
+
+    @property
+    def on_event(self) -> EventSink:
+        """Who hears about the connection (``ignore_event`` until someone sets it)."""
+        return self.__dict__.get("_on_event", ignore_event)
+
+    @on_event.setter
+    def on_event(self, sink: EventSink) -> None:
+        self.__dict__["_on_event"] = sink
 
     def run(self, command: str, *, timeout: float = DEFAULT_TIMEOUT_S, max_output: int = DEFAULT_MAX_OUTPUT) -> CommandResult:
         raise NotImplementedError
@@ -224,7 +237,7 @@ class LocalTransport(BaseTransport):
         return command
 
 
-Answer = "CommandResult | tuple[str, str, int] | str"
+Answer: TypeAlias = "CommandResult | tuple[str, str, int] | str"
 Handler = Callable[[str], Answer]
 
 

@@ -17,12 +17,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from debugagent.tools.errors import DebugAgentError, UsageError
+from debugagent.tools.redact import redact_text, write_private
 from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
-
-from tools.errors import DebugAgentError, UsageError
-from tools.redact import redact_text, write_private
 
 from .config import RunConfig, SSHOptions, bounds, flag_fields, usage_error
 from .hosts import host_help, open_transport
@@ -169,8 +168,8 @@ def snapshot(
     --bench-runs results are recorded: a snapshot of the good state then serves as
     --baseline-snapshot with its own baseline numbers.
     """
-    from tools.registry import Runner
-    from tools.snapshot import collect, dump
+    from debugagent.tools.registry import Runner
+    from debugagent.tools.snapshot import collect, dump
     if output != "-" and (Path(output).is_dir() or not Path(output).parent.is_dir()):
         raise UsageError(f"-o {output}: " + ("is a folder" if Path(output).is_dir() else
                                              f"the folder {Path(output).parent} does not exist"),
@@ -213,7 +212,7 @@ def diff_cmd(a: Annotated[str, typer.Argument(metavar="GOOD.json", help="snapsho
              as_json: Annotated[bool, typer.Option("--json", help="print one JSON object on stdout")] = False,
              playbook: Annotated[str | None, typer.Option("--playbook", metavar="NAME|FILE", help="the playbook whose hypotheses' evidence files the changes (default: gpu-inference-regression)")] = None) -> None:
     """What differs between two snapshots, grouped by hypothesis id (as the playbook's `evidence` says)."""
-    from tools.snapshot import Snapshot, diff
+    from debugagent.tools.snapshot import Snapshot, diff
 
     from .playbook import load_playbook
     groups = load_playbook(playbook).group(diff(Snapshot.load(a), Snapshot.load(b)))
@@ -235,7 +234,7 @@ def diff_cmd(a: Annotated[str, typer.Argument(metavar="GOOD.json", help="snapsho
 @sim_app.command("list")
 def sim_list() -> None:
     """Name the built-in simulated hosts, with their story."""
-    from tools.sim import builtin_names, load_scenario
+    from debugagent.tools.sim import builtin_names, load_scenario
     for n in builtin_names():
         s = load_scenario(n)
         out.print(f"[bold]{n}[/]  {escape(s.symptom)} (was {escape(s.baseline)})")
@@ -246,7 +245,7 @@ def sim_list() -> None:
 @sim_app.command("schema")
 def sim_schema() -> None:
     """Print the scenario file's JSON Schema (format version 1, for editors)."""
-    from tools.sim.scenario import scenario_schema
+    from debugagent.tools.sim.scenario import scenario_schema
     print(json.dumps(scenario_schema(), indent=1))
 
 
@@ -255,7 +254,7 @@ def sim_serve(name: Annotated[str, typer.Argument(metavar="NAME|FILE", help="bui
               port: Annotated[int, typer.Option("--port", metavar="PORT", help="port on 127.0.0.1 (0: a free one)")] = 0,
               good: Annotated[bool, typer.Option("--good", help="serve the good state")] = False) -> None:
     """Serve a simulated host behind a real OpenSSH server on 127.0.0.1 (foreground; Ctrl-C stops)."""
-    from tools.sim.serve import serve
+    from debugagent.tools.sim.serve import serve
     raise typer.Exit(serve(name + ("@good" if good else ""), port))
 
 

@@ -21,9 +21,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeGuard
 
+from debugagent.tools.errors import UsageError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from tools.errors import UsageError
 
 from .symptom import Direction, direction_flag
 

@@ -9,11 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from debugagent.tools.registry import Runner
+from debugagent.tools.snapshot import Snapshot
+from debugagent.tools.transport import BaseTransport
 from pydantic import AliasChoices, BaseModel, Field
-
-from tools.registry import Runner
-from tools.snapshot import Snapshot
-from tools.transport import BaseTransport
 
 from .config import READY_TIMEOUT_S, REPRODUCE_RUNS
 from .journal import Journal

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tools.discovery import Discovery, DiscoveryInput, discover
-from tools.host import ServerInfo
-from tools.registry import Runner
+from debugagent.tools.discovery import Discovery, DiscoveryInput, discover
+from debugagent.tools.host import ServerInfo
+from debugagent.tools.registry import Runner
 
 if TYPE_CHECKING:
     from .context import Overrides
@@ -65,7 +65,7 @@ def check_input(inp: DiscoveryInput, *, bench_runs: int = 0) -> None:
     """Refuse bad overrides before anything connects (exit 2), naming the flag and a fix."""
     import re
 
-    from tools.errors import UsageError
+    from debugagent.tools.errors import UsageError
     for flag, value in (("--server-pattern", inp.server_pattern), ("--bench-regex", inp.bench_regex)):
         if value is None:
             continue

@@ -7,9 +7,8 @@ import difflib
 import fnmatch
 from typing import Annotated
 
+from debugagent.tools.snapshot import DIFF_PATHS, PLACEHOLDERS, Change
 from pydantic import AfterValidator
-
-from tools.snapshot import DIFF_PATHS, PLACEHOLDERS, Change
 
 EDITABLE = "editable:"   # an evidence glob with this prefix matches only changes of packages installed editable
 

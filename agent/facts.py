@@ -11,11 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from debugagent.tools.host import Package
+from debugagent.tools.probes import PROBES, FactsInput
+from debugagent.tools.snapshot import Change, GpuFacts, Snapshot, diff
 from pydantic import BaseModel, Field
-
-from tools.host import Package
-from tools.probes import PROBES, FactsInput
-from tools.snapshot import Change, GpuFacts, Snapshot, diff
 
 from .verdicts import not_judged
 

@@ -27,10 +27,9 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
+from debugagent.tools.errors import PlaybookError
+from debugagent.tools.transport import ssh_line
 from pydantic import BaseModel, Field
-
-from tools.errors import PlaybookError
-from tools.transport import ssh_line
 
 from .lab import FixTemplate, kind_of
 from .playbook import PARSED, Playbook, builtin_playbooks, load_playbook, render_fix

@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from tools.errors import UsageError
-from tools.transport import BaseTransport, LocalTransport
+from debugagent.tools.errors import UsageError
+from debugagent.tools.transport import BaseTransport, LocalTransport
 
 from .config import SSHOptions
 
@@ -106,18 +106,18 @@ def open_transport(host: str, ssh: SSHOptions | None = None) -> BaseTransport:
 
 # ---------------------------------------------------------------- the table
 def _open_ssh(rest: str, o: SSHOptions) -> BaseTransport:
-    from tools.ssh import SSHTransport
+    from debugagent.tools.ssh import SSHTransport
     return SSHTransport.from_spec(rest, identity_file=o.identity_file, known_hosts=o.known_hosts,
                                   accept_new=o.accept_new_host_key, connect_timeout=o.connect_timeout)
 
 
 def _check_ssh(rest: str) -> None:
-    from tools.ssh.config import split_target
+    from debugagent.tools.ssh.config import split_target
     split_target(rest)
 
 
 def _open_sim(rest: str, o: SSHOptions) -> BaseTransport:
-    from tools.sim import SimTransport
+    from debugagent.tools.sim import SimTransport
     return SimTransport(f"sim:{rest}")
 
 

@@ -26,12 +26,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from debugagent.agent.signals import held
+from debugagent.tools.errors import DebugAgentError, UsageError
+from debugagent.tools.redact import redact
+from debugagent.tools.transport import CommandResult, Transport, q
 from pydantic import BaseModel, Field, ValidationError
-
-from agent.signals import held
-from tools.errors import DebugAgentError, UsageError
-from tools.redact import redact
-from tools.transport import CommandResult, Transport, q
 
 HOST_DIR = '"${XDG_CACHE_HOME:-$HOME/.cache}"/debugagent'
 LOCK = "host.lock"

@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from tools.errors import UsageError
-from tools.redact import redact, redact_text
+from debugagent.tools.errors import UsageError
+from debugagent.tools.redact import redact, redact_text
 
 if TYPE_CHECKING:
     from .events import EventBase

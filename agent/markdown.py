@@ -21,13 +21,12 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+from debugagent.tools import probes
+from debugagent.tools.discovery import DiscoveryInput
+from debugagent.tools.gpu import GpuProcess
+from debugagent.tools.probes import server as server_probe
+from debugagent.tools.transport import ssh_line
 from pydantic import BaseModel, Field
-
-from tools import probes
-from tools.discovery import DiscoveryInput
-from tools.gpu import GpuProcess
-from tools.probes import server as server_probe
-from tools.transport import ssh_line
 
 from .events import Cause, Event, ToolCall, ToolResult, Verdict
 from .fixes import Fix, fixes_for

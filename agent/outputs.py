@@ -56,7 +56,7 @@ def render_all(events: list[Event], names: list[str] | None = None) -> dict[str,
 
 def write_outputs(folder: Path, names: list[str] | None = None) -> list[Path]:
     """Every registered format (or the named ones) written from the folder's ``events.jsonl`` (redacted, 0600)."""
-    from tools.redact import write_private
+    from debugagent.tools.redact import write_private
 
     from .transcript import read_events
     events = read_events(folder / "events.jsonl")

@@ -32,15 +32,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from debugagent.tools.errors import PlaybookError
+from debugagent.tools.gpu import EVENT_REASON_BITS
+from debugagent.tools.snapshot import Change
+from debugagent.tools.yamlfile import load_yaml_mapping, resolve_yaml_ref
 from jinja2 import StrictUndefined, TemplateError, Undefined
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-
-from tools.errors import PlaybookError
-from tools.gpu import EVENT_REASON_BITS
-from tools.snapshot import Change
-from tools.yamlfile import load_yaml_mapping, resolve_yaml_ref
 
 from .evidence import EDITABLE, EvidenceGlob, evidence_matches, glob_matches_some_path
 from .lab.registry import KINDS, Experiment, kind_of
@@ -269,11 +268,11 @@ def _compile_all(pb: Playbook, file: str) -> None:
 
 
 def builtin_playbooks() -> list[str]:
-    return sorted(p.stem for p in Path(str(resources.files("playbooks"))).glob("*.yaml"))
+    return sorted(p.stem for p in Path(str(resources.files("debugagent.playbooks"))).glob("*.yaml"))
 
 
 def load_playbook(ref: str | None) -> Playbook:
-    p = resolve_yaml_ref(ref or "gpu-inference-regression", Path(str(resources.files("playbooks"))), PlaybookError,
+    p = resolve_yaml_ref(ref or "gpu-inference-regression", Path(str(resources.files("debugagent.playbooks"))), PlaybookError,
                          "playbook", "debugagent playbook list")
     return parse_playbook(p.read_text(), str(p))
 
@@ -477,6 +476,6 @@ def new_playbook(path: str) -> None:
     p = Path(path)
     if p.exists():
         raise PlaybookError("file exists; not overwriting", file=path, fix="choose a new path")
-    src = Path(str(resources.files("playbooks"))) / "gpu-inference-regression.yaml"
+    src = Path(str(resources.files("debugagent.playbooks"))) / "gpu-inference-regression.yaml"
     text = src.read_text().replace("name: gpu-inference-regression", f"name: {p.stem}", 1)
     p.write_text("# Started from the default playbook. Validate: debugagent playbook validate " + path + "\n" + text)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from tools.errors import UsageError
-from tools.host import parse_bench
+from debugagent.tools.errors import UsageError
+from debugagent.tools.host import parse_bench
 
 from .symptom import TIME_UNITS, Symptom, unit_kind
 

@@ -14,9 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from debugagent.tools.errors import ReplayMiss, UsageError
 from rich.console import Console
-
-from tools.errors import ReplayMiss, UsageError
 
 from .events import Conclusion, Event
 from .graph import RECURSION_LIMIT, build_graph

@@ -79,7 +79,7 @@ def environment() -> Environment:
 
 
 def template_text(name: str) -> str:
-    return resources.files("agent").joinpath(TEMPLATES, name).read_text(encoding="utf-8")
+    return resources.files("debugagent.agent").joinpath(TEMPLATES, name).read_text(encoding="utf-8")
 
 
 def explains(rc: Cause) -> str:
@@ -124,7 +124,7 @@ def render_html(events: list[Event]) -> str:
 
 
 def write_report(folder: Path) -> Path:
-    from tools.redact import write_private
+    from debugagent.tools.redact import write_private
 
     from .transcript import read_events
     return write_private(folder / "report.html", render_html(read_events(folder / "events.jsonl")))  # redacted, 0600

@@ -18,14 +18,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from debugagent.tools.errors import DebugAgentError, RestoreError, TransportError, UsageError
+from debugagent.tools.redact import private_file, redact, redact_text
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
 from rich.console import Console
 from rich.markup import escape
-
-from tools.errors import DebugAgentError, RestoreError, TransportError, UsageError
-from tools.redact import private_file, redact, redact_text
 
 from .config import RunConfig
 from .graph import RECURSION_LIMIT, Ctx, build_graph

@@ -25,13 +25,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from debugagent.tools.errors import DebugAgentError, RecordingError, TransportError, UsageError
+from debugagent.tools.redact import private_dir, redacted_dump
+from debugagent.tools.replay import ReplayTransport
+from debugagent.tools.snapshot import Snapshot
 from pydantic import BaseModel, ConfigDict
 from rich.console import Console
-
-from tools.errors import DebugAgentError, RecordingError, TransportError, UsageError
-from tools.redact import private_dir, redacted_dump
-from tools.replay import ReplayTransport
-from tools.snapshot import Snapshot
 
 from . import __version__
 from .config import RunConfig

@@ -21,9 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from debugagent.tools.snapshot import Snapshot
 from pydantic import BaseModel, ConfigDict, Field
-
-from tools.snapshot import Snapshot
 
 from .conclusion import RunConclusion
 from .results import ExperimentResult, Regression

@@ -7,10 +7,10 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from tools.errors import UsageError
-from tools.host import HostFacts, ServerInfo
-from tools.redact import redact
-from tools.snapshot import OPTIONAL_PROBES, Snapshot, collect
+from debugagent.tools.errors import UsageError
+from debugagent.tools.host import HostFacts, ServerInfo
+from debugagent.tools.redact import redact
+from debugagent.tools.snapshot import OPTIONAL_PROBES, Snapshot, collect
 
 from . import verdicts as vd
 from .context import Ctx

@@ -15,10 +15,8 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel
-
-from tools.errors import UsageError
-from tools.units import (  # noqa: F401 - re-exported: the unit tables and their one comparison
+from debugagent.tools.errors import UsageError
+from debugagent.tools.units import (  # noqa: F401 - re-exported: the unit tables and their one comparison
     RATE_FAMILIES,
     RATE_UNITS,
     TIME_UNITS,
@@ -28,6 +26,7 @@ from tools.units import (  # noqa: F401 - re-exported: the unit tables and their
     unit_family,
     unit_kind,
 )
+from pydantic import BaseModel
 
 __all__ = ["EXAMPLE", "RATE_FAMILIES", "RATE_UNITS", "TIME_UNITS", "Direction", "Symptom", "as_direction", "check_pair", "convert",
            "direction_flag", "normalise_unit", "parse_symptom", "same_family", "unit_family", "unit_kind"]

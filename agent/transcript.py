@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-
-from tools.redact import redact, write_private
+from debugagent.tools.redact import redact, write_private
 
 from .events import EVENTS, SCHEMA_VERSION, Event, build, describe, migrate, parse_event
 
@@ -85,9 +84,8 @@ class Transcript:
 
 def read_events(path: Path) -> list[Event]:
     """The events of a recording as models, migrated from the schema version its header names."""
+    from debugagent.tools.errors import RecordingError
     from pydantic import ValidationError
-
-    from tools.errors import RecordingError
     events: list[dict[str, Any]] = []
     lines: list[int] = []
     if not path.is_file():
@@ -108,7 +106,7 @@ def read_events(path: Path) -> list[Event]:
         lines.append(n)
     if not events or events[0]["event"] != "run_started":
         raise RecordingError("the first event is not run_started", file=str(path), line=1, fix="record the run again")
-    from tools.replay import check_events
+    from debugagent.tools.replay import check_events
     check_events(events, str(path))
     v = events[0].get("schema_version")
     version = v if isinstance(v, int) and not isinstance(v, bool) else 1

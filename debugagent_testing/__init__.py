@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tools.transport import CommandResult, FakeTransport
+from debugagent.tools.transport import CommandResult, FakeTransport
 
 __all__ = ["CommandResult", "FakeTransport", "TranscriptBuilder"]
 

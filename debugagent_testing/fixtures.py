@@ -8,7 +8,7 @@ import pytest
 @pytest.fixture
 def sim_host():
     """Open simulated hosts by spec (``sim:NAME``, ``sim:PATH.yaml``, ``…@good``); closed after the test."""
-    from tools.sim import SimTransport
+    from debugagent.tools.sim import SimTransport
     opened = []
 
     def make(spec: str):
@@ -24,8 +24,8 @@ def sim_host():
 @pytest.fixture
 def replay_recording(tmp_path):
     """Replay a recorded run (folder) against a playbook; returns the result with `same` and `diff`."""
-    from agent.replay import replay_events
-    from agent.transcript import read_events
+    from debugagent.agent.replay import replay_events
+    from debugagent.agent.transcript import read_events
 
     def run(folder, playbook=None):
         return replay_events(read_events(folder / "events.jsonl" if hasattr(folder, "joinpath") else folder),

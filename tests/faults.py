@@ -16,12 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
-
-from tools.registry import Runner
-from tools.sim import load_scenario
-from tools.sim.serve import SSHD, remote_command, start, start_sshd
-from tools.snapshot import collect, diff
-from tools.ssh import SSHTransport
+from debugagent.tools.registry import Runner
+from debugagent.tools.sim import load_scenario
+from debugagent.tools.sim.serve import SSHD, remote_command, start, start_sshd
+from debugagent.tools.snapshot import collect, diff
+from debugagent.tools.ssh import SSHTransport
 
 SKIP = pytest.mark.skipif(not Path(SSHD).is_file(), reason="needs Debian's openssh-server")
 
@@ -45,7 +44,7 @@ def transport(s) -> SSHTransport:
 
 def state(s) -> dict:
     """What must be as found: the snapshot, the server's argv and environment, worktrees, servers, journals left."""
-    from tools.transport import q
+    from debugagent.tools.transport import q
     with transport(s) as t:
         r = Runner(t)
         snap = collect(r)
@@ -74,7 +73,7 @@ def assert_as_found(before: dict, after: dict) -> None:
 
 
 def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "agent.cli", *args]
+    return [sys.executable, "-m", "debugagent.agent.cli", *args]
 
 
 def run_args(s, name: str, out: Path, *extra: str) -> list[str]:

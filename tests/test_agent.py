@@ -13,12 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
-
-from agent.run import RunOptions, investigate
-from tools.registry import Runner
-from tools.sim import SimTransport, builtin_names, load_scenario, parse_scenario
-from tools.snapshot import collect, diff, dump
-from tools.transport import BaseTransport
+from debugagent.agent.run import RunOptions, investigate
+from debugagent.tools.registry import Runner
+from debugagent.tools.sim import SimTransport, builtin_names, load_scenario, parse_scenario
+from debugagent.tools.snapshot import collect, diff, dump
+from debugagent.tools.transport import BaseTransport
 
 ALL = builtin_names()
 
@@ -223,7 +222,7 @@ def test_cli_sigint_exit_130_and_resume(tmp_path):
     """A real SIGINT to `debugagent run` mid-experiment exits 130 and `debugagent resume` finishes (exit 0)."""
     run = tmp_path / "run"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    p = subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--host", "sim:cuda-graph-disabled", "--symptom",
+    p = subprocess.Popen([sys.executable, "-m", "debugagent.agent.cli", "run", "--host", "sim:cuda-graph-disabled", "--symptom",
                           "decode 62 tok/s", "--baseline", "decode 89 tok/s", "--out", str(run), "--json"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 60
@@ -236,14 +235,14 @@ def test_cli_sigint_exit_130_and_resume(tmp_path):
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130, err
     assert "debugagent resume" in err
-    r = subprocess.run([sys.executable, "-m", "agent.cli", "resume", str(run), "--json"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "debugagent.agent.cli", "resume", str(run), "--json"], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["root_cause"]["hypothesis"] == "serving_config"
 
 
 def cli(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "debugagent.agent.cli", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def test_cli_run_json_and_exit_codes(tmp_path):

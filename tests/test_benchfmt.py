@@ -7,11 +7,8 @@ import math
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from agent.symptom import parse_symptom
-from tools.benchfmt import (
+from debugagent.agent.symptom import parse_symptom
+from debugagent.tools.benchfmt import (
     OUTPUT_MARK,
     detect,
     find,
@@ -23,8 +20,10 @@ from tools.benchfmt import (
     split_output_file,
     with_output_file,
 )
-from tools.errors import ParseError
-from tools.units import convert, same_family
+from debugagent.tools.errors import ParseError
+from debugagent.tools.units import convert, same_family
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 V = Path(__file__).parent / "vectors" / "engines"
 

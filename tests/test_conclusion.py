@@ -3,19 +3,19 @@ experiment's typed result, the plan's candidates, the facts per area, and the st
 
 from __future__ import annotations
 
-from agent import conclusion as concl
-from agent import verdicts as vd
-from agent.facts import LabFacts
-from agent.playbook import restored
-from agent.results import ExperimentResult, Regression
-from agent.state import Current, RunState, to_jsonable
-from agent.stats import Reproduction
-from agent.steps import regression_of, reproduce_words
-from tools.host import ServerInfo
-from tools.probes.gpu import tenants
-from tools.probes.host import host_facts
-from tools.redact import redact
-from tools.snapshot import GpuFacts, Snapshot
+from debugagent.agent import conclusion as concl
+from debugagent.agent import verdicts as vd
+from debugagent.agent.facts import LabFacts
+from debugagent.agent.playbook import restored
+from debugagent.agent.results import ExperimentResult, Regression
+from debugagent.agent.state import Current, RunState, to_jsonable
+from debugagent.agent.stats import Reproduction
+from debugagent.agent.steps import regression_of, reproduce_words
+from debugagent.tools.host import ServerInfo
+from debugagent.tools.probes.gpu import tenants
+from debugagent.tools.probes.host import host_facts
+from debugagent.tools.redact import redact
+from debugagent.tools.snapshot import GpuFacts, Snapshot
 
 ORDER = ["code_change", "serving_config", "env_var"]
 REG = Regression(measured=True, real=True, samples=[30.0, 31.0, 29.0], delta=10.0, delta_se=0.5,

@@ -7,14 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
+from debugagent.agent.cli import command, main
+from debugagent.agent.config import REPRODUCE_RUNS, RunConfig, SSHOptions, bounds, flag_fields
+from debugagent.agent.playbook import load_playbook
+from debugagent.agent.run import load_run
+from debugagent.agent.session import header, inputs_from_recording, overrides_of
+from debugagent.tools.errors import UsageError
 from typer._click import Context
-
-from agent.cli import command, main
-from agent.config import REPRODUCE_RUNS, RunConfig, SSHOptions, bounds, flag_fields
-from agent.playbook import load_playbook
-from agent.run import load_run
-from agent.session import header, inputs_from_recording, overrides_of
-from tools.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,12 +7,11 @@ from __future__ import annotations
 import itertools
 
 import pytest
-
-from agent.journal import Journal
-from agent.lab import Lab, Measure
-from agent.results import ExperimentResult
-from tools.registry import Runner
-from tools.transport import FakeTransport
+from debugagent.agent.journal import Journal
+from debugagent.agent.lab import Lab, Measure
+from debugagent.agent.results import ExperimentResult
+from debugagent.tools.registry import Runner
+from debugagent.tools.transport import FakeTransport
 
 BAD = [31.0, 31.1, 30.9, 31.0]                 # the reference: the server as found (ms, lower is better)
 CHANGED = [26.0, 26.1, 25.9, 26.0, 26.05, 25.95]   # the change, after its restart: 5 ms better

@@ -14,9 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-
-from tests.conftest import vector
-from tools.discovery import (
+from debugagent.tools.discovery import (
     Discovery,
     DiscoveryInput,
     ServerProcess,
@@ -26,9 +24,9 @@ from tools.discovery import (
     is_debugagent,
     rank,
 )
-from tools.errors import TransportError
-from tools.gpu import GpuProcess, parse_compute_apps
-from tools.host import (
+from debugagent.tools.errors import TransportError
+from debugagent.tools.gpu import GpuProcess, parse_compute_apps
+from debugagent.tools.host import (
     Listener,
     Proc,
     ProcTable,
@@ -37,8 +35,10 @@ from tools.host import (
     parse_ss_listen,
     parse_stat,
 )
-from tools.registry import Runner
-from tools.transport import LocalTransport
+from debugagent.tools.registry import Runner
+from debugagent.tools.transport import LocalTransport
+
+from tests.conftest import vector
 
 ROOT = Path(__file__).resolve().parents[1]
 DEBIAN = ROOT / "tests" / "vectors" / "debian"
@@ -122,7 +122,8 @@ def test_port_fallback_needs_the_benchmarks_port_h200():
 def test_debugagent_command_lines_are_recognised():
     """debugagent's own process is known by its entry point, however it was started."""
     assert is_debugagent(["/x/.venv/bin/python", "/x/.venv/bin/debugagent", "run", "--server-pattern", "srv"])
-    assert is_debugagent(["python3", "-m", "agent.cli", "snapshot"])
+    assert is_debugagent(["python3", "-m", "debugagent.agent.cli", "snapshot"])
+    assert is_debugagent(["python3", "-m", "agent.cli", "snapshot"])   # a checkout older than the debugagent namespace
     assert not is_debugagent(["python3", "-m", "sglang.launch_server", "--served-model-name", "debugagent"])
 
 
@@ -316,7 +317,7 @@ def test_cli_snapshot_local_records_server_and_samples_never_itself(servers, tmp
     info = servers.start(name, "--workers", "2", "--mode", "spawn")
     out = tmp_path / "snap.json"
     bench = f"{sys.executable} {servers.folder / 'client.py'} --port {info['port']}"
-    r = subprocess.run([sys.executable, "-m", "agent.cli", "snapshot", "--host", "local", "--server-pattern", name,
+    r = subprocess.run([sys.executable, "-m", "debugagent.agent.cli", "snapshot", "--host", "local", "--server-pattern", name,
                         "--bench", bench, "--metric", "latency", "--bench-runs", "3", "-o", str(out)],
                        capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr
@@ -342,7 +343,7 @@ def test_local_packages_are_the_servers_not_debugagents_own_path(servers, tmp_pa
     assert "PYTHONPATH" not in Path(f"/proc/{info['pid']}/environ").read_bytes().decode(errors="replace").split("\0")
     out = tmp_path / "snap.json"
     env = {**os.environ, "PYTHONPATH": str(site)}
-    r = subprocess.run([sys.executable, "-m", "agent.cli", "snapshot", "--host", "local", "--server-pattern", name,
+    r = subprocess.run([sys.executable, "-m", "debugagent.agent.cli", "snapshot", "--host", "local", "--server-pattern", name,
                         "-o", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert r.returncode == 0, r.stderr
     names = {p["name"] for p in json.loads(out.read_text())["packages"]["packages"]}
@@ -356,7 +357,7 @@ def test_local_packages_are_the_servers_not_debugagents_own_path(servers, tmp_pa
 def test_cli_snapshot_bad_overrides_exit_2():
     """A bad --server-pattern, or --bench without --metric/--bench-regex, is refused before connecting."""
     def cli(*a: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "agent.cli", "snapshot", "--host", "local", "-o", "/dev/null", *a],
+        return subprocess.run([sys.executable, "-m", "debugagent.agent.cli", "snapshot", "--host", "local", "-o", "/dev/null", *a],
                               capture_output=True, text=True, timeout=120, cwd=ROOT)
     r = cli("--server-pattern", "(")
     assert r.returncode == 2 and "--server-pattern `(` is not a regular expression" in r.stderr
@@ -385,8 +386,8 @@ def test_over_ssh_session_shells_are_own_and_the_server_is_found(servers, tmp_pa
     are debugagent's own; the real server with the same pattern is found."""
     import getpass
 
-    from tools.sim.serve import SSHD, start_sshd
-    from tools.ssh import SSHTransport
+    from debugagent.tools.sim.serve import SSHD, start_sshd
+    from debugagent.tools.ssh import SSHTransport
     if not Path(SSHD).is_file():
         pytest.skip("needs Debian's openssh-server")
     name = token()
@@ -421,8 +422,8 @@ def test_over_ssh_session_shells_are_own_and_the_server_is_found(servers, tmp_pa
 def test_experiment_lookup_uses_the_runs_own_pattern(servers):
     """The lookup an experiment makes before a restart uses the run's --server-pattern (the default pattern
     cannot see this server), and prefers the command line found at discovery."""
-    from agent.context import Overrides
-    from agent.discovery import find_server, run_input
+    from debugagent.agent.context import Overrides
+    from debugagent.agent.discovery import find_server, run_input
     name = token()
     info = servers.start(name)
     with LocalTransport() as t:
@@ -438,7 +439,7 @@ def test_experiment_lookup_uses_the_runs_own_pattern(servers):
 def test_cli_run_bad_server_pattern_exit_2_writes_nothing(tmp_path):
     """`run --server-pattern '('` is refused at input (exit 2) and writes no run folder."""
     out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "agent.cli", "run", "--host", "local", "--symptom", "latency 3 ms",
+    r = subprocess.run([sys.executable, "-m", "debugagent.agent.cli", "run", "--host", "local", "--symptom", "latency 3 ms",
                         "--baseline", "latency 2 ms", "--server-pattern", "(", "--out", str(out)],
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 2 and "--server-pattern `(`" in r.stderr and "fix:" in r.stderr

@@ -6,12 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-
-from agent.events import SCHEMA_VERSION, BadEvent, Reasoning, ToolCall, purpose_of
-from agent.markdown import render
-from agent.outputs import FORMATS, register
-from agent.transcript import Transcript, read_events
-from tools.errors import RecordingError
+from debugagent.agent.events import SCHEMA_VERSION, BadEvent, Reasoning, ToolCall, purpose_of
+from debugagent.agent.markdown import render
+from debugagent.agent.outputs import FORMATS, register
+from debugagent.agent.transcript import Transcript, read_events
+from debugagent.tools.errors import RecordingError
 
 ROOT = Path(__file__).resolve().parents[1]
 

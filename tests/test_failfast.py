@@ -8,13 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from agent.cli import command
-from agent.preflight import metric_problem, reported
-from agent.run import RunOptions, investigate
-from agent.symptom import parse_symptom
-from tools.errors import UsageError
-from tools.sim.serve import SSHD, start_sshd
+from debugagent.agent.cli import command
+from debugagent.agent.preflight import metric_problem, reported
+from debugagent.agent.run import RunOptions, investigate
+from debugagent.agent.symptom import parse_symptom
+from debugagent.tools.errors import UsageError
+from debugagent.tools.sim.serve import SSHD, start_sshd
 
 
 def test_reported_pairs():
@@ -58,7 +57,7 @@ def test_ssh_without_a_key_names_identity_file_and_agent(tmp_path):
     """No key given, none in ssh-agent or ~/.ssh: exit 4, and the fix names -i/--identity-file and ssh-agent."""
     s = start_sshd(tmp_path / "sshd")
     try:
-        r = subprocess.run([sys.executable, "-m", "agent.cli", "snapshot", "--host", f"{getpass.getuser()}@127.0.0.1:{s.port}",
+        r = subprocess.run([sys.executable, "-m", "debugagent.agent.cli", "snapshot", "--host", f"{getpass.getuser()}@127.0.0.1:{s.port}",
                             "--known-hosts", str(s.known_hosts), "-o", str(tmp_path / "s.json")],
                            capture_output=True, text=True, timeout=60)
     finally:

@@ -11,6 +11,7 @@ import subprocess
 import time
 
 import pytest
+from debugagent.tools.sim.serve import start
 
 from tests.faults import (
     SKIP,
@@ -26,7 +27,6 @@ from tests.faults import (
     wait_for,
 )
 from tests.procs import descendants, freeze_tree, signal_if_alive, thaw
-from tools.sim.serve import start
 
 pytestmark = [pytest.mark.ssh, SKIP]
 

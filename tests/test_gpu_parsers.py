@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from tests.conftest import vector
-from tools.errors import ParseError
-from tools.gpu import (
+from debugagent.tools.errors import ParseError
+from debugagent.tools.gpu import (
     decode_reasons,
     parse_compute_apps,
     parse_load_samples,
@@ -16,6 +12,10 @@ from tools.gpu import (
     parse_query_csv,
     parse_query_noheader,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import vector
 
 
 def csv_block() -> str:
@@ -74,7 +74,7 @@ def test_idle_load_trace_reasons():
 
 def test_load_samples_keep_only_busy_rows():
     """Samples taken while the GPU was idle are not counted as readings under load."""
-    from tools.gpu import QUERY_FIELDS
+    from debugagent.tools.gpu import QUERY_FIELDS
     n = len(QUERY_FIELDS)
     idle = ["0", "NVIDIA H200", "GPU-x", "00000000:18:00.0", "580.159.04", "P0", "345 MHz", "1980 MHz", "3201 MHz",
             "3201 MHz", "79.00 W", "700.00 W", "700.00 W", "37", "0 %", "0 MiB", "143771 MiB", "1", "5", "16", "16",

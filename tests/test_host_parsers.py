@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from tests.conftest import vector
-from tools.errors import ParseError
-from tools.host import (
+from debugagent.tools.errors import ParseError
+from debugagent.tools.host import (
     Bench,
     PythonPackages,
     parse_bench,
@@ -19,6 +15,10 @@ from tools.host import (
     parse_python_packages,
     parse_server_details,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import vector
 
 
 def test_bench_vector_reads_metric_with_unit_in_name():

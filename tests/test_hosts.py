@@ -7,12 +7,19 @@ import subprocess
 import sys
 
 import pytest
-
-from agent.cli import HOST_HELP
-from agent.hosts import SCHEMES, HostScheme, check_host, host_help, open_transport, registered, scheme_of
-from agent.run import RunConfig, investigate
-from tools.errors import UsageError
-from tools.transport import LocalTransport
+from debugagent.agent.cli import HOST_HELP
+from debugagent.agent.hosts import (
+    SCHEMES,
+    HostScheme,
+    check_host,
+    host_help,
+    open_transport,
+    registered,
+    scheme_of,
+)
+from debugagent.agent.run import RunConfig, investigate
+from debugagent.tools.errors import UsageError
+from debugagent.tools.transport import LocalTransport
 
 
 @pytest.mark.parametrize("host,scheme,rest", [
@@ -42,7 +49,7 @@ def test_a_host_that_can_never_work_is_exit_2_with_the_fix(host, says):
 @pytest.mark.parametrize("host", ["root@127.0.0.1:99999", "root@[::1"])
 def test_bad_host_strings_exit_2_from_the_command_line(host, tmp_path):
     """Before anything connects, and before the run folder is made (these used to be exit 4, connection refused)."""
-    r = subprocess.run([sys.executable, "-m", "agent.cli", "run", "--host", host, "--symptom", "verify 30ms",
+    r = subprocess.run([sys.executable, "-m", "debugagent.agent.cli", "run", "--host", host, "--symptom", "verify 30ms",
                         "--baseline", "verify 20ms", "--out", str(tmp_path / "r")], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 2 and "--host" in r.stderr and "fix:" in r.stderr, r.stderr
@@ -62,7 +69,7 @@ def test_a_new_transport_is_one_register_call(tmp_path):
     opened = []
 
     def open_twin(rest, ssh):
-        from tools.sim import SimTransport
+        from debugagent.tools.sim import SimTransport
         opened.append(rest)
         return SimTransport(f"sim:{rest}")
 

@@ -11,20 +11,19 @@ import time
 from pathlib import Path
 
 import pytest
-
-from agent.playbook import evaluate, parse_playbook
-from tools.errors import DebugAgentError, PlaybookError
-from tools.host import ServerDetails, parse_server_details
-from tools.mutate import RestartServer, parse_restart
-from tools.registry import Runner
-from tools.transport import LocalTransport
+from debugagent.agent.playbook import evaluate, parse_playbook
+from debugagent.tools.errors import DebugAgentError, PlaybookError
+from debugagent.tools.host import ServerDetails, parse_server_details
+from debugagent.tools.mutate import RestartServer, parse_restart
+from debugagent.tools.registry import Runner
+from debugagent.tools.transport import LocalTransport
 
 ROOT = Path(__file__).resolve().parents[1]
 KEPT = ROOT / "transcripts" / "power-capped" / "events.jsonl"
 
 
 def cli(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "debugagent.agent.cli", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def refused(r: subprocess.CompletedProcess, *names: str) -> None:
@@ -147,7 +146,7 @@ def test_damaged_recordings_exit_2_naming_the_line(tmp_path):
     events = [json.loads(x) for x in KEPT.read_text().split("\n") if x]
     cases = _corrupt(events)
     assert len(cases) == 21
-    from agent.replay import replay_run
+    from debugagent.agent.replay import replay_run
     for n, (name, text) in enumerate(cases.items()):
         d = tmp_path / name.replace(" ", "-")
         d.mkdir()
@@ -175,7 +174,7 @@ def _interrupted_run(tmp_path: Path) -> Path:
     """A real run folder (a run interrupted by SIGINT after its first benchmark)."""
     import signal
     run = tmp_path / "run"
-    p = subprocess.Popen([sys.executable, "-m", "agent.cli", *RUN, "--out", str(run), "--json"],
+    p = subprocess.Popen([sys.executable, "-m", "debugagent.agent.cli", *RUN, "--out", str(run), "--json"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and '"tool": "bench"' not in ((run / "events.jsonl").read_text()
@@ -244,8 +243,8 @@ def test_empty_and_multiline_arguments_survive_a_restart(tmp_path):
 def test_a_baseline_snapshot_of_another_metric_is_refused(tmp_path):
     """A snapshot whose benchmark measured another metric (ttft in s) is no baseline for --symptom decode: its
     runs would be compared with decode's, and pooled into its noise. Exit 2 naming both metrics, before connecting."""
-    from tools.sim import SimTransport
-    from tools.snapshot import collect, dump
+    from debugagent.tools.sim import SimTransport
+    from debugagent.tools.snapshot import collect, dump
     with SimTransport("sim:power-capped@good") as t:
         snap = collect(Runner(t), bench_runs=2)
     assert snap.bench.get("samples") and snap.bench["metric"] == "decode"

@@ -8,12 +8,19 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from agent.journal import HostFiles, HostLock, HostLocked, Journal, LockInfo, lock_command, others_on_host
-from agent.lab import Lab, Measure
-from tools.errors import ConnectError
-from tools.registry import Runner
-from tools.transport import CommandResult, LocalTransport
+from debugagent.agent.journal import (
+    HostFiles,
+    HostLock,
+    HostLocked,
+    Journal,
+    LockInfo,
+    lock_command,
+    others_on_host,
+)
+from debugagent.agent.lab import Lab, Measure
+from debugagent.tools.errors import ConnectError
+from debugagent.tools.registry import Runner
+from debugagent.tools.transport import CommandResult, LocalTransport
 
 
 def host_dir() -> Path:
@@ -152,7 +159,7 @@ def test_a_reused_pid_or_a_reboot_is_a_gone_holder_and_a_live_one_is_not(tmp_pat
     is not (those still need --force-unlock)."""
     import socket
 
-    from agent.journal import _boot_id, _start_ticks, owner_gone
+    from debugagent.agent.journal import _boot_id, _start_ticks, owner_gone
     me = dict(pid=os.getpid(), machine=socket.gethostname(), since="now")
     start, boot = _start_ticks(os.getpid()), _boot_id()
     assert start > 0 and boot
@@ -174,7 +181,7 @@ def test_the_same_run_id_held_by_a_live_process_is_refused(tmp_path):
     enough); once that process is gone, the same run id takes its lock back without --force-unlock."""
     import socket
 
-    from agent.journal import _boot_id, _start_ticks
+    from debugagent.agent.journal import _boot_id, _start_ticks
     t = LocalTransport()
     host_dir().mkdir(parents=True, exist_ok=True)
     p = subprocess.Popen(["sleep", "60"])
@@ -248,7 +255,7 @@ def test_an_undo_restart_waits_for_an_interrupted_runs_restart_still_under_way(t
     import threading
     import time
 
-    from tools.mutate import RestartServer
+    from debugagent.tools.mutate import RestartServer
     t = LocalTransport()
     argv = [os.sys.executable, "-c", SLOW_STOP, f"--tag={tmp_path}"]
     proc = subprocess.Popen(argv, env={"PATH": "/usr/bin:/bin", "MARK": "1"}, cwd=str(tmp_path), start_new_session=True)

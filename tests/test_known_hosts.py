@@ -14,11 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from tools import known_hosts
-from tools.errors import HostKeyError
-from tools.sim.serve import SSHD, start_sshd
-from tools.ssh import SSHTransport
+from debugagent.tools import known_hosts
+from debugagent.tools.errors import HostKeyError
+from debugagent.tools.sim.serve import SSHD, start_sshd
+from debugagent.tools.ssh import SSHTransport
 
 pytestmark = [pytest.mark.ssh, pytest.mark.skipif(not Path(SSHD).is_file() or not shutil.which("ssh"),
                                                   reason="needs Debian's openssh-server and openssh-client")]
@@ -189,7 +188,7 @@ def test_revoked_key_is_exit_4_saying_revoked(sshd, tmp_path):
     """A revoked key is refused with exit 4 and the word "revoked", even with accept-new, and is never appended."""
     kh = _write(sshd, ["@revoked * K"], tmp_path / "kh")
     before = kh.read_text()
-    r = subprocess.run([sys.executable, "-m", "agent.cli", "snapshot",
+    r = subprocess.run([sys.executable, "-m", "debugagent.agent.cli", "snapshot",
                         "--host", f"{getpass.getuser()}@127.0.0.1:{sshd.port}", "--identity-file", str(sshd.identity),
                         "--known-hosts", str(kh), "--accept-new-host-key", "-o", str(tmp_path / "s.json")],
                        capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])

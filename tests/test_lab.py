@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import typing
 
-from agent.lab import KINDS, Experiment, Kind, kind_of
-from agent.lab.spec import ExperimentSpec, RestoreSpec
-from agent.playbook import Playbook
+from debugagent.agent.lab import KINDS, Experiment, Kind, kind_of
+from debugagent.agent.lab.spec import ExperimentSpec, RestoreSpec
+from debugagent.agent.playbook import Playbook
 
 BEFORE = {"code_revert", "server_restart", "restore_baseline_flags", "restore_baseline_env", "power_limit", "governor",
           "package_restore"}

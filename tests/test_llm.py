@@ -12,12 +12,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-
-from agent.llm import check_llm_url
-from agent.replay import replay_events
-from agent.run import RunOptions, investigate
-from agent.transcript import read_events
-from tools.errors import UsageError
+from debugagent.agent.llm import check_llm_url
+from debugagent.agent.replay import replay_events
+from debugagent.agent.run import RunOptions, investigate
+from debugagent.agent.transcript import read_events
+from debugagent.tools.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 API_KEY = "sk-PlantedLlmApiKey0123456789abcdef"
@@ -64,9 +63,9 @@ def llm_server():
 def outward_server(monkeypatch):
     """The loopback server, taken for a remote one: ``is_loopback`` says no for 127.0.0.1, so plain http to it is
     what plain http to another machine would be (tests reach no address but loopback)."""
-    import agent.llm
-    real = agent.llm.is_loopback
-    monkeypatch.setattr(agent.llm, "is_loopback", lambda host: False if host == "127.0.0.1" else real(host))
+    from debugagent.agent import llm
+    real = llm.is_loopback
+    monkeypatch.setattr(llm, "is_loopback", lambda host: False if host == "127.0.0.1" else real(host))
     srv = serve("127.0.0.1")
     yield srv
     srv.shutdown()
@@ -161,7 +160,7 @@ def test_an_llm_value_that_is_no_http_url_is_exit_2(url):
 
 
 def cli(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True, timeout=timeout,
+    return subprocess.run([sys.executable, "-m", "debugagent.agent.cli", *args], capture_output=True, text=True, timeout=timeout,
                           env=env, cwd=ROOT)
 
 
@@ -212,7 +211,7 @@ def test_a_loopback_llm_gets_the_key_over_plain_http(llm_server, tmp_path, monke
 
 def test_the_advisor_itself_refuses_a_key_over_remote_plain_http():
     """Built directly (not through the run's flag check), the advisor refuses too, and takes --llm-insecure."""
-    from agent.llm import Advisor
+    from debugagent.agent.llm import Advisor
     with pytest.raises(UsageError):
         Advisor("http://10.0.0.5:8000/v1", "m", api_key=API_KEY)
     assert Advisor("http://10.0.0.5:8000/v1", "m", api_key=API_KEY, insecure=True).model == "m"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tools.mutate import PipDownload, parse_wheels
+from debugagent.tools.mutate import PipDownload, parse_wheels
 
 
 def test_pip_download_output_names_the_wheel_once():

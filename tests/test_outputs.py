@@ -12,10 +12,9 @@ import zlib
 from pathlib import Path
 
 import pytest
-
-from agent.markdown import clip_words, code, plural, tighten
-from agent.run import RunOptions, investigate
-from tools.probes.text import render_unit_sep
+from debugagent.agent.markdown import clip_words, code, plural, tighten
+from debugagent.agent.run import RunOptions, investigate
+from debugagent.tools.probes.text import render_unit_sep
 
 HYPS = ["code_change", "gpu_clocks", "pcie_link", "serving_config", "compiled_dependency", "driver_cuda", "env_var",
         "gpu_contention", "host_cpu"]
@@ -212,8 +211,8 @@ def test_report_renders_in_headless_chromium(quick, tmp_path):
 @pytest.mark.skipif(not Path("/usr/sbin/sshd").is_file() or not shutil.which("ssh"), reason="needs Debian's openssh-server")
 def test_pasted_commands_work_over_ssh_on_sim_serve(tmp_path):
     """Run over SSH against `sim serve`, then each probe pasted from transcript.md into OpenSSH's client gives the recorded output."""
-    from agent.hosts import SSHOptions
-    from tools.sim.serve import start
+    from debugagent.agent.hosts import SSHOptions
+    from debugagent.tools.sim.serve import start
     with start("eagle3-flashinfer-rebuilt") as s:
         investigate(RunOptions(host=s.target, symptom="verify 30ms", baseline="verify 20ms", as_json=True,
                                out=str(tmp_path / "run"), ssh=SSHOptions(identity_file=str(s.identity),
@@ -253,9 +252,9 @@ def test_stable_drops_only_the_load_average():
 
 
 def fixes_of(name: str) -> list:
-    from agent.fixes import fixes_for
-    from agent.runfacts import gather
-    from agent.transcript import read_events
+    from debugagent.agent.fixes import fixes_for
+    from debugagent.agent.runfacts import gather
+    from debugagent.agent.transcript import read_events
     return fixes_for(gather(read_events(Path(__file__).resolve().parents[1] / "transcripts" / name / "events.jsonl")))
 
 
@@ -288,17 +287,18 @@ def test_report_command_prints_the_path(quick, tmp_path):
     """`debugagent report RUN --no-open` prints the report's path; a folder that is no run is exit 2 with a fix."""
     import sys
     folder, _, _ = quick
-    r = subprocess.run([sys.executable, "-m", "agent.cli", "report", str(folder), "--no-open"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "debugagent.agent.cli", "report", str(folder), "--no-open"], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == str((folder / "report.html").resolve())
-    r = subprocess.run([sys.executable, "-m", "agent.cli", "report", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-m", "debugagent.agent.cli", "report", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "not a debugagent run folder" in r.stderr and "fix:" in r.stderr
 
 
 def test_report_escapes_what_the_run_recorded(tmp_path):
     """report.html goes through an autoescaping template: markup in a recorded value is shown, never run."""
-    from agent.report import render_html
-    from agent.transcript import read_events
+    from debugagent.agent.report import render_html
+    from debugagent.agent.transcript import read_events
+
     from debugagent_testing import TranscriptBuilder
     b = TranscriptBuilder("verify 30ms", "verify 20ms", host="<script>alert(1)</script>")
     b.events.append({"event": "hypothesis_opened", "hypothesis": "env_var", "title": "a <b>bold</b> & odd title"})

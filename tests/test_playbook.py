@@ -6,9 +6,8 @@ import subprocess
 import sys
 
 import pytest
-
-from agent.playbook import Hypothesis, evaluate, load_playbook, parse_playbook
-from tools.errors import PlaybookError
+from debugagent.agent.playbook import Hypothesis, evaluate, load_playbook, parse_playbook
+from debugagent.tools.errors import PlaybookError
 
 MINI = """
 version: 1
@@ -109,7 +108,7 @@ def test_sandbox_refuses_unsafe_access():
 
 def test_cli_validate_and_show(tmp_path):
     """`playbook validate` exits 0 on the default and 2 on a broken file; `show` prints the tree."""
-    cli = [sys.executable, "-m", "agent.cli", "playbook"]
+    cli = [sys.executable, "-m", "debugagent.agent.cli", "playbook"]
     r = subprocess.run(cli + ["validate", "gpu-inference-regression"], capture_output=True, text=True)
     assert r.returncode == 0 and "9 hypotheses" in r.stdout
     p = tmp_path / "bad.yaml"
@@ -161,7 +160,7 @@ def test_bad_fix_template_is_refused_at_load():
 
 # ---------------------------------------------------------------- fixes from the playbook
 def _facts(hid: str, experiment: dict | None = None, **outputs):
-    from agent.runfacts import ExperimentView, HypothesisView, RunFacts
+    from debugagent.agent.runfacts import ExperimentView, HypothesisView, RunFacts
     xs = [ExperimentView(title=experiment.get("title") or experiment["kind"], spec=experiment, significant=True)] if experiment else []
     return RunFacts(target="root@gpu-1", outputs=outputs, hyps={hid: HypothesisView(id=hid, experiments=xs)},
                     conclusion={"root_causes": [{"hypothesis": hid, "summary": "fan at 20%", "evidence": []}]})
@@ -173,7 +172,7 @@ FAN = MINI.replace("    next: b\n", "    next: b\n    fix:\n      text: 'Set the
 
 def test_a_new_hypothesis_brings_its_own_fix():
     """A hypothesis' `fix:` is rendered on what the run saw; each command runs on the host (empty ones are left out)."""
-    from agent.fixes import fixes_for
+    from debugagent.agent.fixes import fixes_for
     (fx,) = fixes_for(_facts("a", server_details={"pid": 42}), parse_playbook(FAN))
     assert fx.hypothesis == "a" and fx.text == "Set the fan of 42 back to auto:"
     assert fx.commands == ["ssh root@gpu-1 \"fanctl --pid 42 auto 'a b'\""]
@@ -181,7 +180,7 @@ def test_a_new_hypothesis_brings_its_own_fix():
 
 def test_an_experiments_fix_then_its_kinds_come_before_the_hypothesis_fix():
     """The experiment that confirmed the cause: its own `fix:` first, else its kind's, else the hypothesis'."""
-    from agent.fixes import fixes_for
+    from debugagent.agent.fixes import fixes_for
     pb = parse_playbook(FAN)
     own = {"kind": "governor", "governor": "performance", "fix": {"text": "Pin {{ experiment.spec.governor }}."}}
     assert fixes_for(_facts("a", own), pb)[0].text == "Pin performance."

@@ -11,8 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tools import probes, registry, snapshot
-from tools.probes.base import Gathering
+from debugagent.tools import probes, registry, snapshot
+from debugagent.tools.probes.base import Gathering
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,9 +77,9 @@ PROBE = Probe(
 # and the transcript's line.
 CHECK = r'''
 import json
-from agent.facts import build_facts
-from tools import probes, registry, snapshot
-from tools.transport import FakeTransport
+from debugagent.agent.facts import build_facts
+from debugagent.tools import probes, registry, snapshot
+from debugagent.tools.transport import FakeTransport
 
 up = {"now": "4242.5 100.0\n"}
 def answer(cmd):
@@ -173,5 +173,5 @@ def test_adding_a_probe_touches_two_files_and_its_test(tmp_path):
 
 def test_the_playbooks_checks_are_the_probes_checks():
     """The tools a playbook's `checks` may name are the probes' own (until playbook.CHECKS is made from them)."""
-    from agent.playbook import CHECKS
+    from debugagent.agent.playbook import CHECKS
     assert set(probes.checks()) == set(CHECKS)

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import json
 
+from debugagent.agent.journal import parse_host_journals, parse_journal, parse_lock_reply
+from debugagent.agent.transcript import Transcript, read_events
+from debugagent.tools.errors import DebugAgentError, ParseError
+from debugagent.tools.redact import redact
+from debugagent.tools.registry import TOOLS, Runner
+from debugagent.tools.session import Capped
+from debugagent.tools.transport import CommandResult, FakeTransport, split_lines
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-
-from agent.journal import parse_host_journals, parse_journal, parse_lock_reply
-from agent.transcript import Transcript, read_events
-from tools.errors import DebugAgentError, ParseError
-from tools.redact import redact
-from tools.registry import TOOLS, Runner
-from tools.session import Capped
-from tools.transport import CommandResult, FakeTransport, split_lines
 
 SEPARATORS = "\n\r\t\x00\x1c\x1d\x1e\x1f\x85\u2028\u2029\x0b\x0c"
 # text rich in what splits lines or fields, plus what the parsers look for
@@ -123,7 +122,7 @@ def test_journal_and_lock_readers_never_raise_anything_else(text):
 
 def test_journal_round_trip_on_the_host_listing():
     """A journal listed from the host parses back to the same steps."""
-    from agent.journal import RECORD_SEP, JournalData, Step
+    from debugagent.agent.journal import RECORD_SEP, JournalData, Step
     d = JournalData(run_id="r", host="h", steps=[Step(id=1, tool="remove_file", input={"path": "/a\nb"}, text="t\u2028")])
     listing = RECORD_SEP + "journal-r.json\n" + d.model_dump_json() + "\n"
     got = parse_host_journals(listing)

@@ -9,9 +9,8 @@ import shlex
 from pathlib import Path
 
 import yaml
-
-from agent.markdown import excerpt, render
-from agent.transcript import read_events
+from debugagent.agent.markdown import excerpt, render
+from debugagent.agent.transcript import read_events
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -46,7 +45,7 @@ def test_readme_is_at_most_200_lines():
 def test_quick_start_runs_the_kept_scenario_with_its_own_symptom():
     """The quick start's first command sets up a venv, installs debugagent and runs the simulated host whose
     story the README tells, with that scenario's symptom and baseline, in options `debugagent run` accepts."""
-    from agent.cli import command
+    from debugagent.agent.cli import command
     first = quick_start_commands()[0]
     setup, install, run = (part.strip() for part in first.split("&&"))
     assert setup == "python3 -m venv .venv" and install == ".venv/bin/pip install -q ."
@@ -74,7 +73,7 @@ def test_quick_start_runs_the_whole_suite_through_run_tests():
 
 def test_readme_commands_table_names_every_command():
     """Every command of the CLI, and every subcommand of `playbook` and `sim`, is in the README's commands table."""
-    from agent.cli import command
+    from debugagent.agent.cli import command
     cli = command()
     table = README.read_text().split("## Commands", 1)[1].split("\n\n", 2)[1]
     for name, sub in cli.commands.items():
@@ -85,7 +84,7 @@ def test_readme_commands_table_names_every_command():
 
 def test_exit_code_tables_name_every_exit_code():
     """The README's and docs/cli.md's exit-code tables list every code an error class or the CLI returns."""
-    from tools import errors
+    from debugagent.tools import errors
     codes = {c.exit_code for c in vars(errors).values() if isinstance(c, type) and hasattr(c, "exit_code")}
     codes |= {0, 3, 130}
     for doc in (README, ROOT / "docs" / "cli.md"):
@@ -164,7 +163,14 @@ def test_every_package_folder_is_packaged():
     conf = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     listed = set(conf["packages"])
     dirs = conf.get("package-dir", {})
-    where = {pkg: ROOT / (dirs.get(pkg) or pkg.replace(".", "/")) for pkg in listed}
+
+    def folder(pkg: str) -> Path:
+        """As setuptools finds it: the longest package-dir prefix, the rest of the name as folders."""
+        top = max((p for p in dirs if pkg == p or pkg.startswith(p + ".")), key=len, default="")
+        rest = pkg[len(top):].lstrip(".").split(".") if pkg != top else []
+        return ROOT.joinpath(dirs[top] if top else "", *[r for r in rest if r])
+
+    where = {pkg: folder(pkg) for pkg in listed}
     found = set()
     for top in ("agent", "tools", "playbooks", "debugagent_testing"):
         for init in (ROOT / top).rglob("__init__.py"):

@@ -10,12 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from agent.playbook import load_playbook
-from agent.replay import replay_events, replay_run
-from agent.transcript import read_events
-from tools.errors import RecordingError, ReplayMiss, UnknownCommand
-from tools.replay import ReplayTransport
+from debugagent.agent.playbook import load_playbook
+from debugagent.agent.replay import replay_events, replay_run
+from debugagent.agent.transcript import read_events
+from debugagent.tools.errors import RecordingError, ReplayMiss, UnknownCommand
+from debugagent.tools.replay import ReplayTransport
 
 ROOT = Path(__file__).resolve().parents[1]
 # the simulated hosts' recordings, and those `scripts/gpu-lab` made on an H200 (transcripts/h200/CASE)
@@ -70,7 +69,7 @@ def test_changed_rule_fails_replay_with_verdict_diff(tmp_path):
     assert "CUDA_LAUNCH_BLOCKIN" not in str(e.value) and e.value.exit_code == 5
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    r = subprocess.run([sys.executable, "-m", "agent.cli", "playbook", "test", str(p), "--transcript", str(run)],
+    r = subprocess.run([sys.executable, "-m", "debugagent.agent.cli", "playbook", "test", str(p), "--transcript", str(run)],
                        capture_output=True, text=True, env={**os.environ, "TMPDIR": str(tmp)})
     assert r.returncode == 5 and "the recording does not hold" in r.stderr
     assert list(tmp.iterdir()) == []   # the replay stopped: it leaves no half-written transcript behind
@@ -101,7 +100,7 @@ def test_tampered_recording_exit_2_with_line(tmp_path, damage):
     (tmp_path / "events.jsonl").write_text("\n".join(lines) + "\n")
     with pytest.raises(RecordingError):
         read_events(tmp_path / "events.jsonl")
-    r = subprocess.run([sys.executable, "-m", "agent.cli", "replay", str(tmp_path)], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "debugagent.agent.cli", "replay", str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "events.jsonl:" in r.stderr
 
@@ -111,7 +110,7 @@ def test_replay_cli_same_conclusion(tmp_path):
     temporary folder is gone (a changed one is kept, and named)."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    r = subprocess.run([sys.executable, "-m", "agent.cli", "replay", str(KEPT[0])], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "debugagent.agent.cli", "replay", str(KEPT[0])], capture_output=True, text=True,
                        env={**os.environ, "TMPDIR": str(tmp)})
     assert r.returncode == 0 and "same conclusion" in r.stderr
     assert list(tmp.iterdir()) == []

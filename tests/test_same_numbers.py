@@ -10,13 +10,12 @@ import statistics
 from pathlib import Path
 
 import pytest
+from debugagent.agent.outputs import render_all
+from debugagent.agent.run import output_of
+from debugagent.agent.runfacts import gather, pct, runs_text
+from debugagent.agent.transcript import read_events
+from debugagent.agent.view import View
 from rich.console import Console
-
-from agent.outputs import render_all
-from agent.run import output_of
-from agent.runfacts import gather, pct, runs_text
-from agent.transcript import read_events
-from agent.view import View
 
 ROOT = Path(__file__).resolve().parents[1]
 KEPT = sorted(p.parent for p in [*(ROOT / "transcripts").glob("*/events.jsonl"), *(ROOT / "transcripts").glob("h200/*/events.jsonl")])

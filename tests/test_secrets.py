@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from tools.redact import REDACTED, Redactor, is_secret_name
-from tools.sim import load_scenario
-from tools.sim.serve import free_port
+from debugagent.tools.redact import REDACTED, Redactor, is_secret_name
+from debugagent.tools.sim import load_scenario
+from debugagent.tools.sim.serve import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 JWT = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJQbGFudGVkIn0.PlantedJwtSig15abc"
@@ -113,7 +112,7 @@ def planted_scenario(folder: Path) -> Path:
 
 
 def cli(*args: str, env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True, timeout=timeout,
+    return subprocess.run([sys.executable, "-m", "debugagent.agent.cli", *args], capture_output=True, text=True, timeout=timeout,
                           env=env, cwd=ROOT)
 
 
@@ -330,10 +329,9 @@ def test_the_live_view_shows_commands_redacted(tmp_path):
     secret inside `--bench '... --api-key KEY'` never reaches the terminal."""
     import io
 
+    from debugagent.agent.transcript import Transcript
+    from debugagent.agent.view import View
     from rich.console import Console
-
-    from agent.transcript import Transcript
-    from agent.view import View
     buf = io.StringIO()
     console = Console(file=buf, force_terminal=True, width=200)
     view = View(["serving_config"], quiet=False, console=console)
@@ -390,14 +388,14 @@ def test_refused_input_writes_nothing_and_bad_out_is_exit_2(tmp_path, env):
 
 def test_a_module_named_like_a_token_prefix_stays_readable():
     """hf_transfer (a module of the hf-transfer package) is no Hugging Face token; a real-looking one still is."""
-    from tools.redact import redact_text
+    from debugagent.tools.redact import redact_text
     assert redact_text('"modules": ["hf_transfer"]') == '"modules": ["hf_transfer"]'
     assert "hf_PlantedHfToken04abc" not in redact_text("token hf_PlantedHfToken04abc")
 
 
 def test_an_environment_entry_marked_with_a_plus_hides_its_whole_value():
     """server_details prints each environ entry as `+NAME=value`: a secret value with spaces is hidden whole."""
-    from tools.redact import redact_text
+    from debugagent.tools.redact import redact_text
     out = redact_text("== environ\n+MY_SERVICE_PASSWORD=Planted pass phrase 22\n+PATH=/usr/bin\n")
     assert "phrase" not in out and "+PATH=/usr/bin" in out
 
@@ -405,7 +403,7 @@ def test_an_environment_entry_marked_with_a_plus_hides_its_whole_value():
 def test_switches_and_settings_about_secrets_keep_the_next_argument():
     """`--auth-required`, `--enable-auth`, `AUTH_METHOD` are settings, not secrets: the argument (or the /proc
     line) after them stays readable; the secret flags beside them are still redacted."""
-    from tools.redact import redact_argv, redact_text
+    from debugagent.tools.redact import redact_argv, redact_text
     assert redact_argv(["/process_api", "--auth-required", "440"]) == ["/process_api", "--auth-required", "440"]
     assert redact_argv(["srv", "--enable-auth", "--port", "8000"])[-1] == "8000"
     assert redact_argv(["srv", "--auth-token", "t0psecretvalue"])[-1] == "[REDACTED]"
@@ -461,7 +459,7 @@ def test_the_corpus_measure_can_fail():
 def test_a_recording_made_before_a_redaction_rule_still_replays():
     """A command recorded by an older redactor that let `MY_PASS=...` through is matched by the same command
     asked now (which today's rules redact): both sides are keyed by today's redaction."""
-    from tools.replay import ReplayTransport
+    from debugagent.tools.replay import ReplayTransport
     old = "cd /root && env MY_PASS=PlantedOld1abc gpu-bench --attention-key-scale 0.125"
     events = [{"event": "run_started", "host": "sim:x"},
               {"event": "tool_call", "command": old, "display": "gpu-bench"},

@@ -6,11 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from tools.errors import ParseError
-from tools.serverinfo import (
+from debugagent.tools.errors import ParseError
+from debugagent.tools.serverinfo import (
     EffectiveConfig,
     diff_configs,
     effective_config,
@@ -24,6 +21,8 @@ from tools.serverinfo import (
     parse_startup_log,
     parse_vllm_version,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 V = Path(__file__).parent / "vectors" / "engines"
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import subprocess
 
+from debugagent.tools.session import EndMark, ansi_c_quote, frame, new_nonce, parse_frame
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from tools.session import EndMark, ansi_c_quote, frame, new_nonce, parse_frame
 
 no_nul = st.text(alphabet=st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), max_size=80)
 

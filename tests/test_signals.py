@@ -7,10 +7,9 @@ import signal
 import time
 
 import pytest
-
-from agent.signals import Interrupted, Signals, held
-from tools.registry import Runner
-from tools.transport import FakeTransport
+from debugagent.agent.signals import Interrupted, Signals, held
+from debugagent.tools.registry import Runner
+from debugagent.tools.transport import FakeTransport
 
 HOST_S = 2.0   # how long each command runs on the host: long beside any scheduling delay of a loaded machine
 
@@ -68,7 +67,7 @@ def test_a_signal_during_the_host_journals_write_waits_for_it(sig, tmp_path):
     """The host's copy of the journal (and the lock) is written by a command like any other: a signal arriving
     while it is on its way must wait for it, or the undo's removal of the host copy can reach the host first and
     the late write leave a journal of a run that is over."""
-    from agent.journal import HostFiles, Journal
+    from debugagent.agent.journal import HostFiles, Journal
     answered: list[str] = []
 
     def host(command: str) -> str:

@@ -6,17 +6,16 @@ import subprocess
 import sys
 
 import pytest
-
-from tools.errors import ScenarioError
-from tools.registry import Runner
-from tools.sim import builtin_names, load_scenario, parse_scenario
-from tools.snapshot import collect, diff
+from debugagent.tools.errors import ScenarioError
+from debugagent.tools.registry import Runner
+from debugagent.tools.sim import builtin_names, load_scenario, parse_scenario
+from debugagent.tools.snapshot import collect, diff
 
 SEED = "eagle3-flashinfer-rebuilt"
 
 
 def seed_text() -> str:
-    from tools.sim.scenario import builtin_dir
+    from debugagent.tools.sim.scenario import builtin_dir
     return (builtin_dir() / f"{SEED}.yaml").read_text()
 
 
@@ -134,7 +133,7 @@ def test_snapshot_diff_equals_factors(sim_host, name):
 
 def test_sandbox_is_removed_and_server_stopped():
     """Closing a simulated host stops its server and removes its folder."""
-    from tools.sim import SimTransport
+    from debugagent.tools.sim import SimTransport
     t = SimTransport(f"sim:{SEED}")
     base = t.sim.base
     pids = t.sim._own_pids()
@@ -146,7 +145,7 @@ def test_sandbox_is_removed_and_server_stopped():
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "debugagent.agent.cli", *args], capture_output=True, text=True, timeout=120)
 
 
 def test_cli_snapshot_unknown_sim_exits_2():

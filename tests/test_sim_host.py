@@ -9,13 +9,12 @@ import statistics
 from pathlib import Path
 
 import pytest
-
-from tools.errors import ScenarioError
-from tools.registry import Runner
-from tools.sim import builtin_names, load_scenario, parse_scenario
-from tools.sim.scenario import builtin_dir
-from tools.sim.seal import available, why_not
-from tools.sim.standin import so_bytes
+from debugagent.tools.errors import ScenarioError
+from debugagent.tools.registry import Runner
+from debugagent.tools.sim import builtin_names, load_scenario, parse_scenario
+from debugagent.tools.sim.scenario import builtin_dir
+from debugagent.tools.sim.seal import available, why_not
+from debugagent.tools.sim.standin import so_bytes
 
 pytestmark = pytest.mark.skipif(not available(), reason=f"a sealed host needs bwrap: {why_not()}")
 
@@ -203,8 +202,8 @@ def test_sealed_host_reveals_nothing(sim_host, name):
 @pytest.mark.parametrize("name", builtin_names())
 def test_sealed_host_reveals_nothing_over_sshd(tmp_path, name):
     """The same leak hunt through `sim serve`'s OpenSSH server and a real SSH connection."""
-    from tools.sim import serve
-    from tools.ssh import SSHTransport
+    from debugagent.tools.sim import serve
+    from debugagent.tools.ssh import SSHTransport
     if not Path(serve.SSHD).is_file():
         pytest.skip("needs Debian's openssh-server")
     with serve.start(f"sim:{name}") as served:
@@ -221,7 +220,7 @@ def test_sealed_host_reveals_nothing_over_sshd(tmp_path, name):
 
 def test_nothing_left_on_disk_when_a_host_fails_to_start(tmp_path):
     """A scenario whose server cannot start raises a clear error and leaves no folder behind."""
-    from tools.sim.sandbox import SimHost
+    from debugagent.tools.sim.sandbox import SimHost
     text = (builtin_dir() / "launch-blocking.yaml").read_text().replace(
         "cmd: /root/ml-env/bin/python3 -m sglang.launch_server", "cmd: /root/ml-env/bin/python3 -c pass")
     sc = parse_scenario(text, "x.yaml")
@@ -232,7 +231,7 @@ def test_nothing_left_on_disk_when_a_host_fails_to_start(tmp_path):
 
 def test_host_ends_with_every_process():
     """Closing a sealed host ends its namespace (server and all) and removes its folder."""
-    from tools.sim import SimTransport
+    from debugagent.tools.sim import SimTransport
     t = SimTransport("sim:launch-blocking")
     base, pid = t.sim.base, t.sim.init_pid
     assert Path(f"/proc/{pid}").exists()
@@ -264,7 +263,7 @@ def test_schema_lists_the_format():
     import json
     import subprocess
     import sys
-    out = subprocess.run([sys.executable, "-m", "agent.cli", "sim", "schema"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-m", "debugagent.agent.cli", "sim", "schema"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0
     schema = json.loads(out.stdout)
     host = schema["$defs"]["Host"]["properties"]
@@ -275,7 +274,7 @@ def test_schema_lists_the_format():
 
 def test_unsealed_host_still_runs(tmp_path):
     """Where a host cannot be sealed it still runs (commands rewritten onto its folder) and says so."""
-    from tools.sim.sandbox import SimHost
+    from debugagent.tools.sim.sandbox import SimHost
     h = SimHost(load_scenario("launch-blocking"), root=str(tmp_path / "h"), sealed=False)
     try:
         assert not h.sealed
@@ -293,7 +292,7 @@ def test_host_pip_never_reaches_an_index(tmp_path, sealed):
     """A simulated host's pip resolves only from what the scenario lays out, sealed or not: a `pip download`
     of a real PyPI project finds nothing (the unsealed host once fetched the real wheel from the index this
     machine's pip is configured with, and the two modes gave different answers)."""
-    from tools.sim.sandbox import SimHost
+    from debugagent.tools.sim.sandbox import SimHost
     if sealed and not available():
         pytest.skip(f"cannot seal a host here: {why_not()}")
     h = SimHost(load_scenario("eagle3-flashinfer-rebuilt"), root=str(tmp_path / "h"), sealed=sealed)
@@ -331,7 +330,7 @@ def test_sealed_host_sees_no_listener_of_this_machine(sim_host):
 def test_sealed_host_load_average_is_its_own(sim_host):
     """/proc/loadavg on a simulated host is the one the simulator defines (on every host, whatever this
     machine's load), and host_info reads it."""
-    from tools.sim.sandbox import LOADAVG
+    from debugagent.tools.sim.sandbox import LOADAVG
     a, b = sim_host("sim:launch-blocking"), sim_host("sim:governor-powersave")
     la, lb = (t.run("cat /proc/loadavg").stdout for t in (a, b))
     assert la == lb == LOADAVG and re.fullmatch(r"[0-9.]+ [0-9.]+ [0-9.]+ \d+/\d+ \d+\n", la)
@@ -341,7 +340,7 @@ def test_sealed_host_load_average_is_its_own(sim_host):
 def test_package_list_takes_nothing_from_this_python(sim_host):
     """Every distribution a simulated host lists is the scenario's, the image's extras or the host's pip, at
     versions the simulator defines, never one read from the environment debugagent itself runs in."""
-    from tools.sim.environment import PIP_VERSION, extra_distributions
+    from debugagent.tools.sim.environment import PIP_VERSION, extra_distributions
     t = sim_host("sim:launch-blocking")
     sc = t.scenario
     listed = {p.name: p.version for p in Runner(t).call("python_packages", {"python": sc.host.python}).output.packages}
@@ -370,7 +369,7 @@ def test_build_bytes_name_no_version_or_build(sim_host):
         for word in {dist, module, spec.version, spec.build or "", f"v{spec.version}"} - {""}:
             assert word not in strings, (dist, word)
         assert so_bytes(dist, spec.version, spec.build)[64:96].hex() not in data
-    from tools.sim.sandbox import host_salt
+    from debugagent.tools.sim.sandbox import host_salt
     salt = host_salt("x")
     assert so_bytes("a", "1.0", "b1", salt) != so_bytes("a", "1.0", "b2", salt)
     assert len({len(so_bytes("a", "1.0", b, salt)) for b in ("b1", "b2", "b3", "b4")}) > 1
@@ -406,7 +405,7 @@ def test_host_ends_with_a_stopped_session():
     import subprocess
     import time
 
-    from tools.sim import SimTransport
+    from debugagent.tools.sim import SimTransport
     t = SimTransport("sim:launch-blocking")
     pid = t.sim.init_pid
     ns_init = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import paramiko
 import pytest
+from debugagent.agent.run import RunOptions, investigate
+from debugagent.tools.errors import AuthError, ConnectError, HostKeyError, TransportError
+from debugagent.tools.registry import Runner
+from debugagent.tools.sim import builtin_names, load_scenario
+from debugagent.tools.sim.serve import SSHD, free_port, start, start_sshd
+from debugagent.tools.snapshot import collect, diff
+from debugagent.tools.ssh import EXCEPTION_MAP, SSHTransport, translate
 
-from agent.run import RunOptions, investigate
 from tests.procs import children, descendants, signal_if_alive
-from tools.errors import AuthError, ConnectError, HostKeyError, TransportError
-from tools.registry import Runner
-from tools.sim import builtin_names, load_scenario
-from tools.sim.serve import SSHD, free_port, start, start_sshd
-from tools.snapshot import collect, diff
-from tools.ssh import EXCEPTION_MAP, SSHTransport, translate
 
 pytestmark = [pytest.mark.ssh, pytest.mark.skipif(not Path(SSHD).is_file(), reason="needs Debian's openssh-server")]
 USER = os.environ.get("USER") or "root"
@@ -205,11 +205,11 @@ def test_unreachable_host_exits_4_fast(tmp_path):
     """Nothing listening: `snapshot` exits 4 at once with a message and a fix: no retry, no wait for the connect
     timeout. "At once" is measured against the CLI's own start (`--help`), timed just before on this machine."""
     t0 = time.monotonic()
-    subprocess.run([sys.executable, "-m", "agent.cli", "--help"], capture_output=True, timeout=120, check=True)
+    subprocess.run([sys.executable, "-m", "debugagent.agent.cli", "--help"], capture_output=True, timeout=120, check=True)
     start = time.monotonic() - t0
     port = free_port()
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "agent.cli", "snapshot", "--host", f"root@127.0.0.1:{port}", "-o",
+    r = subprocess.run([sys.executable, "-m", "debugagent.agent.cli", "snapshot", "--host", f"root@127.0.0.1:{port}", "-o",
                         str(tmp_path / "s.json"), "--connect-timeout", "3"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 4 and "connection refused" in r.stderr and "fix:" in r.stderr
     assert time.monotonic() - t0 < 2 * start + 5, (time.monotonic() - t0, start)
@@ -278,7 +278,7 @@ def test_scenario_over_ssh_matches_sim(name, tmp_path):
         out = investigate(RunOptions(host=s.target, symptom=sc.symptom, baseline=sc.baseline, as_json=True,
                                      allow_mutations=True, out=str(tmp_path / "run"),
                                      bench=None if sc.host.profile else sc.bench.command(),
-                                     ssh=__import__("agent.hosts", fromlist=["SSHOptions"]).SSHOptions(
+                                     ssh=__import__("debugagent.agent.hosts", fromlist=["SSHOptions"]).SSHOptions(
                                          identity_file=str(s.identity), known_hosts=str(tmp_path / "kh"),
                                          accept_new_host_key=True)))
         after = collect(Runner(s_transport))
@@ -297,7 +297,7 @@ def test_scenario_over_ssh_matches_sim(name, tmp_path):
 def test_cli_run_over_ssh_json(served, tmp_path):
     """The CLI line `sim serve` prints works: the seeds' answer, flashinfer, as the top suspect (exit 3: that
     host holds no other build of it, so nothing can confirm it) with the command that would decide it."""
-    r = subprocess.run([sys.executable, "-m", "agent.cli", "run", "--host", served.target, "--identity-file",
+    r = subprocess.run([sys.executable, "-m", "debugagent.agent.cli", "run", "--host", served.target, "--identity-file",
                         str(served.identity), "--accept-new-host-key", "--known-hosts", str(tmp_path / "kh"),
                         "--symptom", "verify 30ms", "--baseline", "verify 20ms", "--allow-mutations", "--json",
                         "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=300)
@@ -361,7 +361,7 @@ def test_connection_lost_mid_experiment_restores_then_reruns(tmp_path):
         inner = SSHTransport.from_spec(s.target, identity_file=str(s.identity), known_hosts=str(s.known_hosts))
         before = collect(Runner(inner))
         t = KillAt(inner, s, "gpu-bench", 7)  # 5 reproduce runs, then the 2nd run after the restart
-        from agent.hosts import SSHOptions
+        from debugagent.agent.hosts import SSHOptions
         out = investigate(RunOptions(host=s.target, symptom=sc.symptom, baseline=sc.baseline, as_json=True,
                                      allow_mutations=True, out=str(tmp_path / "run"),
                                      ssh=SSHOptions(identity_file=str(s.identity), known_hosts=str(s.known_hosts))),

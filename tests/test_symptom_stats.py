@@ -5,10 +5,9 @@ from __future__ import annotations
 import random
 
 import pytest
-
-from agent.stats import decide
-from agent.symptom import check_pair, parse_symptom
-from tools.errors import UsageError
+from debugagent.agent.stats import decide
+from debugagent.agent.symptom import check_pair, parse_symptom
+from debugagent.tools.errors import UsageError
 
 
 @pytest.mark.parametrize("text,metric,value,unit,direction", [
@@ -129,7 +128,7 @@ def test_a_cause_must_beat_the_fresh_reference():
 
 def test_run_budget_grows_with_noise_and_respects_the_cap():
     """More noise or a smaller regression needs more runs; --max-runs caps it."""
-    from agent.stats import AUTO_CAP, run_budget
+    from debugagent.agent.stats import AUTO_CAP, run_budget
     small, big = run_budget(1.0, 10.0, 5), run_budget(1.0, 2.0, 5)
     assert 2 <= small < big <= AUTO_CAP
     assert run_budget(1.0, 0.5, 5, cap=8) == 8
@@ -137,7 +136,7 @@ def test_run_budget_grows_with_noise_and_respects_the_cap():
 
 def test_reproduce_is_sequential_and_detects_a_swap():
     """Far outside the noise 3 runs decide; within it the answer is 'more' with the runs it would need; better is said."""
-    from agent.stats import reproduce
+    from debugagent.agent.stats import reproduce
     assert reproduce(noisy(30, 2, 3, 41), 20, True, 10).outcome == "regression"
     thin = reproduce(noisy(20.3, 8, 3, 43), 20, True, 1.0, final=True)
     assert thin.outcome == "more" and thin.runs_needed > 3 and "needs about" in thin.text
@@ -147,7 +146,7 @@ def test_reproduce_is_sequential_and_detects_a_swap():
 
 def test_bisect_step_one_run_when_clear_more_when_close():
     """A step at the bad mean decides in one run; a step halfway asks for more; at the end it picks a side."""
-    from agent.stats import bisect_step, culprit_confidence
+    from debugagent.agent.stats import bisect_step, culprit_confidence
     good, bad = noisy(20, 2, 4, 51), noisy(30, 2, 5, 52)
     assert bisect_step(good, bad, [30.1]).outcome == "bad"
     assert bisect_step(good, bad, [19.9]).outcome == "good"
@@ -159,7 +158,7 @@ def test_bisect_step_one_run_when_clear_more_when_close():
 
 def test_mann_whitney_when_the_noise_is_not_normal():
     """Heavy-tailed noise (one huge outlier) is tested with Mann-Whitney as well."""
-    from agent.stats import effect
+    from debugagent.agent.stats import effect
     ref = [30.0, 30.1, 29.9, 30.2, 30.0, 29.8, 30.1, 90.0]
     e = effect(ref, [20.0, 20.1, 19.9, 20.2, 20.0, 19.8], True)
     assert not e.normal and e.p_better < 0.01
@@ -168,7 +167,7 @@ def test_mann_whitney_when_the_noise_is_not_normal():
 def test_a_culprit_and_parent_decided_by_one_clear_run_each_are_confident():
     """A bisection whose last two steps each took one clear run (673 and 1793 tok/s on an H200, the ends around
     600 and 1900) has a confident culprit: the ends' runs estimate the noise. Without them it is a coin toss."""
-    from agent.stats import culprit_confidence
+    from debugagent.agent.stats import culprit_confidence
     ends = ([1924.0, 1900.0, 1950.0], [608.0, 600.0, 620.0])
     assert culprit_confidence([1793.0], [673.2], False, ends) > 0.99
     assert culprit_confidence([1793.0], [673.2], False) == 0.5
@@ -179,7 +178,7 @@ def test_runs_needed_counts_the_baseline_snapshots_own_runs():
     """Against a baseline of a few runs, more runs of this state shrink only part of the uncertainty: the runs it
     would take count that, and where no number of runs can show the regression, the answer says to take the
     baseline again with more runs instead of naming a number that could not show it (values of an H200 run)."""
-    from agent.stats import reproduce
+    from debugagent.agent.stats import reproduce
     bad = [1135.0, 1577.0, 1549.0, 1338.0, 1038.0, 1421.0, 1194.0, 1550.0, 1228.0, 1009.0, 1540.0, 1197.0]
     base = [1672.33, 2051.58, 1580.48]
     never = reproduce(bad, 1768.0, False, 450.0, baseline_samples=base, final=True)
@@ -204,7 +203,7 @@ def test_any_unit_ending_per_second_is_a_rate(text, unit):
 
 def test_units_are_compared_in_one_place():
     """`same_family` and `convert` answer for symptom, baseline and benchmark alike: rates never meet seconds."""
-    from agent.symptom import convert, same_family, unit_kind
+    from debugagent.agent.symptom import convert, same_family, unit_kind
     assert unit_kind("samples/s") == unit_kind("frames/s") == unit_kind("tokens/sec") == "rate"
     assert unit_kind("s") == unit_kind("ms") == "time" and unit_kind("points") is None
     assert same_family("tokens/sec", "tok/s") and same_family("ms", "s") and not same_family("samples/s", "s")

@@ -7,10 +7,9 @@ import time
 from pathlib import Path
 
 import pytest
-
-from tools.errors import UnknownCommand
-from tools.replay import ReplayTransport
-from tools.transport import BaseTransport, FakeTransport, LocalTransport, Transport
+from debugagent.tools.errors import UnknownCommand
+from debugagent.tools.replay import ReplayTransport
+from debugagent.tools.transport import BaseTransport, FakeTransport, LocalTransport, Transport
 
 AGENT = Path(__file__).resolve().parents[1] / "agent"
 
@@ -85,7 +84,7 @@ def test_find_servers_finds_a_process_and_never_itself():
     own shell nor a helper process is reported (patterns may contain spaces)."""
     import subprocess
 
-    from tools.host import FindServers, parse_find_servers
+    from debugagent.tools.host import FindServers, parse_find_servers
     marker = "30.4242"
     p = subprocess.Popen(["sleep", marker])
     try:

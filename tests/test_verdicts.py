@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agent import conclusion as concl
-from agent import verdicts as vd
-from agent.playbook import Finding, evaluate, load_playbook
-from agent.results import ExperimentResult, Regression
+from debugagent.agent import conclusion as concl
+from debugagent.agent import verdicts as vd
+from debugagent.agent.playbook import Finding, evaluate, load_playbook
+from debugagent.agent.results import ExperimentResult, Regression
 
 ORDER = ["code_change", "serving_config", "compiled_dependency"]
 REG = Regression(measured=True, real=True, delta=10.0, outcome="regression")
@@ -148,7 +148,7 @@ def _events(out) -> list[dict]:
 
 def test_max_runs_caps_every_experiment(tmp_path):
     """`--max-runs 3` runs at most 3 benchmark runs per experiment, the re-measured reference included."""
-    from agent.run import RunOptions, investigate
+    from debugagent.agent.run import RunOptions, investigate
     out = investigate(RunOptions(host="sim:two-causes", symptom="decode 69 tok/s", baseline="decode 89 tok/s",
                                  as_json=True, out=str(tmp_path / "run"), max_runs=3))
     per: dict[str, int] = {}
@@ -166,10 +166,10 @@ def test_max_runs_caps_every_experiment(tmp_path):
 
 def test_snapshot_without_numbers_measures_no_share(tmp_path):
     """A baseline snapshot with no benchmark numbers gives causes with explains null, never an absurd share."""
-    from agent.run import RunOptions, investigate
-    from tools.registry import Runner
-    from tools.sim import SimTransport
-    from tools.snapshot import collect, dump
+    from debugagent.agent.run import RunOptions, investigate
+    from debugagent.tools.registry import Runner
+    from debugagent.tools.sim import SimTransport
+    from debugagent.tools.snapshot import collect, dump
     snap = tmp_path / "good.json"
     with SimTransport("sim:launch-blocking@good") as t:
         snap.write_text(dump(collect(Runner(t), bench_runs=0)))
@@ -181,8 +181,8 @@ def test_snapshot_without_numbers_measures_no_share(tmp_path):
 
 
 def _gpu_facts_against_the_h200_baseline(**gpu_changes):
-    from agent.facts import build_facts
-    from tools.snapshot import Snapshot
+    from debugagent.agent.facts import build_facts
+    from debugagent.tools.snapshot import Snapshot
     base = Snapshot.load(str(Path(__file__).parent / "vectors" / "h200" / "lab_baseline_snapshot.json"))
     now = base.model_copy(deep=True)
     now.gpus[0] = now.gpus[0].model_copy(update=gpu_changes)

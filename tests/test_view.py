@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
+from debugagent.agent.view import View
 from rich.console import Console
 
-from agent.view import View
 from debugagent_testing import TranscriptBuilder
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from agent.playbook import OTHER, glob_matches_some_path, load_playbook, parse_playbook, restored
-from tools.errors import PlaybookError
-from tools.sim import builtin_names, load_scenario
-from tools.sim.scenario import parse_scenario
-from tools.snapshot import DIFF_PATHS, Change
+from debugagent.agent.playbook import OTHER, glob_matches_some_path, load_playbook, parse_playbook, restored
+from debugagent.tools.errors import PlaybookError
+from debugagent.tools.sim import builtin_names, load_scenario
+from debugagent.tools.sim.scenario import parse_scenario
+from debugagent.tools.snapshot import DIFF_PATHS, Change
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "playbooks" / "gpu-inference-regression.yaml"
@@ -129,7 +128,7 @@ def test_unknown_evidence_glob_names_line_and_suggests_the_path(tmp_path):
     msg = str(e.value)
     assert f"{p}:7:" in msg and "hypotheses[0].evidence[1]" in msg
     assert "`env.*` matches no snapshot path" in msg and "did you mean `server.env.*`?" in msg
-    r = subprocess.run([sys.executable, "-m", "agent.cli", "playbook", "validate", str(p)], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "debugagent.agent.cli", "playbook", "validate", str(p)], capture_output=True, text=True)
     assert r.returncode == 2 and f"{p}:7:" in r.stderr and "server.env.*" in r.stderr
 
 
@@ -173,8 +172,8 @@ def test_default_playbook_declares_evidence_for_every_hypothesis():
 # ---------------------------------------------------------------- the playbook's checks and knowledge at work
 def test_checks_choose_the_probes(tmp_path):
     """A playbook whose hypotheses check no packages and no driver files makes the run collect neither."""
-    from agent.run import RunOptions, investigate
-    from agent.transcript import read_events
+    from debugagent.agent.run import RunOptions, investigate
+    from debugagent.agent.transcript import read_events
     text = DEFAULT.read_text().replace("checks: [python_packages]", "checks: []").replace(
         "checks: [gpu_q, driver_files]", "checks: [gpu_q]")
     assert text.count("checks: []") == 1
@@ -196,8 +195,8 @@ def test_checks_choose_the_probes(tmp_path):
 
 def test_thermal_reasons_decide_what_is_thermal():
     """`knowledge.thermal_reasons` is what makes a GPU's event reason count as a thermal slowdown."""
-    from agent.facts import build_facts
-    from tools.snapshot import GpuFacts, Snapshot
+    from debugagent.agent.facts import build_facts
+    from debugagent.tools.snapshot import GpuFacts, Snapshot
     snap = Snapshot(host="h", gpus=[GpuFacts(index=0, event_reasons=["hw_thermal_slowdown"], under_load=True)])
 
     def thermal(knowledge):
@@ -216,14 +215,14 @@ def test_unknown_thermal_reason_is_refused():
 
 def test_cli_diff_groups_by_the_given_playbook(tmp_path):
     """`debugagent diff --playbook` files each change under that playbook's hypotheses; no playbook claim: `other`."""
-    from tools.snapshot import Snapshot, dump
+    from debugagent.tools.snapshot import Snapshot, dump
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text(dump(Snapshot(host="h", cpu={"governor": "performance"}, driver={"version": "580.1", "cuda": "13.0"})))
     b.write_text(dump(Snapshot(host="h", cpu={"governor": "powersave"}, driver={"version": "575.2", "cuda": "13.0"})))
     pb = tmp_path / "cpu-only.yaml"
     pb.write_text("version: 1\nname: cpu-only\nhypotheses:\n  - id: cpu_clocks\n    title: CPU\n"
                   "    evidence: [cpu.governor]\n    rules: [{when: 'true', verdict: ruled_out, because: fine}]\n")
-    run = [sys.executable, "-m", "agent.cli", "diff", str(a), str(b), "--json"]
+    run = [sys.executable, "-m", "debugagent.agent.cli", "diff", str(a), str(b), "--json"]
     mine = yaml.safe_load(subprocess.run(run + ["--playbook", str(pb)], capture_output=True, text=True, check=True).stdout)
     assert [c["path"] for c in mine["cpu_clocks"]] == ["cpu.governor"] and [c["path"] for c in mine[OTHER]] == ["driver.version"]
     default = yaml.safe_load(subprocess.run(run, capture_output=True, text=True, check=True).stdout)

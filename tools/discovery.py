@@ -28,7 +28,7 @@ named by its pid), never told apart by name.
 debugagent's own processes are never candidates: the probe's shell, its ancestors and
 descendants, its siblings that run the same shell (the transport's other commands, a
 benchmark among them, when debugagent runs inside another program), any ``debugagent``
-process (``debugagent …``, ``python -m agent.cli``) and everything under it, and
+process (``debugagent …``, ``python -m debugagent.agent.cli``) and everything under it, and
 everything under the SSH connection the probe came through (``sshd: USER@notty``).
 """
 
@@ -127,11 +127,11 @@ class Discovery(BaseModel):
 
 # ---------------------------------------------------------------- pure selection
 def is_debugagent(argv: list[str]) -> bool:
-    """debugagent's own command line: ``debugagent …``, ``python …/bin/debugagent …``, ``python -m agent.cli …``."""
+    """debugagent's own command line: ``debugagent …``, ``python …/bin/debugagent …``, ``python -m debugagent.agent.cli …``."""
     head = argv[:3]
     if any(a.rsplit("/", 1)[-1] == "debugagent" for a in head):
         return True
-    return any(a == "-m" and i + 1 < len(argv) and argv[i + 1] == "agent.cli" for i, a in enumerate(argv[:4]))
+    return any(a == "-m" and i + 1 < len(argv) and argv[i + 1] in ("agent.cli", "debugagent.agent.cli") for i, a in enumerate(argv[:4]))
 
 
 def own_pids(table: ProcTable) -> set[int]:

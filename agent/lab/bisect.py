@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tools.registry import Runner
+from debugagent.tools.registry import Runner
 
 from ..stats import bisect_step, culprit_confidence
 

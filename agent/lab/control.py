@@ -7,7 +7,7 @@ from __future__ import annotations
 import statistics
 from typing import TYPE_CHECKING
 
-from tools.registry import Runner
+from debugagent.tools.registry import Runner
 
 from ..results import ExperimentResult
 from ..stats import CONTROL_LEVEL, CONTROL_RUNS, control

@@ -9,9 +9,9 @@ import statistics
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tools.discovery import DiscoveryInput
-from tools.errors import DebugAgentError, RestoreError
-from tools.registry import Runner
+from debugagent.tools.discovery import DiscoveryInput
+from debugagent.tools.errors import DebugAgentError, RestoreError
+from debugagent.tools.registry import Runner
 
 from ..journal import Journal
 from ..results import ExperimentResult

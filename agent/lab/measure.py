@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tools.registry import Runner
+from debugagent.tools.registry import Runner
 
 from ..stats import AUTO_CAP, PROMISING, decide, noise_sd, pooled_sd, run_budget
 from .errors import ExperimentError

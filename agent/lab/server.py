@@ -7,11 +7,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from debugagent.tools import mutate
+from debugagent.tools.discovery import DiscoveryInput
+from debugagent.tools.registry import Runner
 from pydantic import BaseModel, ConfigDict, Field
-
-from tools import mutate
-from tools.discovery import DiscoveryInput
-from tools.registry import Runner
 
 from ..discovery import find_server
 from .errors import ExperimentError

@@ -23,14 +23,13 @@ from __future__ import annotations
 import typing
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
+from debugagent.tools.snapshot import Change
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
-
-from tools.snapshot import Change
 
 from ..evidence import EvidenceGlob, evidence_matches, glob_matches_some_path
 
 if TYPE_CHECKING:
-    from tools.registry import Runner
+    from debugagent.tools.registry import Runner
 
     from ..facts import LabFacts
     from ..results import ExperimentResult

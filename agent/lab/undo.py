@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from tools import mutate
-from tools.registry import Runner
+from debugagent.tools import mutate
+from debugagent.tools.registry import Runner
 
 from ..journal import Journal
 from .errors import ExperimentError

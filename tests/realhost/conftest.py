@@ -316,7 +316,7 @@ class Host:
     def run(self, *args: str, out: Path, timeout: float = 240, env: dict[str, str] | None = None) -> dict:
         """``debugagent run --host local … --allow-mutations --json`` as a subprocess; its JSON and run id."""
         cli = Path(sys.executable).parent / "debugagent"
-        argv = [str(cli) if cli.exists() else sys.executable, *([] if cli.exists() else ["-m", "agent.cli"]),
+        argv = [str(cli) if cli.exists() else sys.executable, *([] if cli.exists() else ["-m", "debugagent.agent.cli"]),
                 "run", "--host", "local", "--server-pattern", self.pattern, "--bench", self.bench_cmd(), "--allow-mutations",
                 "--json", "--out", str(out), "--ready-timeout", "60", *args]
         started = time.monotonic()

@@ -8,10 +8,9 @@ import time
 from pathlib import Path
 
 import pytest
-
-from tools.registry import Runner
-from tools.snapshot import collect, dump
-from tools.transport import LocalTransport
+from debugagent.tools.registry import Runner
+from debugagent.tools.snapshot import collect, dump
+from debugagent.tools.transport import LocalTransport
 
 from .conftest import Host, build_wheel, git, pids_with, proc_state, site_state, tmp_leftovers
 

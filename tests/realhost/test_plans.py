@@ -7,8 +7,7 @@ import subprocess
 import sys
 
 import pytest
-
-from agent.lab import (
+from debugagent.agent.lab import (
     ExperimentError,
     PackageTarget,
     build_matches,
@@ -16,10 +15,10 @@ from agent.lab import (
     package_targets,
     plan_code_run,
 )
-from tools.host import ServerInfo
-from tools.mutate import ImportMap, ImportRoot, parse_server_control
-from tools.registry import Runner
-from tools.transport import LocalTransport
+from debugagent.tools.host import ServerInfo
+from debugagent.tools.mutate import ImportMap, ImportRoot, parse_server_control
+from debugagent.tools.registry import Runner
+from debugagent.tools.transport import LocalTransport
 
 SELF = "0::/user.slice/user-0.slice/session-4.scope\n"
 
@@ -82,9 +81,9 @@ def test_code_root_outside_the_checkout_is_refused():
 
 def test_package_targets_from_the_baseline_diff_and_build_matching():
     """A changed build asks for the baseline's hash; a later-installed package asks for any other build."""
-    from agent.facts import LabFacts
-    from tools.host import Package
-    from tools.snapshot import Change
+    from debugagent.agent.facts import LabFacts
+    from debugagent.tools.host import Package
+    from debugagent.tools.snapshot import Change
     pk = {"fastmod": Package(name="fastmod", version="1.0", build_hash="bbbb")}
     facts = LabFacts(packages=pk, changes=[Change(path="packages.fastmod.build", a="aaaa", b="bbbb")])
     [t] = package_targets(facts, {"kind": "package_restore"})

@@ -394,7 +394,7 @@ def _check_wheels(sc: Scenario, file: str) -> None:
 
 
 def builtin_dir() -> Path:
-    return Path(str(resources.files("tools.sim") / "scenarios"))
+    return Path(str(resources.files("debugagent.tools.sim") / "scenarios"))
 
 
 def builtin_names() -> list[str]:

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
+from debugagent.tools.registry import Runner
 from pydantic import BaseModel, model_validator
-
-from tools.registry import Runner
 
 from ..bisect import bisect
 from ..errors import ExperimentError

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
+from debugagent.tools.registry import Runner
 from pydantic import model_validator
-
-from tools.registry import Runner
 
 from ..errors import ExperimentError
 from ..spec import ExperimentSpec, FixTemplate, Kind, Text

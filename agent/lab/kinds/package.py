@@ -8,9 +8,8 @@ import re
 import shlex
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from debugagent.tools.registry import Runner
 from pydantic import BaseModel
-
-from tools.registry import Runner
 
 from ..errors import ExperimentError
 from ..server import ServerRun

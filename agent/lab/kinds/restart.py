@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, Literal
 
+from debugagent.tools.registry import Runner
 from pydantic import Field
-
-from tools.registry import Runner
 
 from ..server import ServerRun, edit_argv
 from ..spec import ExperimentSpec, FixTemplate, Kind, RestoreSpec

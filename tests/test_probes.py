@@ -140,9 +140,12 @@ def test_adding_a_probe_touches_two_files_and_its_test(tmp_path):
     """A new probe module and its entry in tools/probes/__init__.py (with this test, three files): the tool table,
     the snapshot (its call, its field, dumped and loaded), the diff, the facts and the transcript all have it."""
     tree = tmp_path / "tree"
-    shutil.copytree(ROOT / "tools", tree / "tools", ignore=shutil.ignore_patterns("__pycache__"))
-    (tree / "tools" / "probes" / "uptime.py").write_text(UPTIME)
-    init = tree / "tools" / "probes" / "__init__.py"
+    tools = tree / "debugagent" / "tools"   # the import name debugagent.tools, ahead of the installed one
+    shutil.copytree(ROOT / "tools", tools, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("agent", "playbooks"):
+        (tree / "debugagent" / name).symlink_to(ROOT / name, target_is_directory=True)
+    (tools / "probes" / "uptime.py").write_text(UPTIME)
+    init = tools / "probes" / "__init__.py"
     text = init.read_text()
     for old, new in (("from . import bench,", "from . import uptime\nfrom . import bench,"),
                      ("bench.PROBE, control.PROBE)", "bench.PROBE, control.PROBE, uptime.PROBE)"),
@@ -150,7 +153,7 @@ def test_adding_a_probe_touches_two_files_and_its_test(tmp_path):
         assert old in text, old
         text = text.replace(old, new)
     init.write_text(text)
-    cmp = filecmp.dircmp(ROOT / "tools", tree / "tools", ignore=["__pycache__"])
+    cmp = filecmp.dircmp(ROOT / "tools", tools, ignore=["__pycache__"])
 
     def changed(d: filecmp.dircmp, at: str = "") -> list[str]:
         return [at + n for n in d.diff_files + d.left_only + d.right_only] + [
@@ -158,6 +161,9 @@ def test_adding_a_probe_touches_two_files_and_its_test(tmp_path):
     assert sorted(changed(cmp)) == ["probes/__init__.py", "probes/uptime.py"]
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(ROOT)])}
+    where = subprocess.run([sys.executable, "-c", "import debugagent.tools.probes as p; print(p.__file__)"], cwd=tmp_path,
+                           env=env, capture_output=True, text=True, timeout=60)
+    assert where.stdout.startswith(str(tools)), where   # the copy is what runs, not the installed package
     run = subprocess.run([sys.executable, "-c", CHECK], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     got = json.loads(run.stdout.strip().splitlines()[-1])

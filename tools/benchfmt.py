@@ -339,7 +339,8 @@ _PAIR = re.compile(r"(?<![\w.])(?P<name>[A-Za-z_][\w.\-]*)\s*[=:]\s*(?P<value>-?
 
 
 def parse_pairs(text: str) -> BenchResult:
-    """``NAME=VALUE UNIT`` (or ``NAME: VALUE UNIT``) pairs; the last of each name wins (warm-up lines come first)."""
+    """``NAME=VALUE UNIT`` (or ``NAME: VALUE UNIT``) pairs in order of first appearance; the last value of each
+    name wins (warm-up lines come first)."""
     notes: list[str] = []
     found: dict[str, Metric] = {}
     for m in _PAIR.finditer(text or ""):
@@ -347,7 +348,6 @@ def parse_pairs(text: str) -> BenchResult:
         unit = unit_of(raw_unit) if raw_unit else ""
         metric = _metric(m.group("name"), float(m.group("value")), unit, notes)
         if metric is not None:
-            found.pop(m.group("name"), None)
             found[m.group("name")] = metric
     return BenchResult(format="pairs", metrics=list(found.values()), notes=notes)
 

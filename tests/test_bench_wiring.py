@@ -193,3 +193,22 @@ def test_run_local_reads_the_metric_from_an_output_file(server, tmp_path):
     assert len(res.read_text().splitlines()) >= len(readings)   # (the load under GPU sampling runs it too)
     conc = next(e for e in events if e["event"] == "conclusion")
     assert conc["root_causes"] == [] and conc["regression"]["real"] is False
+
+
+def test_a_result_file_the_run_did_not_write_is_never_read(tmp_path):
+    """A benchmark that fails before writing leaves the previous run's line: it is not read, the error says so."""
+    res = tmp_path / "res.jsonl"
+    res.write_text((ENGINES / "sglang_bench_serving.jsonl").read_text())
+    for cmd in ("sh -c 'echo failed; exit 1'", "echo nothing"):
+        b = Bench(cmd=f"{cmd} # --output-file res.jsonl", metric="median_ttft_ms", cwd=str(tmp_path))
+        assert b.result_file() == "res.jsonl"
+        r = subprocess.run(["bash", "-c", b.command()], capture_output=True, text=True, timeout=60)
+        assert r.stderr == ""
+        with pytest.raises(ParseError, match="not written by this run"):
+            parse_bench(r.stdout, b.metric)
+    missing = Bench(cmd="true --output-file gone.jsonl", metric="x", cwd=str(tmp_path / "nowhere"))
+    r = subprocess.run(["bash", "-c", missing.command()], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and OUTPUT_MARK not in r.stdout   # the cd failed: nothing ran
+    r = subprocess.run(["bash", "-c", Bench(cmd="true --output-file gone.jsonl", metric="x", cwd=str(tmp_path)).command()],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stderr == "" and "did not write" in r.stdout

@@ -660,9 +660,11 @@ class Bench(BaseModel):
     def command(self) -> str:
         env = " ".join(f"{k}={q(v)}" for k, v in sorted(self.env.items()))
         body = (f"env {env} " if env else "") + self.cmd
-        cmd = f"cd {q(self.cwd)} && {body}" if self.cwd else body
         path = self.result_file()
-        return benchfmt.with_output_file(cmd, path) if path else cmd
+        if path is None:
+            return f"cd {q(self.cwd)} && {body}" if self.cwd else body
+        wrapped = benchfmt.with_output_file(body, path)   # a relative path is the benchmark's, in its cwd
+        return f"cd {q(self.cwd)} && {{ {wrapped}\n}}" if self.cwd else wrapped
 
 
 def parse_bench(text: str, metric: str, regex: str | None = None) -> tuple[float, str | None]:

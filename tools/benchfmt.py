@@ -35,6 +35,7 @@ from .units import unit_kind
 
 Format = Literal["sglang", "vllm", "serving", "genai-perf", "llmperf", "serving-table", "pairs"]
 OUTPUT_MARK = "== debugagent: benchmark output file"
+NOT_WRITTEN = "== debugagent: the benchmark did not write its output file"
 
 _STAT_WORDS = {"mean": "mean", "avg": "mean", "median": "median", "p50": "median", "std": "std", "stddev": "std",
                "min": "min", "max": "max"}
@@ -339,7 +340,8 @@ _PAIR = re.compile(r"(?<![\w.])(?P<name>[A-Za-z_][\w.\-]*)\s*[=:]\s*(?P<value>-?
 
 
 def parse_pairs(text: str) -> BenchResult:
-    """``NAME=VALUE UNIT`` (or ``NAME: VALUE UNIT``) pairs; the last of each name wins (warm-up lines come first)."""
+    """``NAME=VALUE UNIT`` (or ``NAME: VALUE UNIT``) pairs in order of first appearance; the last value of each
+    name wins (warm-up lines come first)."""
     notes: list[str] = []
     found: dict[str, Metric] = {}
     for m in _PAIR.finditer(text or ""):
@@ -347,7 +349,6 @@ def parse_pairs(text: str) -> BenchResult:
         unit = unit_of(raw_unit) if raw_unit else ""
         metric = _metric(m.group("name"), float(m.group("value")), unit, notes)
         if metric is not None:
-            found.pop(m.group("name"), None)
             found[m.group("name")] = metric
     return BenchResult(format="pairs", metrics=list(found.values()), notes=notes)
 
@@ -404,16 +405,22 @@ def output_file_of(cmd: str) -> str | None:
 
 def with_output_file(cmd: str, path: str) -> str:
     """``cmd``, then the result file printed after a marker line, keeping the benchmark's exit status.
-    A JSONL file (SGLang appends one line a run) prints only its last line."""
-    show = f"tail -n 1 {shlex.quote(path)}" if path.endswith(".jsonl") else f"cat {shlex.quote(path)}"
-    return f"{{ {cmd}\n}}; rc=$?; printf '\\n%s\\n' {shlex.quote(OUTPUT_MARK)}; {show} 2>/dev/null; exit $rc"
+    A JSONL file (SGLang appends one line a run) prints only its last line; a file this run did not write
+    (unchanged, or absent) prints ``NOT_WRITTEN`` instead, so that a failed run never reads the previous result."""
+    f = shlex.quote(path)
+    show = f"tail -n 1 {f}" if path.endswith(".jsonl") else f"cat {f}"
+    return (f"_da_was=$(cksum 2>/dev/null < {f}); {{ {cmd}\n}}; rc=$?; printf '\\n%s\\n' {shlex.quote(OUTPUT_MARK)}; "
+            f"if [ \"$(cksum 2>/dev/null < {f})\" != \"$_da_was\" ]; then {show} 2>/dev/null; "
+            f"else printf '%s\\n' {shlex.quote(NOT_WRITTEN)}; fi; exit $rc")
 
 
 def bench_metrics(stdout: str, file_text: str | None = None) -> list[BenchResult]:
     """Every reading of a run, most trusted first: the result file, a result line on stdout, the result
     table, ``NAME=VALUE UNIT`` pairs."""
     out: list[BenchResult] = []
-    if file_text is not None and file_text.strip():
+    if file_text is not None and file_text.strip() == NOT_WRITTEN:
+        out.append(BenchResult(format="pairs", metrics=[], notes=["the result file: not written by this run"]))
+    elif file_text is not None and file_text.strip():
         try:
             out.append(parse_result(file_text))
         except ParseError as exc:   # say why, and read stdout still

@@ -12,8 +12,9 @@ import json
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
+from . import benchfmt
 from .errors import ParseError, parser
 from .redact import redact_env, redact_flags
 from .transport import q, split_lines
@@ -630,7 +631,12 @@ def parse_host_info(text: str) -> HostFacts:
 
 # ---------------------------------------------------------------- benchmark
 class Bench(BaseModel):
-    """Input of ``bench``: run ``cmd`` once (in ``cwd``) and read ``metric`` from its output."""
+    """Input of ``bench``: run ``cmd`` once (in ``cwd``) and read ``metric`` from its output.
+
+    A benchmark that writes a result file (``output_file``, else the one its command names: SGLang
+    ``bench_serving --output-file``, vLLM ``bench serve --result-dir/--result-filename``) has that file printed
+    after its output, behind a marker line, and read from there; a command that names none is sent as it is.
+    """
 
     model_config = ConfigDict(extra="forbid")
     cmd: str
@@ -638,34 +644,34 @@ class Bench(BaseModel):
     cwd: str | None = None
     regex: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
+    output_file: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        d = handler(self)
+        if d.get("output_file") is None:   # recorded inputs stay as they were for a benchmark with no file
+            d.pop("output_file", None)
+        return d
+
+    def result_file(self) -> str | None:
+        """The file the benchmark writes its result to, or None."""
+        return self.output_file or benchfmt.output_file_of(self.cmd)
 
     def command(self) -> str:
         env = " ".join(f"{k}={q(v)}" for k, v in sorted(self.env.items()))
         body = (f"env {env} " if env else "") + self.cmd
-        return f"cd {q(self.cwd)} && {body}" if self.cwd else body
+        path = self.result_file()
+        if path is None:
+            return f"cd {q(self.cwd)} && {body}" if self.cwd else body
+        wrapped = benchfmt.with_output_file(body, path)   # a relative path is the benchmark's, in its cwd
+        return f"cd {q(self.cwd)} && {{ {wrapped}\n}}" if self.cwd else wrapped
 
 
-UNIT_RE = r"(ms|us|µs|s|sec|tok/s|tokens/s|req/s|it/s|%)"
-
-
-@parser("bench")
 def parse_bench(text: str, metric: str, regex: str | None = None) -> tuple[float, str | None]:
-    """Find ``METRIC=VALUE UNIT`` (or the user's regex, group 1 the value) in benchmark output.
-
-    The last match wins (benchmarks print warm-up lines first).
-    """
-    if regex:
-        matches = re.findall(regex, text)
-        if not matches:
-            raise ParseError(f"the regex {regex!r} matched nothing", tool="bench", excerpt=text[-120:])
-        m = matches[-1]
-        return float(m if isinstance(m, str) else m[0]), None
-    pat = re.compile(rf"(?<![A-Za-z0-9_]){re.escape(metric)}\s*[=:]\s*(-?[0-9]+(?:\.[0-9]+)?)\s*{UNIT_RE}?", re.I)
-    matches = pat.findall(text)
-    if not matches:
-        raise ParseError(f"no `{metric}=VALUE UNIT` in the benchmark's output", tool="bench", excerpt=text[-160:])
-    value, unit = matches[-1]
-    return float(value), (unit or None)
+    """``(value, unit)`` of ``metric`` in a benchmark's output (``benchfmt.read_bench``): the user's regex (group 1,
+    last match), else the result file printed after the output, a JSON result line, the result table both
+    engines print, then ``METRIC=VALUE UNIT`` (the last match wins: benchmarks print warm-up lines first)."""
+    return benchfmt.read_bench(text, metric, regex)
 
 
 # ---------------------------------------------------------------- driver files

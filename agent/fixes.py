@@ -8,21 +8,22 @@ restart are fixed by one. Commands for a remote host are shown as ``ssh HOST "�
 
 The templates see:
 
-- ``hypothesis``: its id; ``cause``: the conclusion's root cause (``summary``, ``evidence``, ``culprit``, …);
+- ``hypothesis``: its id; ``cause``: the conclusion's root cause (``summary``, ``evidence``, ``culprit``: the first bad
+  commit bisection found, with ``sha``, ``short``, ``subject``, or none, …); templates read these fields, not the prose;
 - ``experiment``: the experiment that decided it (``title``, ``kind``, ``spec`` as it ran, ``restart``: the
   input of its ``restart_server`` call, or none); empty fields when it was decided by the evidence;
-- ``server``: the server as found (``pid``, ``argv``, ``cwd``, ``python``); ``repo``: its checkout (or ``.``);
+- ``server``: the server as found (``pid``, ``argv``, ``cwd``, ``python``); ``repo``: its checkout (or ``.``), ``branch``: the branch it is on (or none);
   ``python``: its interpreter; ``gpu_processes``: the GPUs' processes; ``outputs``: every probe's output;
 - ``restart_line(argv, unset=[], set_env={})``: the command that starts the server so, in its folder;
-- ``packages_named(text)``: the packages a text names, each with ``baseline_version`` (the baseline
-  snapshot's, else its own) and ``local`` (that version has a local label, ``+…``);
+- ``packages_of(names)``: the server's packages of those names, each with ``baseline_version`` (the baseline
+  snapshot's, else its own) and ``local`` (that version has a local label, ``+…``); ``changed_packages``: the names
+  of those whose version or compiled files differ from the baseline snapshot's;
 - the filters ``quote`` (every value from the host goes through it), ``shjoin`` and ``regex_search``.
 """
 
 from __future__ import annotations
 
 import functools
-import re
 import shlex
 from collections.abc import Sequence
 from typing import Any
@@ -69,17 +70,29 @@ def _decisive(f: RunFacts, hid: str) -> ExperimentView | None:
     return next((x for x in h.experiments if x.significant), None)
 
 
-def packages_named(f: RunFacts, text: str) -> list[dict[str, Any]]:
-    """The packages of the server's environment that ``text`` names (longest names first), each with the
-    version to put back: the baseline snapshot's, else its own."""
-    pk = (f.outputs.get("python_packages") or {}).get("packages") or []
+def packages_of(f: RunFacts, names: Sequence[str]) -> list[dict[str, Any]]:
+    """The server's packages of these names, each with the version to put back (the baseline snapshot's, else its
+    own) and whether that version has a local label (``+…``)."""
+    pk = {p["name"]: p for p in (f.outputs.get("python_packages") or {}).get("packages") or []}
     base = {p["name"]: p for p in ((f.baseline_snapshot or {}).get("packages") or {}).get("packages", [])}
     out = []
-    for p in sorted(pk, key=lambda p: -len(p["name"])):
-        if re.search(rf"(?<![\w-]){re.escape(p['name'])}(?![\w-])", text):
-            want = (base.get(p["name"]) or {}).get("version") or p["version"]
-            out.append({**p, "baseline_version": want, "local": "+" in want})
+    for name in dict.fromkeys(n for n in names if n):
+        p = pk.get(name) or base.get(name)
+        if p is None:
+            continue
+        want = (base.get(name) or {}).get("version") or p["version"]
+        out.append({**p, "baseline_version": want, "local": "+" in want})
     return out
+
+
+def changed_packages(f: RunFacts) -> list[str]:
+    """The packages whose version or compiled files differ from the baseline snapshot's (none without one)."""
+    base = {p["name"]: p for p in ((f.baseline_snapshot or {}).get("packages") or {}).get("packages", [])}
+    if not base:
+        return []
+    return [p["name"] for p in (f.outputs.get("python_packages") or {}).get("packages") or []
+            if p["name"] not in base or (p.get("version"), p.get("build_hash"))
+            != (base[p["name"]].get("version"), base[p["name"]].get("build_hash"))]
 
 
 def context(f: RunFacts, hid: str, cause: dict[str, Any]) -> dict[str, Any]:
@@ -92,11 +105,13 @@ def context(f: RunFacts, hid: str, cause: dict[str, Any]) -> dict[str, Any]:
                        "spec": dict(x.spec) if x else {}, "restart": _restart_call(x) if x else None},
         "server": srv, "outputs": f.outputs,
         "repo": (f.outputs.get("git_state") or {}).get("repo") or ".",
+        "branch": (f.outputs.get("git_state") or {}).get("branch"),
         "python": (f.outputs.get("python_packages") or {}).get("python") or srv.get("python") or "python3",
         "gpu_processes": (f.outputs.get("gpu_processes") or {}).get("processes") or [],
         "restart_line": lambda argv, unset=(), set_env=None: restart_line(f, list(argv or []), list(unset or []),
                                                                          dict(set_env or {})),
-        "packages_named": lambda text: packages_named(f, str(text)),
+        "packages_of": lambda names: packages_of(f, [str(n) for n in names or []]),
+        "changed_packages": changed_packages(f),
     }
 
 

@@ -88,6 +88,9 @@ class Hypothesis(Strict):
     rules: list[Rule]
     next: str | None = None
     fix: FixTemplate | None = None   # how to make the fix permanent once it is confirmed (``fixes.py``)
+    # the not-judged values it tests in groups when the known suspects do not explain the regression: the server's
+    # flags no knowledge list names, or its variables (``verdicts.add_groups``)
+    groups: Literal["flags", "env"] | None = None
 
     @model_validator(mode="after")
     def _checks_known(self) -> Hypothesis:
@@ -158,6 +161,20 @@ class Playbook(Strict):
     def probes(self) -> set[str]:
         """The read-only tools some hypothesis's ``checks`` name: what the probe step collects."""
         return {c for h in self.hypotheses for c in h.checks}
+
+    def group_targets(self) -> dict[str, str]:
+        """Which hypothesis tests the not-judged flags and which the variables, in groups: as the hypotheses'
+        ``groups`` say; a playbook where none says it (written before the field) gives each to the hypothesis whose
+        evidence covers the server's flags (``server.args.*``) or its environment (``server.env.*``)."""
+        declared = {h.id: h.groups for h in self.hypotheses if h.groups}
+        if declared:
+            return declared
+        out: dict[str, str] = {}
+        for what, path in (("flags", "server.args.x"), ("env", "server.env.X")):
+            hid = self.evidence_of(Change(path=path))
+            if hid != OTHER:
+                out.setdefault(hid, what)
+        return out
 
     def evidence_of(self, change: Change) -> str:
         """The hypothesis a change is evidence of: the first listed whose ``evidence`` matches its path."""

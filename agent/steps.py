@@ -201,7 +201,7 @@ def add_groups(ctx: Ctx, s: RunState, hyps: dict[str, vd.Hyp]) -> bool:
     if ctx.baseline_snapshot is not None:
         return False
     nj = vd.NotJudged.model_validate((s.facts or {}).get("not_judged") or {})
-    added = vd.add_groups(hyps, nj)
+    added = vd.add_groups(hyps, nj, ctx.playbook.group_targets())
     for hid, items in added:
         ctx.say(f"The known suspects do not explain the regression; testing what no knowledge list judges, as a "
                 f"group: {', '.join(items)} (split like a bisection if it recovers).", hid)

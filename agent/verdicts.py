@@ -108,7 +108,7 @@ def apply_result(h: Hyp, spec: dict[str, Any], res: ExperimentResult, max_runs_h
 def after_experiment(hid: str, h: Hyp, spec: dict[str, Any], res: ExperimentResult) -> Hyp:
     """The hypothesis after its experiment: the result applied, a group that recovered split in halves."""
     h = apply_result(h, spec, res)
-    h.experiments += split_group(hid, spec, res)
+    h.experiments += split_group(spec, res)
     return h
 
 
@@ -165,32 +165,34 @@ def not_judged(server: dict[str, Any] | None, knowledge: dict[str, Any]) -> NotJ
     return NotJudged(flags=sorted(nj_flags), env=sorted(nj_env))
 
 
-def group_experiment(hid: str, items: list[str]) -> dict[str, Any]:
-    """One restart with a group of not-judged flags (serving_config) or variables (env_var) removed."""
-    if hid == "serving_config":
+def group_experiment(what: str, items: list[str]) -> dict[str, Any]:
+    """One restart with a group of not-judged flags (``what`` = flags) or variables (env) removed."""
+    if what == "flags":
         return {"kind": "server_restart", "title": "restart the server without the not-judged flags "
                 + ", ".join(f"--{f}" for f in items), "unset_flags": list(items), "group": list(items)}
     return {"kind": "server_restart", "title": "restart the server without the not-judged variables "
             + ", ".join(items), "unset_env": list(items), "group": list(items)}
 
 
-def split_group(hid: str, spec: dict[str, Any], res: ExperimentResult) -> list[dict[str, Any]]:
+def split_group(spec: dict[str, Any], res: ExperimentResult) -> list[dict[str, Any]]:
     """A group that recovered is split in halves, like a bisection; a single item is the answer."""
     group = spec.get("group") or []
     if len(group) < 2 or res.outcome != "cause":
         return []
     mid = len(group) // 2
-    return [group_experiment(hid, group[:mid]), group_experiment(hid, group[mid:])]
+    what = "flags" if spec.get("unset_flags") else "env"
+    return [group_experiment(what, group[:mid]), group_experiment(what, group[mid:])]
 
 
-def add_groups(hyps: dict[str, Hyp], nj: NotJudged) -> list[tuple[str, list[str]]]:
-    """Each not-judged group not yet tried (flags under serving_config, variables under env_var), added to its
-    hypothesis' experiments; returns what was added."""
+def add_groups(hyps: dict[str, Hyp], nj: NotJudged, targets: dict[str, str]) -> list[tuple[str, list[str]]]:
+    """Each not-judged group not yet tried, added to the experiments of the hypothesis the playbook gives it
+    (``targets``: hypothesis id -> flags or env, ``Playbook.group_targets``); returns what was added."""
     added = []
-    for hid, items in (("serving_config", nj.flags), ("env_var", nj.env)):
+    for hid, what in targets.items():
+        items = nj.flags if what == "flags" else nj.env
         if items and hid in hyps and not hyps[hid].groups_tried:
             hyps[hid].groups_tried = True
-            hyps[hid].experiments.append(group_experiment(hid, items))
+            hyps[hid].experiments.append(group_experiment(what, items))
             added.append((hid, items))
     return added
 

@@ -20,7 +20,7 @@ from debugagent.tools.snapshot import GpuFacts, Snapshot
 ORDER = ["code_change", "serving_config", "env_var"]
 REG = Regression(measured=True, real=True, samples=[30.0, 31.0, 29.0], delta=10.0, delta_se=0.5,
                  outcome="regression", why="worse")
-GROUP = vd.group_experiment("serving_config", ["a", "b"])
+GROUP = vd.group_experiment("flags", ["a", "b"])
 
 
 def res(outcome: str | None, text: str, **kw) -> ExperimentResult:
@@ -110,9 +110,9 @@ def test_not_judged_groups_are_added_once():
     """The not-judged flags and variables become one group experiment each, the first time only."""
     hyps = {h: vd.Hyp(status="inconclusive") for h in ORDER}
     nj = vd.NotJudged(flags=["x"], env=["Y"])
-    assert vd.add_groups(hyps, nj) == [("serving_config", ["x"]), ("env_var", ["Y"])]
+    assert vd.add_groups(hyps, nj, {"serving_config": "flags", "env_var": "env"}) == [("serving_config", ["x"]), ("env_var", ["Y"])]
     assert hyps["env_var"].experiments[0]["unset_env"] == ["Y"]
-    assert vd.add_groups(hyps, nj) == []
+    assert vd.add_groups(hyps, nj, {"serving_config": "flags", "env_var": "env"}) == []
 
 
 def test_an_experiment_not_allowed_names_how_to_run_it():

@@ -189,3 +189,29 @@ def test_an_experiments_fix_then_its_kinds_come_before_the_hypothesis_fix():
     (fx,) = fixes_for(_facts("b", {"kind": "governor", "governor": "performance"}) .model_copy(
         update={"conclusion": {"root_causes": [{"hypothesis": "zzz", "summary": ""}]}}), pb)
     assert fx.text == "Undo what zzz names above." and fx.commands == []   # no template anywhere: the words alone
+
+
+# ---------------------------------------------------------------- which hypothesis tests the not-judged groups
+def test_the_playbook_says_which_hypothesis_tests_the_groups():
+    """The built-in playbook gives the flags' group to serving_config and the variables' to env_var; a playbook of
+    its own may give them to its own hypotheses."""
+    import debugagent.agent.verdicts as vd
+    assert load_playbook(None).group_targets() == {"serving_config": "flags", "env_var": "env"}
+    pb = parse_playbook(MINI.replace("    next: b\n", "    next: b\n    groups: env\n"))
+    assert pb.group_targets() == {"a": "env"}
+    hyps = {"a": vd.Hyp(status="inconclusive"), "b": vd.Hyp(status="inconclusive")}
+    assert vd.add_groups(hyps, vd.NotJudged(flags=["x"], env=["Y"]), pb.group_targets()) == [("a", ["Y"])]
+    assert hyps["a"].experiments[0]["unset_env"] == ["Y"] and not hyps["b"].experiments
+
+
+def test_a_playbook_without_groups_gives_them_by_evidence():
+    """A playbook written before `groups:` keeps today's behaviour: the hypotheses whose evidence covers the server's
+    flags and its environment test them."""
+    from pathlib import Path
+
+    import yaml
+    data = yaml.safe_load((Path(__file__).resolve().parents[1] / "playbooks" / "gpu-inference-regression.yaml").read_text())
+    for h in data["hypotheses"]:
+        h.pop("groups", None)
+    assert parse_playbook(yaml.safe_dump(data)).group_targets() == {"serving_config": "flags", "env_var": "env"}
+    assert parse_playbook(MINI).group_targets() == {}

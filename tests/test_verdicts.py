@@ -110,17 +110,17 @@ def test_an_unlisted_flag_is_never_a_reason_to_rule_out():
 
 def test_groups_split_like_a_bisection():
     """A group of not-judged flags that recovers is split in halves; one that does not is not split."""
-    spec = vd.group_experiment("serving_config", ["a", "b", "c"])
+    spec = vd.group_experiment("flags", ["a", "b", "c"])
     assert spec["unset_flags"] == ["a", "b", "c"]
-    halves = vd.split_group("serving_config", spec, result("cause"))
+    halves = vd.split_group(spec, result("cause"))
     assert [h["group"] for h in halves] == [["a"], ["b", "c"]]
-    assert vd.split_group("serving_config", spec, result("not_cause")) == []
+    assert vd.split_group(spec, result("not_cause")) == []
 
 
 def test_experiments_ordered_by_expected_value():
     """A baseline difference or a known-costly value first, then the playbook's cost; a reflog revert and groups last."""
     cands = [("code_change", {"kind": "code_revert", "to": "abc"}),
-             ("serving_config", vd.group_experiment("serving_config", ["x"])),
+             ("serving_config", vd.group_experiment("flags", ["x"])),
              ("env_var", {"kind": "server_restart", "title": "without X"}),
              ("gpu_clocks", {"kind": "power_limit"})]
     order = ["code_change", "gpu_clocks", "serving_config", "env_var"]

@@ -59,6 +59,19 @@ def test_tools_name_no_hypothesis_id():
     assert not hits, "\n".join(hits)
 
 
+
+def test_agent_names_no_hypothesis_id():
+    """No file of the engine (agent/) names a hypothesis id: which hypothesis does what is the playbook's to say."""
+    word = re.compile(r"\b(" + "|".join(sorted(playbook_ids())) + r")\b")
+    hits = []
+    for p in sorted((ROOT / "agent").rglob("*")):
+        if not p.is_file() or "__pycache__" in p.parts or p.suffix in (".yaml", ".pyc"):
+            continue
+        for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1):
+            if word.search(line):
+                hits.append(f"{p.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert not hits, "\n".join(hits)
+
 # What docs/verdicts.md's hypothesis list says each area of a host bears on; the default playbook's evidence must file them so.
 DOCUMENTED = {
     "packages.torch.version": "compiled_dependency", "packages.flashinfer-python.build": "compiled_dependency",

@@ -105,19 +105,24 @@ def plan_code_run(server: Any, imports: Any, repo: str, wt: str, code_root: str 
                     + f". It is restarted from the worktree with {':'.join(firsts) or 'its cwd'} first on PYTHONPATH")
 
 
-REVERTED = r"""{% set m = cause.summary | regex_search('commit (\\w+) "[^"]*" \\(([0-9a-f]{7,40})\\)') %}"""
+# the first bad commit bisection named (the cause's ``culprit``), reverted on the checkout's branch; without one, the
+# commit that measured good on a branch of its own (never a detached HEAD); then the server restarted on that code
+CULPRIT = "{% set c = cause.culprit %}{% set good = experiment.spec.to %}"
+FIX = FixTemplate(
+    text=CULPRIT + "{% if c and c.sha %}Revert the first bad commit {{ c.short or c.sha[:7] }} \"{{ c.subject }}\" on "
+         "{{ ('the branch ' ~ branch) if branch else \"the checkout's branch\" }} in {{ repo }} (a new commit; history "
+         "is kept), then restart the server{% if server.pid %} (stop pid {{ server.pid }} first){% endif %}:"
+         "{% elif good %}Put {{ good[:7] }}, the commit that measured good, on a branch of its own (debugagent-good) in "
+         "{{ repo }}, then restart the server{% if server.pid %} (stop pid {{ server.pid }} first){% endif %}:{% endif %}",
+    commands=[CULPRIT + "{% if c and c.sha %}git -C {{ repo | quote }} revert --no-edit {{ c.sha }}{% elif good "
+              "%}git -C {{ repo | quote }} switch -c debugagent-good {{ good }}{% endif %}",
+              CULPRIT + "{% if (c and c.sha or good) and server.argv %}{{ restart_line(server.argv) }}{% endif %}"])
 
 
 class CodeRevert(Kind):
     spec = CodeRevertSpec
     restarts = True   # when a server runs the code
-    # the first bad commit as the cause's summary names it (with its short sha), else the commit that measured good
-    fix = FixTemplate(
-        text=REVERTED + "{% if m %}Revert the first bad commit {{ m[0] }} in {{ repo }} (a new commit; history is kept), "
-             "then restart the server:{% elif experiment.spec.to %}Go back to {{ experiment.spec.to[:7] }}, the commit "
-             "that measured good, then restart the server:{% endif %}",
-        commands=[REVERTED + "{% if m %}git -C {{ repo | quote }} revert --no-edit {{ m[1] }}{% elif experiment.spec.to "
-                  "%}git -C {{ repo | quote }} checkout {{ experiment.spec.to }}{% endif %}"])
+    fix = FIX
 
     @classmethod
     def evidence_rank(cls, spec: dict[str, Any], baseline_head: str | None) -> int:

@@ -157,17 +157,8 @@ def render_output(tool: str, ev: Any, discovery: RunDiscovery | None = None) -> 
     with the run's own discovery input. The raw text is in events.jsonl."""
     parsed = ev.get("output") or {}
     if tool == "process_table" and discovery is not None and parsed.get("procs") is not None:
-        return render_process_table(parsed, discovery) + probes.tail(tool, ev)
+        return server_probe.render_process_table(parsed, discovery.inp, discovery.gpu) + probes.tail(tool, ev)
     return probes.render_output(tool, ev)
-
-
-def render_process_table(parsed: dict[str, Any], discovery: RunDiscovery | None = None) -> list[str]:
-    """``process_table``: the server found as the run found it (its flags, the GPU processes it read)."""
-    d = discovery or RunDiscovery()
-    try:
-        return server_probe.render_process_table(parsed, d.inp, d.gpu)
-    except re.error:   # a --server-pattern that is no regular expression: the run said so; no pattern here
-        return server_probe.render_process_table(parsed, DiscoveryInput(), d.gpu)
 
 
 # ---------------------------------------------------------------- the document
@@ -284,7 +275,9 @@ def render_group(doc: Doc, kind: str, items: list[Pair], target: str | None) -> 
         table_res = next((r for c, r in items if c.tool == "process_table"), None)
         found = ""
         if table_res and table_res.output and table_res.output.get("procs") is not None:
-            found = render_process_table(table_res.output, inner.discovery)[0].removeprefix("Output: ")
+            d = inner.discovery
+            found = server_probe.render_process_table(table_res.output, d.inp if d else None,
+                                                      d.gpu if d else None)[0].removeprefix("Output: ")
         more = [render_output(c.tool, r, inner.discovery)[0].removeprefix("Output: ") for c, r in items
                 if c.tool in ("server_control", "import_roots") and r.exit_code == 0]
         text = (f"Where the server is ({', '.join(c.tool for c, _ in items)}): {found or 'see below'}"

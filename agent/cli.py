@@ -193,7 +193,7 @@ def snapshot(
             raise UsageError(f"-o {output}: cannot write it ({exc.strerror})",
                              fix="give a file in a folder that exists and that you can write to") from exc
         samples = snap.bench.get("samples") or []
-        from .markdown import plural
+        from debugagent.tools.probes.text import plural
         err.print(f"wrote {output}: {plural(len(snap.packages.packages) if snap.packages else 0, 'package')}, "
                   f"{plural(len(snap.gpus), 'GPU')}, {plural(snap.commands, 'command')}"
                   + (f", server pid {snap.server.pid}" if snap.server else ", no server found")

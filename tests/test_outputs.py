@@ -12,9 +12,9 @@ import zlib
 from pathlib import Path
 
 import pytest
-from debugagent.agent.markdown import clip_words, code, plural, tighten
+from debugagent.agent.markdown import tighten
 from debugagent.agent.run import RunOptions, investigate
-from debugagent.tools.probes.text import render_unit_sep
+from debugagent.tools.probes.text import clip_words, code, plural, render_unit_sep
 
 HYPS = ["code_change", "gpu_clocks", "pcie_link", "serving_config", "compiled_dependency", "driver_cuda", "env_var",
         "gpu_contention", "host_cpu"]

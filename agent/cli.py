@@ -130,16 +130,16 @@ def replay(run_dir: Annotated[str, typer.Argument(metavar="RUN", help="a transcr
 def report(run_dir: Annotated[str, typer.Argument(metavar="RUN", help="a run folder (the one `debugagent run` printed)")],
            no_open: Annotated[bool, typer.Option("--no-open", help="print the path only; do not open a browser")] = False) -> None:
     """Print the path of a run's report.html and open it in a browser when a display exists."""
-    from .report import write_report
+    from .outputs import FORMATS, missing, write_outputs
     folder = Path(run_dir)
     if folder.name == "events.jsonl":
         folder = folder.parent
-    page = folder / "report.html"
+    page = folder / FORMATS["html"].file
     if not page.is_file():
         if not (folder / "events.jsonl").is_file():
             raise UsageError(f"{run_dir}: no report.html and no events.jsonl (not a debugagent run folder)",
                              fix="give the folder `debugagent run` wrote (it prints it at the end)")
-        page = write_report(folder)
+        write_outputs(folder, missing(folder))   # every registered format the folder lacks, report.html among them
     print(page.resolve())
     if not no_open and (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY") or sys.platform == "darwin"):
         import webbrowser
@@ -193,7 +193,7 @@ def snapshot(
             raise UsageError(f"-o {output}: cannot write it ({exc.strerror})",
                              fix="give a file in a folder that exists and that you can write to") from exc
         samples = snap.bench.get("samples") or []
-        from .markdown import plural
+        from debugagent.tools.probes.text import plural
         err.print(f"wrote {output}: {plural(len(snap.packages.packages) if snap.packages else 0, 'package')}, "
                   f"{plural(len(snap.gpus), 'GPU')}, {plural(snap.commands, 'command')}"
                   + (f", server pid {snap.server.pid}" if snap.server else ", no server found")

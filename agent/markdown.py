@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import re
 import statistics
-from collections.abc import Iterable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from debugagent.tools import probes
 from debugagent.tools.discovery import DiscoveryInput
 from debugagent.tools.gpu import GpuProcess
 from debugagent.tools.probes import server as server_probe
+from debugagent.tools.probes.text import clip_words, code, fenced, plural, table, when
 from debugagent.tools.transport import ssh_line
 from pydantic import BaseModel, Field
 
@@ -38,48 +38,6 @@ NOTICES = ("reconnected", "sessions")  # transport events that say the connectio
 
 
 # ---------------------------------------------------------------- small pure helpers
-def plural(n: int | float, word: str, many: str | None = None) -> str:
-    """``1 GPU``, ``2 GPUs``: never ``GPU(s)``."""
-    return f"{n:g} {word if n == 1 else (many or word + 's')}"
-
-
-def clip_words(text: str, n: int = 220) -> str:
-    """Cut at a word boundary, never mid-word, and say so with an ellipsis."""
-    text = " ".join(text.split())
-    if len(text) <= n:
-        return text
-    cut = text[:n].rsplit(" ", 1)[0].rstrip(",;:")
-    return cut + " …"
-
-
-def code(text: str) -> str:
-    """An inline code span that survives backticks inside ``text``."""
-    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
-    fence = "`" * (longest + 1)
-    pad = " " if text.startswith("`") or text.endswith("`") or longest else ""
-    return f"{fence}{pad}{text}{pad}{fence}"
-
-
-def cell(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
-def table(header: list[str], rows: Iterable[list[Any]], inline_one: bool = False) -> list[str]:
-    """A Markdown table; with ``inline_one``, a single row is written as one line of ``name value`` pairs."""
-    rows = list(rows)
-    if inline_one and len(rows) == 1:
-        return ["Output: " + "; ".join(f"{h} {c}" if h else str(c) for h, c in zip(header, rows[0], strict=False) if str(c).strip())]
-    out = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    out += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
-    return out
-
-
-def fenced(text: str, lang: str = "") -> list[str]:
-    longest = max((len(m) for m in re.findall(r"^`{3,}", text, re.M)), default=2)
-    f = "`" * (longest + 1)
-    return [f + lang, *text.rstrip("\n").split("\n"), f]
-
-
 def fmt(v: float) -> str:
     return f"{v:.4g}" if abs(v) < 1000 else f"{v:.0f}"
 
@@ -90,17 +48,6 @@ def mean_sd(vals: list[float]) -> str:
     if len(vals) == 1:
         return fmt(vals[0])
     return f"{statistics.fmean(vals):.2f} ± {statistics.stdev(vals):.2f}"
-
-
-def when(ts: float | int | str | None) -> str:
-    if ts is None:
-        return "?"
-    if isinstance(ts, int | float):
-        return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M")
-    try:
-        return datetime.fromisoformat(str(ts).replace("Z", "+00:00")).astimezone(UTC).strftime("%Y-%m-%d %H:%M")
-    except ValueError:
-        return str(ts)
 
 
 def sort_key(ts: float | int | str | None) -> float:
@@ -157,17 +104,8 @@ def render_output(tool: str, ev: Any, discovery: RunDiscovery | None = None) -> 
     with the run's own discovery input. The raw text is in events.jsonl."""
     parsed = ev.get("output") or {}
     if tool == "process_table" and discovery is not None and parsed.get("procs") is not None:
-        return render_process_table(parsed, discovery) + probes.tail(tool, ev)
+        return server_probe.render_process_table(parsed, discovery.inp, discovery.gpu) + probes.tail(tool, ev)
     return probes.render_output(tool, ev)
-
-
-def render_process_table(parsed: dict[str, Any], discovery: RunDiscovery | None = None) -> list[str]:
-    """``process_table``: the server found as the run found it (its flags, the GPU processes it read)."""
-    d = discovery or RunDiscovery()
-    try:
-        return server_probe.render_process_table(parsed, d.inp, d.gpu)
-    except re.error:   # a --server-pattern that is no regular expression: the run said so; no pattern here
-        return server_probe.render_process_table(parsed, DiscoveryInput(), d.gpu)
 
 
 # ---------------------------------------------------------------- the document
@@ -284,7 +222,9 @@ def render_group(doc: Doc, kind: str, items: list[Pair], target: str | None) -> 
         table_res = next((r for c, r in items if c.tool == "process_table"), None)
         found = ""
         if table_res and table_res.output and table_res.output.get("procs") is not None:
-            found = render_process_table(table_res.output, inner.discovery)[0].removeprefix("Output: ")
+            d = inner.discovery
+            found = server_probe.render_process_table(table_res.output, d.inp if d else None,
+                                                      d.gpu if d else None)[0].removeprefix("Output: ")
         more = [render_output(c.tool, r, inner.discovery)[0].removeprefix("Output: ") for c, r in items
                 if c.tool in ("server_control", "import_roots") and r.exit_code == 0]
         text = (f"Where the server is ({', '.join(c.tool for c, _ in items)}): {found or 'see below'}"

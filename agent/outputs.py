@@ -54,6 +54,11 @@ def render_all(events: list[Event], names: list[str] | None = None) -> dict[str,
     return {n: FORMATS[n].render(events) for n in (names or list(FORMATS))}
 
 
+def missing(folder: Path) -> list[str]:
+    """The registered formats whose file the folder does not hold yet (``debugagent report`` writes those)."""
+    return [n for n, o in FORMATS.items() if not (folder / o.file).is_file()]
+
+
 def write_outputs(folder: Path, names: list[str] | None = None) -> list[Path]:
     """Every registered format (or the named ones) written from the folder's ``events.jsonl`` (redacted, 0600)."""
     from debugagent.tools.redact import write_private

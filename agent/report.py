@@ -14,13 +14,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from debugagent.tools.probes.text import clip_words, when
 from jinja2 import Environment, select_autoescape
 from markupsafe import Markup
 from pydantic import BaseModel, Field
 
 from .events import Cause, Event
 from .fixes import fixes_for
-from .markdown import STATUS_WORD, clip_words, fmt, sort_key, when
+from .markdown import STATUS_WORD, fmt, sort_key
 from .runfacts import RunFacts, gather, pct, runs_text
 
 TEMPLATES = "templates"

@@ -101,13 +101,26 @@ def investigate(opts: RunConfig, *, folder: Path | None = None, resume: bool = F
 
 
 def output_of(conclusion: dict[str, Any], folder: Path, wall: float) -> dict[str, Any]:
-    """The ``--json`` object from the conclusion."""
+    """The ``--json`` object from the conclusion; ``regression.runs`` is the reproduce step's run count as the
+    run folder's events give it (``runfacts``: the number the live view and the transcript show)."""
     output = {k: conclusion.get(k) for k in ("schema", "root_cause", "root_causes", "suspects", "ruled_out",
                                              "inconclusive", "not_judged", "commands")}
+    regression = conclusion.get("regression")
+    if isinstance(regression, dict):
+        regression = {**regression, "runs": reproduce_runs(folder)}
     output.update(transcript=str(folder), exit_code=conclusion.get("exit_code", 3), summary=conclusion.get("summary"),
-                  bench_runs=conclusion.get("bench_runs"), regression=conclusion.get("regression"),
+                  bench_runs=conclusion.get("bench_runs"), regression=regression,
                   notes=conclusion.get("notes"), wall_s=round(wall, 2))
     return output
+
+
+def reproduce_runs(folder: Path) -> int | None:
+    """How many runs the reproduce step took (the check's run first), from the folder's ``events.jsonl``; None
+    without one."""
+    from .runfacts import gather
+    from .transcript import read_events
+    path = folder / "events.jsonl"
+    return len(gather(read_events(path)).reproduce) if path.is_file() else None
 
 
 def drive(session: Session, resume: bool) -> dict[str, Any] | None:

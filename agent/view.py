@@ -21,6 +21,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from .config import REPRODUCE_RUNS
 from .events import (
     Conclusion,
     Event,
@@ -75,7 +76,7 @@ class ViewState:
     baseline: float | None = None
     series: list[Series] = field(default_factory=list)
     bench_ms: list[float] = field(default_factory=list)
-    reproduce_runs: int = 5
+    reproduce_runs: int = REPRODUCE_RUNS
     max_runs: int = 8
     experiments_done: int = 0
     in_experiment: str | None = None
@@ -122,7 +123,7 @@ class ViewState:
 
     def apply(self, ev: Event) -> None:
         if isinstance(ev, RunStarted):
-            self.reproduce_runs = int(ev.inputs.reproduce_runs or 5)
+            self.reproduce_runs = int(ev.inputs.reproduce_runs or REPRODUCE_RUNS)
             self.max_runs = int(ev.inputs.max_runs or 8)
             _, unit, direction = unit_and_direction(ev.symptom)
             self.unit, self.lower = unit, direction == "lower"

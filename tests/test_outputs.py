@@ -12,9 +12,9 @@ import zlib
 from pathlib import Path
 
 import pytest
-from debugagent.agent.markdown import clip_words, code, plural, tighten
+from debugagent.agent.markdown import tighten
 from debugagent.agent.run import RunOptions, investigate
-from debugagent.tools.probes.text import render_unit_sep
+from debugagent.tools.probes.text import clip_words, code, plural, render_unit_sep
 
 HYPS = ["code_change", "gpu_clocks", "pcie_link", "serving_config", "compiled_dependency", "driver_cuda", "env_var",
         "gpu_contention", "host_cpu"]
@@ -292,6 +292,29 @@ def test_report_command_prints_the_path(quick, tmp_path):
     assert r.returncode == 0 and r.stdout.strip() == str((folder / "report.html").resolve())
     r = subprocess.run([sys.executable, "-m", "debugagent.agent.cli", "report", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "not a debugagent run folder" in r.stderr and "fix:" in r.stderr
+
+
+def test_report_command_writes_every_missing_format(tmp_path):
+    """A run folder with events.jsonl and no report.html: `debugagent report` writes each registered format it
+    lacks (a format registered later too) and leaves the files it has as they are."""
+    from debugagent.agent import outputs
+    from debugagent.agent.cli import app
+    from debugagent.agent.report import render_html
+    from debugagent.agent.transcript import read_events
+    from typer.testing import CliRunner
+    src = Path(__file__).resolve().parent.parent / "transcripts" / "two-causes" / "events.jsonl"
+    (tmp_path / "events.jsonl").write_bytes(src.read_bytes())
+    (tmp_path / "transcript.md").write_text("kept\n")
+    outputs.register("test-words", "words.txt", lambda events: f"{len(events)} events\n")
+    try:
+        r = CliRunner().invoke(app, ["report", str(tmp_path), "--no-open"])
+    finally:
+        del outputs.FORMATS["test-words"]
+    assert r.exit_code == 0 and r.stdout.strip() == str((tmp_path / "report.html").resolve())
+    events = read_events(tmp_path / "events.jsonl")
+    assert (tmp_path / "report.html").read_text() == render_html(events)
+    assert (tmp_path / "words.txt").read_text() == f"{len(events)} events\n"
+    assert (tmp_path / "transcript.md").read_text() == "kept\n"
 
 
 def test_report_escapes_what_the_run_recorded(tmp_path):

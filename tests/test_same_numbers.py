@@ -61,6 +61,7 @@ def test_reproduce_step_numbers_agree(run):
     assert reproduce_table(o["md"]) == (n, f"{mean:.2f} ± {sd:.2f}")
     reg = o["json"]["regression"]
     assert f"{reg['mean']:.2f}" == f"{mean:.2f}"
+    assert reg["runs"] == n and last_measure(o["view"], "reproduce").endswith(f" over {n} run{'s' if n != 1 else ''}")
     if not (f.baseline_snapshot or {}).get("bench"):   # with a baseline snapshot's runs, sd is the pooled noise
         assert f"{reg['sd']:.2f}" == f"{sd:.2f}"
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import statistics
 from typing import TYPE_CHECKING
 
+from debugagent.tools.probes.text import plural
 from debugagent.tools.registry import Runner
 
 from ..results import ExperimentResult
@@ -14,11 +15,6 @@ from ..stats import CONTROL_LEVEL, CONTROL_RUNS, control
 
 if TYPE_CHECKING:
     from .lab import Lab
-
-
-def plural(n: int | float, word: str, many: str | None = None) -> str:
-    """``1 GPU``, ``2 GPUs``: never ``GPU(s)``."""
-    return f"{n:g} {word if n == 1 else (many or word + 's')}"
 
 
 def restart_control(lab: Lab, r: Runner, result: ExperimentResult, bad: list[float],

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from debugagent.tools.registry import Runner
 
+from ..config import READY_TIMEOUT_S
 from ..stats import AUTO_CAP, PROMISING, decide, noise_sd, pooled_sd, run_budget
 from .errors import ExperimentError
 
@@ -24,7 +25,7 @@ class Measure:
     metric: str
     cwd: str | None
     regex: str | None = None
-    ready_timeout_s: float = 600.0
+    ready_timeout_s: float = READY_TIMEOUT_S
     max_runs: int = 8
 
 

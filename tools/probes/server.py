@@ -7,6 +7,7 @@ Snapshot field ``server`` (found by ``tools.discovery``, which sends these tools
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import TYPE_CHECKING, Any
 
@@ -30,16 +31,20 @@ class Fields(BaseModel):
 
 
 def render_process_table(parsed: dict[str, Any], inp: DiscoveryInput | None = None, gpu: list[Any] | None = None) -> list[str]:
-    """``process_table``: evidence of which process is the server (found as ``inp`` says; by default as
-    discovery finds it with no override), so its row and the counts; every process (argv joined by spaces,
-    not the probe's \\x1f) and the listeners in a collapsed block."""
+    """``process_table``: evidence of which process is the server (found as ``inp`` says: the run's flags and
+    the GPU processes it read; by default as discovery finds it with no override), so its row and the counts;
+    every process (argv joined by spaces, not the probe's \\x1f) and the listeners in a collapsed block."""
     from ..discovery import DiscoveryInput, candidates, rank
     inp = inp or DiscoveryInput()
     try:
         t = host.ProcTable.model_validate(parsed)
     except ValueError:
         return ["Output: (a process table that could not be read; the raw text is in events.jsonl)"]
-    found, own = candidates(t, list(gpu or []), inp)
+    try:
+        found, own = candidates(t, list(gpu or []), inp)
+    except re.error:   # a --server-pattern that is no regular expression: the run said so; no pattern here
+        inp = DiscoveryInput()
+        found, own = candidates(t, list(gpu or []), inp)
     found = rank(found, inp)
     head = (f"Output: {plural(len(t.procs), 'process', 'processes')} ({len(own & {p.pid for p in t.procs})} of them "
             f"debugagent's own probe), {plural(len(t.listeners), 'listening TCP port')}; ")

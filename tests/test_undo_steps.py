@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 from debugagent.agent.journal import HostFiles, Journal, undo_key
-from debugagent.agent.lab import Lab, LabSetup, Measure, ServerRun
-from debugagent.agent.lab import asfound
+from debugagent.agent.lab import Lab, LabSetup, Measure, ServerRun, asfound
 from debugagent.agent.signals import Interrupted, Signals
 from debugagent.tools.errors import UsageError
 from debugagent.tools.host import ServerInfo
@@ -175,24 +174,22 @@ def test_each_undo_step_is_journalled_started_before_its_tool_runs(found, tmp_pa
     assert len(f.as_found()) == 1 and len(f.running()) == 1
 
 
-def test_the_restart_step_run_again_from_any_point_leaves_one_server_as_found(found, tmp_path):
+@pytest.mark.parametrize("reuse", [False, True], ids=["plain", "reuseport"])
+def test_the_restart_step_run_again_from_any_point_leaves_one_server_as_found(found, tmp_path, reuse):
     """The undo's restart run twice (an undo interrupted after its step ran, before it was marked done), with and
     without SO_REUSEPORT: the second finds the server as found running and keeps it; one server, never two."""
-    for reuse in (False, True):
-        f = found(reuse=reuse)
-        sub = tmp_path / f"reuse-{reuse}"
-        sub.mkdir()
-        lab, _ = lab_for(f, sub)
-        experiment(lab, f)
-        step = restart_step(lab)
-        r = Runner(LocalTransport())
-        first = r.call("restart_server", step.input, why="undo")
-        assert first.ok and not first.output.already_running, first.result.stdout
-        f.wait(lambda: len(f.as_found()) == 1 and listening(f.as_found()[0]), "the server as found")
-        again = r.call("restart_server", step.input, why="undo, again")
-        assert again.ok and again.output.already_running and again.output.pid == first.output.pid, again.result.stdout
-        assert f.running() == f.as_found() == [first.output.pid]
-        assert lab.do_undo(r) == [] and lab.journal.data.verified
+    f = found(reuse=reuse)
+    lab, _ = lab_for(f, tmp_path)
+    experiment(lab, f)
+    step = restart_step(lab)
+    r = Runner(LocalTransport())
+    first = r.call("restart_server", step.input, why="undo")
+    assert first.ok and not first.output.already_running, first.result.stdout
+    f.wait(lambda: len(f.as_found()) == 1 and listening(f.as_found()[0]), "the server as found")
+    again = r.call("restart_server", step.input, why="undo, again")
+    assert again.ok and again.output.already_running and again.output.pid == first.output.pid, again.result.stdout
+    assert f.running() == f.as_found() == [first.output.pid]
+    assert lab.do_undo(r) == [] and lab.journal.data.verified
 
 
 def test_without_the_pid_file_the_experiments_server_is_found_by_command_line_and_start_time(found, tmp_path):
@@ -337,8 +334,10 @@ def test_the_undo_key_is_private_and_a_shared_one_is_refused(tmp_path):
     assert f"chmod 600 {path}" in str(e.value.fix)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name)
-@pytest.mark.parametrize("tool", ["restart_server", "remove_file"])
+# each signal once, at one of the two steps (the subprocess matrix is tests/realhost/test_undo_signals.py)
+@pytest.mark.parametrize(("sig", "tool"), [(signal.SIGTERM, "restart_server"), (signal.SIGINT, "remove_file"),
+                                           (signal.SIGHUP, "restart_server")],
+                         ids=["SIGTERM-restart_server", "SIGINT-remove_file", "SIGHUP-restart_server"])
 def test_a_signal_during_an_undo_step_waits_for_it_and_the_undo_goes_on(found, tmp_path, sig, tool):
     """The signal arrives while the step's command runs on the host: the step finishes and is recorded, the undo
     goes on to its end and checks the host, and only then the signal stops the run; the host is as found."""

@@ -28,7 +28,7 @@ class Difference(BaseModel):
     area: str
     text: str
     fix: str
-    starting: bool = False   # only its listening ports differ: a server still loading may not listen yet
+    starting: bool = False   # only its ports or its workers differ: a server still loading may not have them yet
 
     def line(self) -> str:
         return f"{self.text} (fix: {self.fix})"
@@ -264,7 +264,7 @@ def _server_diffs(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> 
                 what.append("its environment differs in " + ", ".join(changed))
         if what:
             out.append(Difference(area="server", text=f"server pid {a['pid']}: " + "; ".join(what),
-                                  starting=len(what) == 1 and what[0].startswith("it listens on"),
+                                  starting=all(w.startswith(("it listens on", "its tree has")) for w in what),
                                   fix=f"kill {a['pid']}, then start the server as found in {b['cwd']}: {b['argv_text']} "
                                       "(with the environment it was found with)"))
     return out

@@ -207,7 +207,8 @@ class SimHost:
             raise ScenarioError(f"paths under {', '.join(sorted(bad))} belong to the system", file=self.scenario.source,
                                 field="host.python", fix="put the environment, repository and scripts under /root, /opt or /home")
         if not self.sealed:
-            roots |= {"/proc", "/sys", "/etc/debugagent", "/usr/local/bin", "/usr/local/nvidia", SERVICE_DIR}
+            # the host's /tmp too (its server log, debugagent's worktrees): nothing lands in this machine's /tmp
+            roots |= {"/proc", "/sys", "/etc/debugagent", "/usr/local/bin", "/usr/local/nvidia", SERVICE_DIR, "/tmp"}
         return sorted(roots)
 
     def path(self, p: str) -> Path:
@@ -278,17 +279,26 @@ class SimHost:
             git("add", "-A")
             git("commit", "-q", "-m", c["subject"], when=when)
             self.labels[c["sha"]] = git("rev-parse", "HEAD")
-        head = repo["head"]
+        # One history for both states: the commits, then (where a factor moves HEAD) a reset to the good
+        # commit; the bad state goes on from there to its HEAD, as a pull (a fast-forward) or a checkout
+        # would move it. So @good and the bad host share hashes and reflog up to where the factor acts.
         last = repo["commits"][-1]["sha"]
         moved = _ts(repo["moved_at"]) if repo.get("moved_at") else times[-1] + 1800
-        if head != last:
-            git("reset", "-q", "--hard", self.labels[head], when=moved)
+        factor = next((f for f in self.scenario.factors if f.path == "repo.head"), None)
+        if factor is None:
+            if repo["head"] != last:
+                git("reset", "-q", "--hard", self.labels[repo["head"]], when=moved)
+            return
+        good, bad = str(factor.good), str(factor.bad)
+        if good != last:
+            git("reset", "-q", "--hard", self.labels[good], when=moved - 60)
+        if self.which == "good":
+            return
+        order = [c["sha"] for c in repo["commits"]]
+        if order.index(bad) > order.index(good):
+            git("merge", "-q", "--ff-only", self.labels[bad], when=moved)
         else:
-            moved_from = next((f.good for f in self.scenario.factors if f.path == "repo.head"), None)
-            if moved_from and self.which == "bad":
-                # HEAD moved from the good commit to the bad one, as a pull would move it.
-                git("reset", "-q", "--hard", self.labels[moved_from], when=moved - 60)
-                git("merge", "-q", "--ff-only", self.labels[head], when=moved)
+            git("reset", "-q", "--hard", self.labels[bad], when=moved)
 
     # ---------------------------------------------------------------- python
     def base_python(self) -> str:
@@ -456,8 +466,7 @@ class SimHost:
         config = {"deps": deps, "code": f"{REPO_PACKAGE}.srt" if self.state.get("repo") else None,
                   "log": self.state["server"].get("log") or [], "worker": (worker or {}).get("env") if worker else None}
         text = (GUEST / "server.py").read_text()
-        text = text.replace("CONFIG: dict = {}", f"CONFIG: dict = {config!r}", 1)
-        return text.replace(f'SERVICE = "{SERVICE_DIR}/service.sock"', f'SERVICE = "{self.inside(SERVICE_DIR)}/service.sock"', 1)
+        return text.replace("CONFIG: dict = {}", f"CONFIG: dict = {config!r}", 1)
 
     def _write_server_module(self, base: Path, module: str) -> None:
         parts = module.split(".")

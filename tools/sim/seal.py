@@ -32,8 +32,6 @@ USR = ("bin", "sbin", "lib", "lib32", "lib64", "libexec", "share", "include")
 @lru_cache(maxsize=1)
 def _probe() -> str:
     """Why this machine cannot seal a host ("" when it can)."""
-    if os.environ.get("DEBUGAGENT_SIM_UNSEALED") == "1":
-        return "DEBUGAGENT_SIM_UNSEALED=1 is set"
     if not shutil.which("bwrap"):
         return "bwrap is not installed: apt-get install bubblewrap"
     if not shutil.which("nsenter"):
@@ -46,12 +44,18 @@ def _probe() -> str:
     return ""
 
 
+def _why() -> str:
+    if os.environ.get("DEBUGAGENT_SIM_UNSEALED") == "1":   # read at each host's start, not cached
+        return "DEBUGAGENT_SIM_UNSEALED=1 is set"
+    return _probe()
+
+
 def available() -> bool:
-    return _probe() == ""
+    return _why() == ""
 
 
 def why_not() -> str:
-    return _probe() or "it can be sealed"
+    return _why() or "it can be sealed"
 
 
 def bwrap_args(sim: SimHost) -> list[str]:

@@ -97,6 +97,7 @@ class SimShell:
             "PATH": f"{self.bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "HOME": self.home(), "USER": self.user, "LOGNAME": self.user, "LANG": "C.UTF-8", "SHELL": "/bin/bash",
             "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", **offline,
+            **({"TMPDIR": self.sandbox + "/tmp"} if "/tmp" in self.roots else {}),
         }
 
     def own_pids(self) -> list[int]:

@@ -21,6 +21,17 @@ CONFIG: dict = {}
 SERVICE = "/run/nvidia-gpu/service.sock"
 
 
+def service() -> str:
+    """The host's GPU service: ``/run/nvidia-gpu/service.sock`` of the root the interpreter lives under
+    (the host's ``/``), so this code names no folder of its own and is the same file on every host."""
+    d = os.path.dirname(os.path.abspath(sys.executable))
+    while True:
+        p = os.path.join(d, SERVICE.lstrip("/"))
+        if os.path.exists(p) or d == os.path.dirname(d):
+            return p
+        d = os.path.dirname(d)
+
+
 def loaded_builds() -> dict:
     """The compiled files of each dependency, as imported now: module -> sha256 of its bytes."""
     out = {}
@@ -69,7 +80,7 @@ def flags(argv: list) -> dict:
 
 def tell_service(report: dict) -> socket.socket:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.connect(SERVICE)
+    s.connect(service())
     s.sendall(json.dumps(report).encode() + b"\n")
     return s  # kept open for the process's life: the service knows it runs while it is open
 

@@ -73,6 +73,10 @@ def bwrap_args(sim: SimHost) -> list[str]:
           "--bind", str(sim.path("/sys")), "/sys", "--bind", str(sim.path("/run")), "/run"]
     for r in sim.roots:
         a += ["--bind", str(sim.path(r)), r]
+    if sim.system_python():   # the system python's own packages are no part of the host's
+        for d in ("/usr/lib/python3/dist-packages", f"/usr/lib/{sim.system_pyv()}/dist-packages"):
+            if os.path.isdir(d):
+                a += ["--tmpfs", d]
     base = sim.base_python()
     if not base.startswith("/usr/") or base.startswith("/usr/local/"):
         prefix = os.path.dirname(os.path.dirname(base))

@@ -11,6 +11,13 @@ The two copies are merged by step id: a step is done when either copy says so (t
 copy is written first), and its input comes from the host copy when there is one (the host
 already holds what the restart needs; the local copy may be redacted).
 
+Each step is signed (HMAC-SHA256 over the run id, its id, tool and input) with a key kept outside every run
+folder (``undo.key`` in debugagent's state folder, mode 600): ``debugagent undo`` runs only the steps it can
+verify it wrote. A step records ``started`` (durably, both sides) before its tool runs, and ``done`` after; the
+found state of what each change touches (``before``: the server processes, the checkout, the GPU knobs, the run's
+``/tmp`` names; digests where a value may be secret) is read once before the first change of its kind and compared
+after the undo (``agent/lab/asfound.py``); ``verified`` says the last comparison found the host as it was.
+
 The lock (``~/.cache/debugagent/host.lock`` on the host, created with ``noclobber`` so two
 runs cannot both create it) holds the run id, the pid and machine of the debugagent
 process, and the time; a second run refuses while it is held.
@@ -18,9 +25,12 @@ process, and the time; a second run refuses while it is held.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import socket
+import stat
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -53,8 +63,10 @@ class Step(BaseModel):
     input: dict[str, Any]
     text: str
     done: bool = False
+    started: bool = False      # its tool was sent at least once (it may have finished, or not: every step is re-runnable)
     error: str | None = None
     recorded_at: str = ""
+    mac: str = ""              # HMAC of (run id, id, tool, input) with the state folder's undo key
 
 
 class JournalData(BaseModel):
@@ -65,6 +77,8 @@ class JournalData(BaseModel):
     machine: str = ""
     instance: str = ""    # a simulated host's sandbox: its changes die with it
     steps: list[Step] = Field(default_factory=list)
+    before: dict[str, Any] = Field(default_factory=dict)   # area -> its reading before the first change there
+    verified: bool = False                                 # the last check after the undo found the host as found
 
 
 class LockInfo(BaseModel):
@@ -109,6 +123,56 @@ def parse_journal(text: str, source: str) -> JournalData:
         raise UsageError(f"{source}: not a debugagent undo journal ({str(exc).splitlines()[0]})",
                          fix="the file is damaged; what is left to undo must be checked by hand "
                              "(the run's transcript lists every undo step it recorded)") from exc
+
+
+# ---------------------------------------------------------------- the undo key and step signatures
+KEY_FILE = "undo.key"
+
+
+def state_dir() -> Path:
+    """debugagent's state folder: ``$XDG_STATE_HOME/debugagent`` (``~/.local/state`` when unset)."""
+    xdg = os.environ.get("XDG_STATE_HOME", "")
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".local" / "state"
+    return base / "debugagent"
+
+
+def undo_key() -> bytes:
+    """The key that signs undo steps, made once (32 random bytes, mode 600) in the state folder: never in a run
+    folder, never on the host. A key others can read or write is refused (exit 2): it would sign their steps."""
+    path = state_dir() / KEY_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass
+    else:
+        try:
+            os.write(fd, os.urandom(32))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    st = path.stat()
+    if stat.S_IMODE(st.st_mode) & 0o077 or st.st_uid != os.getuid():
+        raise UsageError(f"{path}: the undo key is not private (mode {stat.S_IMODE(st.st_mode):o}, owner uid "
+                         f"{st.st_uid}); a key others can read signs undo steps they write",
+                         fix=f"chmod 600 {path} (as its owner), or remove it: steps it signed are then refused")
+    key = path.read_bytes()
+    if len(key) < 32:
+        raise UsageError(f"{path}: the undo key is damaged ({len(key)} bytes)",
+                         fix=f"remove {path}: a new one is made; pending steps it signed are then refused")
+    return key
+
+
+def step_mac(key: bytes, run_id: str, step: Step) -> str:
+    body = json.dumps([run_id, step.id, step.tool, step.input], sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=True)
+    return hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
+
+
+def digest(key: bytes, data: bytes) -> str:
+    """A value kept only as its keyed digest (an environment variable's value, a command line): equal bytes give
+    equal digests, and a digest says nothing of a value without the key."""
+    return hmac.new(key, b"value\0" + data, hashlib.sha256).hexdigest()[:32]
 
 
 # ---------------------------------------------------------------- host commands (pure)
@@ -231,6 +295,20 @@ class Journal:
         self.data = data or JournalData(run_id=run_id, host=host, pid=os.getpid(), machine=socket.gethostname())
         self.host_name = f"journal-{self.data.run_id}.json"
         self.gone: list[str] = []
+        self._key: bytes | None = None
+
+    @property
+    def key(self) -> bytes:
+        if self._key is None:
+            self._key = undo_key()
+        return self._key
+
+    @staticmethod
+    def key_path() -> Path:
+        return state_dir() / KEY_FILE
+
+    def signed(self, step: Step) -> bool:
+        return bool(step.mac) and hmac.compare_digest(step.mac, step_mac(self.key, self.data.run_id, step))
 
     @classmethod
     def open(cls, path: Path, run_id: str, host: str, remote: HostFiles | None = None, instance: str = "") -> Journal:
@@ -260,20 +338,40 @@ class Journal:
         return list(reversed(self.steps))
 
     def describe_left(self) -> str:
-        return "; ".join(f"{s.text}" + (f" (last error: {s.error})" if s.error else "") for s in self.pending())
+        return "; ".join(f"{s.text}" + (" (started, not done)" if s.started and not s.error else "")
+                         + (f" (last error: {s.error})" if s.error else "") for s in self.pending())
 
     # --- changes
     def record(self, tool: str, inp: dict[str, Any], text: str) -> Step:
         """Journal an undo step on both sides; raises (before the change is made) if it cannot."""
         step = Step(id=len(self.data.steps) + 1, tool=tool, input=inp, text=text, recorded_at=now())
+        step.mac = step_mac(self.key, self.data.run_id, step)
         self.data.steps.append(step)
+        self.data.verified = False
         self.save(host=True)
         return step
 
     def update(self, step: Step, **changes: Any) -> None:
         """A pending step learns more (the undo restart learns the pid the experiment started)."""
         step.input = {**step.input, **changes}
+        step.mac = step_mac(self.key, self.data.run_id, step)
         self.save(host=True)
+
+    def note_before(self, area: str, reading: dict[str, Any]) -> None:
+        """The found state of ``area``, read before its first change (a later reading of it is not kept)."""
+        if area not in self.data.before:
+            self.data.before[area] = reading
+            self.save()   # the step journalled next writes both copies
+
+    def mark_started(self, step: Step) -> None:
+        """Durably, before the step's tool runs: a later undo knows it may have acted, and re-runs it (every step
+        finds the host as it is, from any point)."""
+        step.started = True
+        self.save(host=True, allow_host_failure=True)
+
+    def mark_verified(self, ok: bool) -> None:
+        self.data.verified = ok
+        self.save()
 
     def mark_done(self, step: Step) -> None:
         step.done, step.error = True, None
@@ -312,8 +410,11 @@ class Journal:
             if m is None:
                 self.data.steps.append(s)
             else:
-                m.input = s.input
+                m.input, m.mac = s.input, s.mac
                 m.done = m.done or s.done
+                m.started = m.started or s.started
+        for area, reading in theirs.before.items():   # the host's copy keeps what the local one redacts
+            self.data.before[area] = reading
         self.data.steps.sort(key=lambda s: s.id)
         self._write_local()
         return True

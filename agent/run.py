@@ -159,7 +159,7 @@ def _guarded(ctx: Ctx, folder: Path, invoke: Any) -> dict[str, Any] | None:
                             f"resume {folder}` continues from the last finished step")
         ctx.transcript.close()
         write_markdown(folder)
-        say_err(f"interrupted ({name}); the host is as it was found. Continue with: debugagent resume {folder}")
+        say_err(f"interrupted ({name}); {found_line(ctx.undo)}. Continue with: debugagent resume {folder}")
         return None
     except DebugAgentError as exc:
         left = restore(ctx)
@@ -267,24 +267,38 @@ def settle(ctx: Ctx, transport: Any) -> None:
 
 
 def restore(ctx: Ctx, journal: Journal | None = None) -> list[str]:
-    """Undo whatever is still pending in the journal; print on the console what could not be undone."""
+    """Undo whatever is still pending in the journal, then check the host as found (``lab.undo``); print on the
+    console what could not be undone and each difference from the host as found."""
     journal = journal or ctx.undo
-    if not journal.steps:
+    if not journal.steps and (journal.data.verified or not journal.data.before):
         return []
     lab = Lab(ctx.runner, lambda ev, **kw: ctx.transcript.emit(ev, **kw), journal, Measure("", "", None), ctx.run_id, True)
     why = ""
+    left: list[str] = []
     try:
-        lab.do_undo(ctx.runner("undo"))
+        left = lab.do_undo(ctx.runner("undo"))
+    except UsageError:
+        raise   # a journal step that does not fit its tool: exit 2, naming it
     except DebugAgentError as exc:
         why = f": {exc.message}"
-    if not journal.steps:
+    if journal.steps:
+        left = [s.text + (f" (last error: {s.error})" if s.error else "") for s in journal.pending()]
+    if not left:
         return []
-    left = [s.text + (f" (last error: {s.error})" if s.error else "") for s in journal.pending()]
     msg = (f"could not undo on {ctx.transport.host}{why}; left to do: {'; '.join(left)} "
            f"(journal: {journal.path}; the host's copy: ~/.cache/debugagent/{journal.host_name})")
     ctx.transcript.emit("error", kind="undo", message=msg)
     say_err(f"[red]warning[/]: {escape(redact_text(msg))}")
     return left
+
+
+def found_line(journal: Journal) -> str:
+    """What the console may say of the host after the undo: "as it was found" only once that was checked."""
+    if journal.data.verified:
+        return "the host is as it was found (checked after the undo)"
+    if not journal.data.steps:
+        return "nothing on the host was changed"
+    return "every change was undone (not checked against the host as found: there is no host to read)"
 
 
 def print_human(o: dict[str, Any]) -> None:
@@ -348,9 +362,10 @@ def undo_run(run_dir: str, *, force_unlock: bool = False, transport: Any = None)
                     f"({'; '.join(journal.gone)})")
             journal.save()
         found = journal.merge_host_copy()
-        if not journal.steps:
+        if not journal.steps and (journal.data.verified or not journal.data.before):
             say_err(f"nothing to undo: every step of {run_id} is done" + ("" if found or journal.data.steps else
-                    " (no journal in the run folder nor on the host)"))
+                    " (no journal in the run folder nor on the host)") + (
+                    "; the host was checked as found after it" if journal.data.verified else ""))
             return 0
         lock = HostLock(remote, run_id)
         lock.acquire(force=force_unlock)
@@ -361,8 +376,13 @@ def undo_run(run_dir: str, *, force_unlock: bool = False, transport: Any = None)
             from .graph import Ctx
             ctx = Ctx(transport=transport, transcript=transcript, playbook=None, run_id=run_id, undo=journal,  # type: ignore[arg-type]
                       symptom=None)  # type: ignore[arg-type]
-            say_err(f"undoing {len(journal.steps)} step(s) on {transport.host}: {journal.describe_left()}")
-            ctx.say(f"`debugagent undo`: {len(journal.steps)} undo step(s) were left unfinished; running them now.")
+            if journal.steps:
+                say_err(f"undoing {len(journal.steps)} step(s) on {transport.host}: {journal.describe_left()}")
+                ctx.say(f"`debugagent undo`: {len(journal.steps)} undo step(s) were left unfinished; running them now.")
+            else:
+                say_err(f"every step of {run_id} is done; checking {transport.host} against the host as found")
+                ctx.say("`debugagent undo`: every undo step is done, but the host was not yet checked as found; "
+                        "checking it now.")
             left = restore(ctx)
         finally:
             lock.release()
@@ -370,7 +390,8 @@ def undo_run(run_dir: str, *, force_unlock: bool = False, transport: Any = None)
         if left:
             raise RestoreError(f"{transport.host} could not be fully restored", left=left,
                                fix=f"debugagent undo {folder} again once the cause is fixed, or undo those by hand")
-        say_err(f"done: {transport.host} is restored ({len(journal.data.steps)} step(s) in the journal, none left)")
+        say_err(f"done: {transport.host} is restored ({len(journal.data.steps)} step(s) in the journal, none left); "
+                f"{found_line(journal)}")
         return 0
     finally:
         if owned:

@@ -27,6 +27,11 @@ def host_dir() -> Path:
     return Path(os.environ["HOME"]) / ".cache" / "debugagent"
 
 
+def own(tmp_path: Path, name: str, run_id: str = "r1") -> Path:
+    """A path as debugagent makes them for run ``run_id`` (the undo runs no other), unique to the test."""
+    return Path(f"/tmp/debugagent-{run_id}-{tmp_path.name}-{name}")
+
+
 def lab(journal: Journal, transport) -> Lab:
     events: list[tuple] = []
     lab = Lab(lambda h: Runner(transport), lambda ev, **kw: events.append((ev, kw)), journal, Measure("", "", None),
@@ -40,7 +45,7 @@ def test_step_is_on_both_sides_before_the_change_and_done_only_after(tmp_path):
     goes when nothing is pending."""
     t = LocalTransport()
     j = Journal(tmp_path / "journal.json", "r1", "local", HostFiles(t))
-    target = tmp_path / "made-by-experiment"
+    target = own(tmp_path, "made-by-experiment")
     target.write_text("x")
     lab(j, t).push_undo("remove_file", {"path": str(target)}, "remove the file")
     local = json.loads((tmp_path / "journal.json").read_text())
@@ -71,8 +76,8 @@ def test_a_lost_connection_mid_undo_keeps_the_step(tmp_path):
     """The connection drops while undoing: the step stays pending in the journal (never popped, never lost)."""
     t = LocalTransport()
     j = Journal(tmp_path / "journal.json", "r1", "local", HostFiles(t))
-    lab(j, t).push_undo("remove_file", {"path": str(tmp_path / "a")}, "remove a")
-    lab(j, t).push_undo("remove_file", {"path": str(tmp_path / "b")}, "remove b")
+    lab(j, t).push_undo("remove_file", {"path": str(own(tmp_path, "a"))}, "remove a")
+    lab(j, t).push_undo("remove_file", {"path": str(own(tmp_path, "b"))}, "remove b")
     d = Dropping(at=1)
     j.remote = HostFiles(d)
     with pytest.raises(ConnectError):
@@ -86,8 +91,8 @@ def test_a_failed_step_stops_the_undo_and_keeps_its_error(tmp_path):
     """A failed undo step keeps its error and stops there: the older steps (what it may need) stay."""
     t = LocalTransport()
     j = Journal(tmp_path / "journal.json", "r1", "local", HostFiles(t))
-    lab(j, t).push_undo("remove_file", {"path": str(tmp_path / "env")}, "remove the saved environment")
-    lab(j, t).push_undo("git_worktree_checkout", {"path": str(tmp_path / "no-worktree"), "commit": "HEAD"},
+    lab(j, t).push_undo("remove_file", {"path": str(own(tmp_path, "env"))}, "remove the saved environment")
+    lab(j, t).push_undo("git_worktree_checkout", {"path": str(own(tmp_path, "no-worktree")), "commit": "HEAD"},
                         "move the worktree back")   # fails: there is no such worktree
     left = lab(j, t).do_undo(Runner(t))
     assert left and left[0].startswith("move the worktree back")

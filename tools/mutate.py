@@ -47,6 +47,25 @@ def cmdline_key(argv: list[str]) -> str:
     return "".join(a + "\x1f" for a in argv)
 
 
+def cmdline_match(argv: list[str]) -> str:
+    """The arguments of the restart script's ``same PID …``: the command line's bytes, compared in the C locale.
+    Where the command line was read with an undecodable byte (U+FFFD), the parts around it are compared as
+    bytes, each replaced run by at least one byte: a non-UTF-8 argument still names its process."""
+    return " ".join(ansi_c_quote(part) for part in cmdline_key(argv).split("\ufffd"))
+
+
+# bash builtins only: the command line of $1 as its arguments joined by \x1f (and one after the last), then
+# compared part by part with the arguments after the pid (see ``cmdline_match``)
+SAME = (
+    "keyof() { local A; mapfile -d '' -t A < /proc/$1/cmdline 2>/dev/null || return 1; [ ${#A[@]} -gt 0 ] || return 1; "
+    "local IFS=$'\\037'; c=\"${A[*]}\"$'\\037'; }; "
+    "same() { local c; keyof $1 || return 1; shift; if [ $# -eq 1 ]; then [ \"$c\" = \"$1\" ]; return; fi; "
+    "[[ $c == \"$1\"* ]] || return 1; c=${c:${#1}}; shift; "
+    "while [ $# -gt 1 ]; do [[ $c == ?*\"$1\"* ]] || return 1; c=${c#*?\"$1\"}; shift; done; [[ $c == ?*\"$1\" ]]; }; "
+    "ticks() { local s; read -r s < /proc/$1/stat 2>/dev/null || return 1; s=${s##*) }; set -- $s; echo \"${20}\"; }; "
+)
+
+
 class RestartServer(BaseModel):
     """Stop one server process and start ``argv`` in ``cwd`` with its environment.
 
@@ -65,9 +84,17 @@ class RestartServer(BaseModel):
     ``/proc/PID/environ``), minus ``unset``, plus ``set``, with ``path_first`` placed first
     on ``PYTHONPATH``: secrets in it never leave the host. With ``save_env`` (the
     experiment's first restart) the file is first written afresh from the running process,
-    mode 600. The new process is detached (``setsid nohup``), its output appended to
-    ``log``; its pid is printed (and written to ``pid_file``), with the log's size before
-    the start (where a readiness line is looked for).
+    mode 600, and the process's command line (its bytes, NUL-separated) beside it (``argv_file``).
+    The new process is detached (``setsid nohup``), its output appended to ``log``; its pid
+    and start time (clock ticks after boot) are printed (the pid also written to ``pid_file``),
+    with the log's size before the start (where a readiness line is looked for).
+
+    The undo's form (``stop_pid_file`` with ``keep_if_running``) is idempotent from any point:
+    without the pid file, the experiment's process is the one the journal names (``stop_pid``
+    started at ``stop_start``, with the command line ``expect_argv``); once it is stopped, a
+    process that already runs as found (the saved command line's bytes, the folder, the saved
+    environment's bytes) is kept, not started twice; the server as found is started from the
+    saved command line's bytes. Command lines are compared as bytes (``cmdline_match``).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -85,6 +112,12 @@ class RestartServer(BaseModel):
     pid_file: str | None = None
     log: str = DEFAULT_LOG
     wait_s: float = 10.0
+    stop_pid: int = 0
+    stop_start: int = 0
+
+    @property
+    def argv_file(self) -> str:
+        return (self.env_file.removesuffix(".env") if self.env_file.endswith(".env") else self.env_file) + ".argv"
 
     def command(self) -> str:
         pid = int(self.pid)
@@ -93,10 +126,12 @@ class RestartServer(BaseModel):
         add = " ".join(q(f"{k}={v}") for k, v in sorted(self.set.items()))
         first = ":".join(self.path_first)
         log = f'"$HOME"{q(self.log[5:])}' if self.log.startswith("$HOME") else q(self.log)
-        want = ansi_c_quote(cmdline_key(self.expect_argv or self.argv))  # printable: \x1f spelled out
+        want = cmdline_match(self.expect_argv or self.argv)  # printable: \x1f spelled out
+        af = q(self.argv_file)
+        undo = bool(self.stop_pid_file and self.keep_if_running)
         # a caught (not ignored) HUP/INT/TERM: a dropped connection cannot stop the script half-way, and the
-        # server it starts still gets the default handlers
-        parts = ["trap : HUP INT TERM; same() { [ \"$(tr '\\0' '\\037' < /proc/$1/cmdline 2>/dev/null)\" = \"$2\" ]; }; "]
+        # server it starts still gets the default handlers; bytes compared as bytes (the C locale)
+        parts = ["trap : HUP INT TERM; export LC_ALL=C; " + SAME]
         spf = q(self.stop_pid_file) if self.stop_pid_file else ""
         if self.stop_pid_file:
             # an interrupted run's restart may still be running on the host ("busy SCRIPT_PID SERVER_PID" in the
@@ -104,12 +139,18 @@ class RestartServer(BaseModel):
             parts.append(f"for i in $(seq 1 {int(self.wait_s * 30)}); do read -r a b c < {spf} 2>/dev/null || break; "
                          f"[ \"$a\" = busy ] && [ \"$b\" != $$ ] && kill -0 \"$b\" 2>/dev/null || break; sleep 0.1; done; ")
         done = f"rm -f {q(self.stop_pid_file)}; " if self.stop_pid_file and self.stop_pid_file != self.pid_file else ""
+        if undo:
+            done += f"rm -f {af}; "
         if self.keep_if_running:
             k = int(self.keep_if_running)
-            parts.append(f"if same {k} {ansi_c_quote(cmdline_key(self.argv))}; then {done}echo \"running pid={k}\"; exit 0; fi; ")
+            parts.append(f"if same {k} {cmdline_match(self.argv)}; then {done}echo \"running pid={k}\"; exit 0; fi; ")
         if self.stop_pid_file:
             parts.append(f"a=; b=; c=; read -r a b c < {spf} 2>/dev/null; [ \"$a\" = busy ] && a=$c; P=${{a//[^0-9]/}}; "
                          "P=${P:-0}; ")
+            if self.stop_pid and self.stop_start:
+                # no pid file (removed, or /tmp cleaned): the process the journal names, if it is still that one
+                sp, ss = int(self.stop_pid), int(self.stop_start)
+                parts.append(f"if [ $P = 0 ] && [ \"$(ticks {sp})\" = {ss} ] && same {sp} {want}; then P={sp}; fi; ")
         else:
             parts.append(f"P={pid}; [ $P -gt 0 ] && ! same $P {want} && {{ echo \"pid $P is not the server any more\"; exit 1; }}; ")
         if self.pid_file:
@@ -118,7 +159,8 @@ class RestartServer(BaseModel):
             parts.append(f"(umask 077; echo \"busy $$ $P\" > {q(self.pid_file)}.$$ && mv -f {q(self.pid_file)}.$$ "
                          f"{q(self.pid_file)}); ")
         if self.save_env:
-            parts.append(f"(umask 077; cat /proc/{pid}/environ > {q(self.env_file)}) || exit 1; ")
+            parts.append(f"(umask 077; cat /proc/{pid}/environ > {q(self.env_file)} && cat /proc/{pid}/cmdline > {af}) "
+                         "|| exit 1; ")
         else:
             parts.append(f"[ -s {q(self.env_file)} ] || {{ echo 'the saved environment is missing'; exit 1; }}; ")
         parts.append(
@@ -133,8 +175,29 @@ class RestartServer(BaseModel):
             f"if [ $P -gt 0 ] && same $P {want}; then kill $P 2>/dev/null; "
             f"for i in $(seq 1 {int(self.wait_s * 10)}); do kill -0 $P 2>/dev/null || break; sleep 0.1; done; "
             f"kill -0 $P 2>/dev/null && kill -9 $P; echo \"stopped pid=$P\"; else echo 'no process to stop'; fi; "
+        )
+        if undo:
+            # a server already running as found (an interrupted undo started it): kept, never started twice
+            found = cmdline_match(self.argv)
+            parts.append(
+                f"W=; if [ -s {af} ]; then mapfile -d '' -t WA < {af}; OIFS=$IFS; IFS=$'\\037'; W=\"${{WA[*]}}\"$'\\037'; "
+                f"IFS=$OIFS; fi; mapfile -d '' -t SE < {q(self.env_file)}; "
+                # the environment compared entry by entry (cmp would trust /proc's size of 0)
+                "envis() { local A i; mapfile -d '' -t A < /proc/$1/environ 2>/dev/null || return 1; "
+                "[ ${#A[@]} = ${#SE[@]} ] || return 1; for i in \"${!A[@]}\"; do [ \"${A[$i]}\" = \"${SE[$i]}\" ] || return 1; "
+                "done; }; F=0; for d in /proc/[0-9]*; do f=${d#/proc/}; "
+                f"[ \"$f\" = $$ ] && continue; if [ -n \"$W\" ]; then keyof $f || continue; [ \"$c\" = \"$W\" ] || continue; "
+                f"else same $f {found} || continue; fi; [ \"$(readlink $d/cwd 2>/dev/null)\" = {q(self.cwd)} ] && "
+                "envis $f && { F=$f; break; }; done; "
+                f"if [ $F -gt 0 ]; then {done}echo \"running pid=$F\"; exit 0; fi; "
+            )
+            start = f"if [ -n \"$W\" ]; then set -- \"${{WA[@]}}\"; else set -- {argv}; fi; "
+            run_argv = '"$@"'
+        else:
+            start, run_argv = "", argv
+        parts.append(
             f"L={log}; mkdir -p \"$(dirname \"$L\")\"; echo \"log=$L size=$(stat -c %s \"$L\" 2>/dev/null || echo 0)\"; "
-            f"cd {q(self.cwd)} && {{ setsid nohup env -i \"${{N[@]}}\" {argv} >> \"$L\" 2>&1 < /dev/null & }}; "
+            f"{start}cd {q(self.cwd)} && {{ setsid nohup env -i \"${{N[@]}}\" {run_argv} >> \"$L\" 2>&1 < /dev/null & }}; "
             "new=$!; "
         )
         note = ""
@@ -144,7 +207,7 @@ class RestartServer(BaseModel):
             # "busy" while the new process may not yet have become the server (setsid, nohup and env exec in turn)
             parts.append(f"(umask 077; echo \"busy $$ $new\" > {pf}.$$ && mv -f {pf}.$$ {pf}); ")
             note = f"(umask 077; echo $new > {pf}.$$ && mv -f {pf}.$$ {pf}); "
-        parts.append(f"sleep 0.3; {note}if kill -0 $new 2>/dev/null; then {done}echo \"started pid=$new\"; "
+        parts.append(f"sleep 0.3; {note}if kill -0 $new 2>/dev/null; then {done}echo \"started pid=$new start=$(ticks $new)\"; "
                      "else echo 'server exited at start:'; tail -5 \"$L\"; exit 1; fi")
         return f"bash -c {q(''.join(parts))}"  # mapfile and arrays: bash, whatever the login shell is
 
@@ -154,15 +217,16 @@ class Restarted(BaseModel):
     log: str = ""
     log_size: int = 0
     already_running: bool = False
+    start: int = 0      # the started process's start time (clock ticks after boot); 0 when not said
 
 
 def parse_restart(text: str) -> Restarted:
-    m = re.search(r"(started|running) pid=(\d+)", text)
+    m = re.search(r"(started|running) pid=(\d+)(?: start=(\d+))?", text)
     if not m:
         raise ParseError("no `started pid=N` line", tool="restart_server", excerpt=text[-120:])
     lg = re.search(r"^log=(.*) size=(\d+)$", text, re.M)
     return Restarted(pid=int(m.group(2)), log=lg.group(1) if lg else "", log_size=int(lg.group(2)) if lg else 0,
-                     already_running=m.group(1) == "running")
+                     already_running=m.group(1) == "running", start=int(m.group(3) or 0))
 
 
 class RestartHook(BaseModel):

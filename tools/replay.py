@@ -4,10 +4,16 @@ Matching is by the exact command (after redaction, as the recording was redacted
 recorded order for repeated identical commands (benchmark samples replay in the order
 they were recorded). A command the recording lacks raises ``ReplayMiss`` naming the
 step, the command asked for, and what was recorded next.
+
+The server restart's script gained parts since the kept recordings were made (the C locale and byte-wise
+command-line matching, the saved command line, the undo's "already running as found" scan, the start time it
+prints): ``legacy_command`` maps today's script to the one recorded before, so old and new recordings key alike.
 """
 
 from __future__ import annotations
 
+import re
+import shlex
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -17,9 +23,39 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import RecordingError, ReplayMiss
 from .redact import redact_text
-from .transport import DEFAULT_MAX_OUTPUT, DEFAULT_TIMEOUT_S, BaseTransport, CommandResult
+from .transport import DEFAULT_MAX_OUTPUT, DEFAULT_TIMEOUT_S, BaseTransport, CommandResult, q
 
 RESULT_FIELDS = ("command", "stdout", "stderr", "exit_code")
+
+_RESTART = "trap : HUP INT TERM; "
+_OLD_SAME = "same() { [ \"$(tr '\\0' '\\037' < /proc/$1/cmdline 2>/dev/null)\" = \"$2\" ]; }; "
+_LEGACY = [
+    (re.compile(r" && cat /proc/(\d+)/cmdline > \S+\.argv\) \|\| exit 1; "), ") || exit 1; "),
+    (re.compile(r"rm -f \S+\.argv; "), ""),
+    (re.compile(r"if \[ \$P = 0 \] && \[ \"\$\(ticks \d+\)\" = \d+ \] && same .*?; then P=\d+; fi; ", re.S), ""),
+    (re.compile(r"W=; if \[ -s .*?echo \"running pid=\$F\"; exit 0; fi; ", re.S), ""),
+    (re.compile(r"if \[ -n \"\$W\" \]; then set -- \"\$\{WA\[@\]\}\"; else set -- (.*?); fi; "
+                r"(cd .*? && \{ setsid nohup env -i \"\$\{N\[@\]\}\") \"\$@\"", re.S), r"\2 \1"),
+    (re.compile(r" start=\$\(ticks \$new\)"), ""),
+]
+
+
+def legacy_command(command: str) -> str:
+    """A restart script as recordings made before its byte-wise matching hold it; any other command as it is."""
+    if not command.startswith("bash -c ") or "export LC_ALL=C; keyof()" not in command:
+        return command
+    try:
+        inner = shlex.split(command)[2]
+    except (ValueError, IndexError):
+        return command
+    from .mutate import SAME
+    head = _RESTART + "export LC_ALL=C; " + SAME
+    if not inner.startswith(head):
+        return command
+    body = inner[len(head):]
+    for pattern, repl in _LEGACY:
+        body = pattern.sub(repl, body)
+    return f"bash -c {q(_RESTART + _OLD_SAME + body)}"
 
 
 class _Loose(BaseModel):
@@ -86,14 +122,14 @@ class ReplayTransport(BaseTransport):
                 raise RecordingError(f"tool_result lacks {', '.join(missing)}", file=file, line=n,
                                      fix="the recording is edited or truncated; record the run again")
             # keyed as asked (redacted by today's rules): a recording made before a rule existed still matches
-            self._queues.setdefault(redact_text(ev["command"]), deque()).append(ev)
+            self._queues.setdefault(redact_text(legacy_command(ev["command"])), deque()).append(ev)
             self._order.append(ev)
         self._used: set[int] = set()
         self.step = 0
         self._lock = threading.Lock()
 
     def run(self, command: str, *, timeout: float = DEFAULT_TIMEOUT_S, max_output: int = DEFAULT_MAX_OUTPUT) -> CommandResult:
-        key = redact_text(command)
+        key = redact_text(legacy_command(command))
         with self._lock:
             self.step += 1
             q = self._queues.get(key)

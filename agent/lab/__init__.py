@@ -11,7 +11,8 @@ The package::
     lab.py        Lab: runs one experiment of any kind, undoes it, controls a restart's recovery
     measure.py    Bench: benchmark runs, warm-ups after a restart, the re-measured reference, sampling
     server.py     Server: find the server, restart it changed (or by the restart hook), wait until ready
-    undo.py       Undo: journal each step before its change, run the journal newest first
+    undo.py       Undo: journal each step before its change, run the journal newest first, refuse what it did not write
+    asfound.py    what each change touches, read before the first change and after the undo, compared
     control.py    the restart control (a plain restart of the server as found, measured the same way)
     bisect.py     the first bad commit of a range a code revert recovered
     spec.py       ExperimentSpec and Kind: what a kind declares

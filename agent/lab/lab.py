@@ -53,9 +53,12 @@ class Lab:
         self._r: Runner | None = None
         self.measuring = Bench(measure, emit, lower_is_better, warmth, noise, fresh_runs,
                                alive=lambda r: self.server.check_alive(r), connected=self.check_connection)
-        self.undo = Undo(undo, emit, self._undo_restarted)
+        self.undo = Undo(undo, emit, self._undo_restarted,
+                         pattern=lambda: (discovery.server_pattern if discovery else None) or self.setup.server_pattern,
+                         settle_s=measure.ready_timeout_s)
         self.server = Server(self.setup, run_id, emit, measure.ready_timeout_s, discovery, self.undo.push,
                              self.measuring.restarted)
+        self.server.on_started = self.undo.note_started
 
     # ------------------------------------------------------------ what kinds and the graph read
     @property

@@ -100,6 +100,8 @@ class Server:
         self.restarted = restarted
         self.started: dict[str, Any] | None = None
         self.found_again: dict[str, Any] | None = None
+        # told the pid and start time of each server an experiment started (the undo's step names it)
+        self.on_started: Callable[[str, int, int], None] = lambda pid_file, pid, start: None
 
     def find(self, r: Runner) -> Any:
         """The server as it runs now, found by the run's own discovery (its overrides, the server found earlier)."""
@@ -159,6 +161,7 @@ class Server:
             raise ExperimentError(o.error or "restart failed")
         self.started = {"run": run, "pid_file": pid_file, "env_file": env_file, "log": o.output.log or log,
                         "change": change, "pid": o.output.pid}
+        self.on_started(pid_file, o.output.pid, o.output.start)
         self.restarted()
         self._wait_ready(r, o.output.pid, o.output.log, o.output.log_size)
         return o.output.pid
@@ -177,6 +180,7 @@ class Server:
         if not o.ok:
             raise ExperimentError(o.error or "restart failed")
         st["pid"] = o.output.pid
+        self.on_started(st["pid_file"], o.output.pid, o.output.start)
         self.restarted()
         self._wait_ready(r, o.output.pid, o.output.log, o.output.log_size)
         return o.output.pid

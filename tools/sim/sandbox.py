@@ -103,7 +103,29 @@ FIRST_COMMIT = 1763283600  # 2025-11-16T09:00Z
 GUEST = Path(__file__).resolve().parent / "guest"
 SERVICE_DIR = "/run/nvidia-gpu"
 PYV = f"python{sys.version_info.major}.{sys.version_info.minor}"
-REPO_PACKAGE = "sglang"  # the package a scenario's repository holds (under python/)
+LEGACY_PACKAGE = ("sglang", "python")  # what a repository held before `repo.package` (format 1's first files)
+
+
+def python_entry(argv: list[str]) -> tuple[str, str] | None:
+    """How a python command line reaches its code: ("module", M) for ``-m M``, ("script", PATH) for the first
+    argument that is no interpreter option; None for ``-c`` or no program (the interactive prompt)."""
+    i = 1
+    while i < len(argv):
+        a = argv[i]
+        if a == "-m" and i + 1 < len(argv):
+            return ("module", argv[i + 1])
+        if a.startswith("-m") and len(a) > 2:
+            return ("module", a[2:])
+        if a == "-c" or a.startswith("-c"):
+            return None
+        if a in ("-X", "-W", "--check-hash-based-pycs"):
+            i += 2
+            continue
+        if a.startswith("-"):
+            i += 1
+            continue
+        return ("script", a)
+    return None
 
 
 def _ts(value: str) -> float:
@@ -183,8 +205,11 @@ class SimHost:
         self._bwrap: subprocess.Popen | None = None
         self.controller: Controller | None = None
         self.labels: dict[str, str] = {}
+        self._code: str | None = None   # the package whose modules the commits change (the repository's)
+        self._code_dir: str | None = None   # or their folder, relative to the server's script
         self.roots = self._roots()
-        self.shell = SimShell(str(self.sandbox), str(self.path("/usr/local/bin")), self.roots, self.state["user"])
+        self.shell = SimShell(str(self.sandbox), str(self.path("/usr/local/bin")), self.roots, self.state["user"],
+                              self.aliases())
         try:
             self._layout()
         except BaseException:
@@ -199,16 +224,38 @@ class SimHost:
         paths = [h["python"], (h.get("repo") or {}).get("path"), h["server"].get("cwd"), self._script()]
         if h.get("wheelhouse"):
             paths.append(h["wheelhouse"]["path"])
+        local: set[str] = set()   # folders under /usr/local (bound with it where sealed, rewritten where not)
+        if self.system_python():
+            paths.remove(h["python"])   # the system's interpreter: its packages are in /usr/local's dist-packages
+            local.add("/usr/local/lib")
         for p in paths:
-            if p and not p.startswith("/tmp/"):
+            if p and p.startswith("/usr/local/"):
+                local.add("/usr/local/" + p.split("/")[3])
+            elif p and not p.startswith("/tmp/"):
                 roots.add("/" + p.strip("/").split("/")[0])
         bad = roots & {"/usr", "/etc", "/proc", "/sys", "/dev", "/run", "/tmp", "/bin", "/lib", "/sbin"}
         if bad:
             raise ScenarioError(f"paths under {', '.join(sorted(bad))} belong to the system", file=self.scenario.source,
-                                field="host.python", fix="put the environment, repository and scripts under /root, /opt or /home")
+                                field="host.python", fix="put the environment, repository and scripts under /root, /opt, "
+                                "/home or /usr/local, or use the system's python (/usr/bin/python3)")
         if not self.sealed:
-            roots |= {"/proc", "/sys", "/etc/debugagent", "/usr/local/bin", "/usr/local/nvidia", SERVICE_DIR}
+            # the host's /tmp too (its server log, debugagent's worktrees): nothing lands in this machine's /tmp
+            roots |= {"/proc", "/sys", "/etc/debugagent", "/usr/local/bin", "/usr/local/nvidia", SERVICE_DIR, "/tmp", *local}
+            if self.system_python():
+                roots.add(h["python"])
         return sorted(roots)
+
+    def aliases(self) -> dict[str, str]:
+        """Folders of an unsealed host that its programs name otherwise than the host shows them (the system
+        python's dist-packages, which the interpreter there reaches through a venv's site-packages)."""
+        if self.sealed or not self.system_python():
+            return {}
+        pyv = self.system_pyv()
+        return {f"{self.sandbox}/usr/lib/{pyv}/site-packages": f"/usr/local/lib/{pyv}/dist-packages"}
+
+    def system_pyv(self) -> str:
+        real = os.path.realpath(self.state["python"])
+        return os.path.basename(real) if re.fullmatch(r"python3\.\d+", os.path.basename(real)) else PYV
 
     def path(self, p: str) -> Path:
         return self.sandbox / p.lstrip("/")
@@ -223,7 +270,8 @@ class SimHost:
                 raise ScenarioError(f"`{prog}` is not installed here; simulated hosts need it", file=self.scenario.source,
                                     fix=f"apt-get install {pkg}")
         for d in ("/proc", "/etc", "/usr/local/bin", "/usr/local/nvidia/lib64", SERVICE_DIR, "/tmp", *self.roots):
-            self.path(d).mkdir(parents=True, exist_ok=True)
+            if d != self.state["python"]:   # a root that is a file: the system python where not sealed
+                self.path(d).mkdir(parents=True, exist_ok=True)
         self.path("/root" if self.state["user"] == "root" else f"/home/{self.state['user']}").mkdir(parents=True, exist_ok=True)
         if self.state.get("repo"):
             self._git()
@@ -242,11 +290,45 @@ class SimHost:
         return dict(os.environ, GIT_AUTHOR_NAME="dev", GIT_AUTHOR_EMAIL="dev@example.com", GIT_COMMITTER_NAME="dev",
                     GIT_COMMITTER_EMAIL="dev@example.com", GIT_CONFIG_GLOBAL="/dev/null", GIT_CONFIG_NOSYSTEM="1")
 
+    def repo_package(self) -> tuple[str, str, str]:
+        """The package the repository holds: (import name, its folder in the repository, its distribution).
+        ``repo.package`` / ``repo.package_dir`` name it; else the editable install whose folder is in the
+        repository, else the package of the server's ``-m MODULE`` (at the repository's top), else sglang
+        under python/ (what every repository held before these fields)."""
+        repo = self.state["repo"]
+        root = repo["path"].rstrip("/")
+        found: tuple[str, str, str] | None = None
+        for dist, spec in self.state["packages"].items():
+            e = (spec.get("editable") or "").rstrip("/")
+            if e and (e == root or e.startswith(root + "/")):
+                found = (spec.get("module") or dist.replace("-", "_"), os.path.relpath(e, root), dist)
+                break
+        if found is None:
+            entry = self._entry()
+            top = entry[1].split(".")[0] if entry and entry[0] == "module" else None
+            installed = {spec.get("module") or d.replace("-", "_") for d, spec in self.state["packages"].items()}
+            if top and top not in installed:
+                found = (top, ".", top)
+        script = self._script()
+        if found is None and script and self._in_repo(script):   # a script's repository: a package named as it
+            found = (re.sub(r"\W+", "_", os.path.basename(root)).strip("_").lower() or "code", ".", "")
+        name, folder, dist = found or (LEGACY_PACKAGE[0], LEGACY_PACKAGE[1], LEGACY_PACKAGE[0])
+        dist = dist or name
+        if repo.get("package"):
+            name = repo["package"]
+            dist = next((d for d, s in self.state["packages"].items() if (s.get("module") or d.replace("-", "_")) == name), name)
+        if repo.get("package_dir") is not None:
+            folder = repo["package_dir"]
+        return name, os.path.normpath(folder), dist
+
     def _git(self) -> None:
         repo = self.state["repo"]
         d = self.path(repo["path"])
-        pkg_dir = d / "python" / REPO_PACKAGE
-        (pkg_dir / "srt").mkdir(parents=True, exist_ok=True)
+        name, folder, dist = self.repo_package()
+        base = d / folder
+        changes = "srt" if name == "sglang" else "core"   # the subpackage each commit changes
+        pkg_dir = base / name
+        (pkg_dir / changes).mkdir(parents=True, exist_ok=True)
         env = self._git_env()
 
         def git(*args: str, when: float | None = None) -> str:
@@ -258,37 +340,55 @@ class SimHost:
             return r.stdout.strip()
 
         git("init", "-q", "-b", "main")
-        pkg = self.state["packages"].get(REPO_PACKAGE) or {}
+        pkg = self.state["packages"].get(dist) or {}
         init = "" if not pkg.get("has_version_attr", True) else f'__version__ = "{pkg.get("version", "0.0.0")}"\n'
-        (pkg_dir / "__init__.py").write_text('"""SGLang."""\n' + init)
-        (pkg_dir / "srt" / "__init__.py").write_text('"""The SGLang runtime."""\n')
-        (d / "python" / "pyproject.toml").write_text(f'[project]\nname = "{REPO_PACKAGE}"\nversion = "0.0.0"\n')
-        for sub in ("sgl-kernel", "scripts", "test", "docs", "benchmark"):
+        title = "SGLang" if name == "sglang" else name
+        (pkg_dir / "__init__.py").write_text(f'"""{title}."""\n' + init)
+        (pkg_dir / changes / "__init__.py").write_text('"""The SGLang runtime."""\n' if name == "sglang" else f'"""{name} core."""\n')
+        (d / ".gitignore").write_text("__pycache__/\n*.py[cod]\n*.egg-info/\nbuild/\n")
+        (base / "pyproject.toml").write_text(f'[project]\nname = "{dist}"\nversion = "0.0.0"\n')
+        subs = ("sgl-kernel", "scripts", "test", "docs", "benchmark") if name == "sglang" else ("tests", "docs", "benchmarks")
+        for sub in subs:
             (d / sub).mkdir(exist_ok=True)
             (d / sub / "README.md").write_text(f"# {sub}\n")
+        self._code = f"{name}.{changes}"
         entry = self._entry()
-        if entry and entry[0] == "module" and entry[1].split(".")[0] == REPO_PACKAGE:
-            self._write_server_module(d / "python", entry[1])
+        if entry and entry[0] == "module" and entry[1].split(".")[0] == name:
+            self._write_server_module(base, entry[1])
+        script = self._script()
+        if script and self._in_repo(script):
+            # part of the repository, committed with it; it reads its code from the folder beside it
+            self._code_dir = os.path.relpath(pkg_dir / changes, self.path(os.path.dirname(script)))
+            self._write_script(script)
         times: list[float] = []
         for i, c in enumerate(repo["commits"]):
             when = _ts(c["date"]) if c.get("date") else FIRST_COMMIT + 3600 * 7 * i
             times.append(when)
             slug = re.sub(r"[^a-z0-9]+", "_", c["subject"].lower()).strip("_")[:40] or f"change_{i}"
-            (pkg_dir / "srt" / f"{slug}.py").write_text(f'"""{c["subject"]}."""\n\nCHANGE = {i}\n')
+            (pkg_dir / changes / f"{slug}.py").write_text(f'"""{c["subject"]}."""\n\nCHANGE = {i}\n')
             git("add", "-A")
             git("commit", "-q", "-m", c["subject"], when=when)
             self.labels[c["sha"]] = git("rev-parse", "HEAD")
-        head = repo["head"]
+        # One history for both states: the commits, then (where a factor moves HEAD) a reset to the good
+        # commit; the bad state goes on from there to its HEAD, as a pull (a fast-forward) or a checkout
+        # would move it. So @good and the bad host share hashes and reflog up to where the factor acts.
         last = repo["commits"][-1]["sha"]
         moved = _ts(repo["moved_at"]) if repo.get("moved_at") else times[-1] + 1800
-        if head != last:
-            git("reset", "-q", "--hard", self.labels[head], when=moved)
+        factor = next((f for f in self.scenario.factors if f.path == "repo.head"), None)
+        if factor is None:
+            if repo["head"] != last:
+                git("reset", "-q", "--hard", self.labels[repo["head"]], when=moved)
+            return
+        good, bad = str(factor.good), str(factor.bad)
+        if good != last:
+            git("reset", "-q", "--hard", self.labels[good], when=moved - 60)
+        if self.which == "good":
+            return
+        order = [c["sha"] for c in repo["commits"]]
+        if order.index(bad) > order.index(good):
+            git("merge", "-q", "--ff-only", self.labels[bad], when=moved)
         else:
-            moved_from = next((f.good for f in self.scenario.factors if f.path == "repo.head"), None)
-            if moved_from and self.which == "bad":
-                # HEAD moved from the good commit to the bad one, as a pull would move it.
-                git("reset", "-q", "--hard", self.labels[moved_from], when=moved - 60)
-                git("merge", "-q", "--ff-only", self.labels[head], when=moved)
+            git("reset", "-q", "--hard", self.labels[bad], when=moved)
 
     # ---------------------------------------------------------------- python
     def base_python(self) -> str:
@@ -301,6 +401,8 @@ class SimHost:
 
     def _python(self) -> None:
         h = self.state
+        if self.system_python():
+            return self._system_python()
         py = self.path(h["python"])
         env_root = py.parent.parent
         base = self.base_python()
@@ -317,8 +419,36 @@ class SimHost:
                 (env_root / "bin" / name).symlink_to(PYV)
         if not py.exists():
             py.symlink_to(PYV)
-        self.site = site
         self.env_root_inside = str(Path(h["python"]).parent.parent)
+        self._fill(env_root, site)
+
+    def _system_python(self) -> None:
+        """The system's python (``/usr/bin/python3``, as official images run it) with the scenario's packages in
+        ``/usr/local/lib/python3.X/dist-packages``. Sealed, it is this machine's system interpreter with its own
+        dist-packages hidden; not sealed, a venv at the sandbox's ``/usr`` whose site-packages is that folder."""
+        h = self.state
+        real = os.path.realpath(h["python"])
+        if not os.access(real, os.X_OK) or self.system_pyv() != PYV:
+            have = os.path.realpath("/usr/bin/python3") if os.path.exists("/usr/bin/python3") else "none"
+            raise ScenarioError(f"this machine has no system python {h['python']} of this interpreter's version ({PYV}; "
+                                f"its /usr/bin/python3 is {have})", file=self.scenario.source, field="host.python",
+                                fix="a virtual environment (`/opt/venv/bin/python3`), or run debugagent with the system's python")
+        pyv = self.system_pyv()
+        site = self.path(f"/usr/local/lib/{pyv}/dist-packages")
+        site.mkdir(parents=True, exist_ok=True)
+        if not self.sealed:
+            usr = self.path("/usr")
+            (usr / "bin").mkdir(parents=True, exist_ok=True)
+            (usr / "lib" / pyv).mkdir(parents=True, exist_ok=True)
+            (usr / "lib" / pyv / "site-packages").symlink_to(site)
+            (usr / "pyvenv.cfg").write_text(f"home = {os.path.dirname(real)}\ninclude-system-site-packages = false\n")
+            self.path(h["python"]).symlink_to(real)
+        self.env_root_inside = "/usr/local"
+        self._fill(self.path("/usr/local"), site)
+
+    def _fill(self, env_root: Path, site: Path) -> None:
+        h = self.state
+        self.site = site
         self._pip(env_root, site)
         extra = h.get("environment") or {"extra": 0}
         skip = {re.sub(r"[-_.]+", "_", d).lower() for d in h["packages"]}
@@ -374,8 +504,9 @@ class SimHost:
         when = _ts(spec.get("installed_at") or DEFAULT_INSTALLED)
         files: list[str] = []
         editable = spec.get("editable")
-        if dist == REPO_PACKAGE and self.state.get("repo") and not editable:
-            editable = self.state["repo"]["path"] + "/python"
+        if self.state.get("repo") and module == self.repo_package()[0] and not editable:
+            folder = self.repo_package()[1]
+            editable = self.state["repo"]["path"].rstrip("/") + ("" if folder == "." else "/" + folder)
         if editable:
             pth = site / f"__editable__.{norm}-{version}.pth"
             pth.write_text(self.inside(editable) + "\n")
@@ -432,32 +563,43 @@ class SimHost:
             (d / f"{norm}-{w['version']}-cp39-abi3-linux_x86_64.whl").write_bytes(buf.getvalue())
 
     # ---------------------------------------------------------------- the server's code
+    def _cwd(self) -> str:
+        h = self.state
+        return h["server"].get("cwd") or (h.get("repo") or {}).get("path") or "/root"
+
     def _script(self) -> str | None:
-        argv = self.state["server"]["cmd"].split()
-        return argv[1] if len(argv) > 1 and argv[1].endswith(".py") else None
+        """The server's script as an absolute path (a relative one is the server's cwd's), if it runs one."""
+        entry = self._entry()
+        if not entry or entry[0] != "script":
+            return None
+        return os.path.normpath(os.path.join(self._cwd(), entry[1]))
+
+    def _in_repo(self, path: str) -> bool:
+        repo = (self.state.get("repo") or {}).get("path")
+        return bool(repo) and (path + "/").startswith(repo.rstrip("/") + "/")
+
+    def system_python(self) -> bool:
+        """The scenario's python is the system's (``/usr/bin/python3``), its packages in dist-packages."""
+        return self.state["python"].startswith("/usr/bin/")
 
     def _entry(self) -> tuple[str, str] | None:
         """How the server's command line reaches its code: ("module", M), ("script", PATH) or ("console", NAME)."""
         argv = self.state["server"]["cmd"].split()
-        if "-m" in argv and argv.index("-m") + 1 < len(argv):
-            return ("module", argv[argv.index("-m") + 1])
-        if self._script():
-            return ("script", argv[1])
-        if not os.path.basename(argv[0]).startswith("python"):
-            return ("console", os.path.basename(argv[0]))
-        return None
+        if os.path.basename(argv[0]).startswith("python"):
+            return python_entry(argv)
+        return ("console", os.path.basename(argv[0]))
 
     def server_code(self) -> str:
         deps = []
         for dist, spec in self.state["packages"].items():
-            if not spec.get("editable") and not (dist == REPO_PACKAGE and self.state.get("repo")):
-                deps.append(spec.get("module") or dist.replace("-", "_"))
+            module = spec.get("module") or dist.replace("-", "_")
+            if not spec.get("editable") and not (self.state.get("repo") and module == self.repo_package()[0]):
+                deps.append(module)
         worker = self.state["server"].get("worker")
-        config = {"deps": deps, "code": f"{REPO_PACKAGE}.srt" if self.state.get("repo") else None,
+        config = {"deps": deps, "code": self._code, "code_dir": self._code_dir,
                   "log": self.state["server"].get("log") or [], "worker": (worker or {}).get("env") if worker else None}
         text = (GUEST / "server.py").read_text()
-        text = text.replace("CONFIG: dict = {}", f"CONFIG: dict = {config!r}", 1)
-        return text.replace(f'SERVICE = "{SERVICE_DIR}/service.sock"', f'SERVICE = "{self.inside(SERVICE_DIR)}/service.sock"', 1)
+        return text.replace("CONFIG: dict = {}", f"CONFIG: dict = {config!r}", 1)
 
     def _write_server_module(self, base: Path, module: str) -> None:
         parts = module.split(".")
@@ -468,6 +610,14 @@ class SimHost:
             if not (d / "__init__.py").exists():
                 (d / "__init__.py").write_text("")
         (d / f"{parts[-1]}.py").write_text(self.server_code())
+
+    def _write_script(self, script: str) -> None:
+        p = self.path(script)
+        if p.is_dir():
+            raise ScenarioError(f"the server's script `{script}` is a folder", file=self.scenario.source,
+                                field="host.server.cmd", fix="name the script file (`PYTHON /root/app/serve.py`)")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(self.server_code())
 
     def _package_base(self, top: str) -> Path:
         """Where ``import top`` finds its package: an editable install's folder, else site-packages."""
@@ -484,13 +634,13 @@ class SimHost:
                                 fix="e.g. `/root/ml-env/bin/python3 -m sglang.launch_server`")
         kind, what = entry
         if kind == "module":
-            if what.split(".")[0] == REPO_PACKAGE and self.state.get("repo"):
+            if self.state.get("repo") and what.split(".")[0] == self.repo_package()[0]:
                 return  # committed in the repository
             self._write_server_module(self._package_base(what.split(".")[0]), what)
         elif kind == "script":
-            p = self.path(what)
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(self.server_code())
+            script = self._script() or what
+            if not self._in_repo(script):
+                self._write_script(script)
         else:
             module = f"{what.replace('-', '_')}.entrypoints.cli.main"
             self._write_server_module(self._package_base(what.replace("-", "_")), module)
@@ -595,7 +745,7 @@ class SimHost:
         h = self.state
         env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
                "LANG": "C.UTF-8", **h["server"]["env"]}
-        cwd = h["server"].get("cwd") or (h.get("repo") or {}).get("path") or "/root"
+        cwd = self._cwd()
         self.path(cwd).mkdir(parents=True, exist_ok=True)
         log = h["server"].get("log_file") or "/tmp/server.log"
         assert self.controller is not None

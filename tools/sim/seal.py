@@ -32,8 +32,6 @@ USR = ("bin", "sbin", "lib", "lib32", "lib64", "libexec", "share", "include")
 @lru_cache(maxsize=1)
 def _probe() -> str:
     """Why this machine cannot seal a host ("" when it can)."""
-    if os.environ.get("DEBUGAGENT_SIM_UNSEALED") == "1":
-        return "DEBUGAGENT_SIM_UNSEALED=1 is set"
     if not shutil.which("bwrap"):
         return "bwrap is not installed: apt-get install bubblewrap"
     if not shutil.which("nsenter"):
@@ -46,12 +44,18 @@ def _probe() -> str:
     return ""
 
 
+def _why() -> str:
+    if os.environ.get("DEBUGAGENT_SIM_UNSEALED") == "1":   # read at each host's start, not cached
+        return "DEBUGAGENT_SIM_UNSEALED=1 is set"
+    return _probe()
+
+
 def available() -> bool:
-    return _probe() == ""
+    return _why() == ""
 
 
 def why_not() -> str:
-    return _probe() or "it can be sealed"
+    return _why() or "it can be sealed"
 
 
 def bwrap_args(sim: SimHost) -> list[str]:
@@ -69,6 +73,10 @@ def bwrap_args(sim: SimHost) -> list[str]:
           "--bind", str(sim.path("/sys")), "/sys", "--bind", str(sim.path("/run")), "/run"]
     for r in sim.roots:
         a += ["--bind", str(sim.path(r)), r]
+    if sim.system_python():   # the system python's own packages are no part of the host's
+        for d in ("/usr/lib/python3/dist-packages", f"/usr/lib/{sim.system_pyv()}/dist-packages"):
+            if os.path.isdir(d):
+                a += ["--tmpfs", d]
     base = sim.base_python()
     if not base.startswith("/usr/") or base.startswith("/usr/local/"):
         prefix = os.path.dirname(os.path.dirname(base))

@@ -39,8 +39,9 @@ def pids_where(match: Callable[[list[bytes]], bool]) -> list[int]:
 
 
 class SimShell:
-    def __init__(self, sandbox: str, bin_dir: str, roots: list[str], user: str) -> None:
+    def __init__(self, sandbox: str, bin_dir: str, roots: list[str], user: str, aliases: dict[str, str] | None = None) -> None:
         self.sandbox = sandbox
+        self.aliases = aliases or {}   # folder in the sandbox -> the path the host shows for it
         self.bin = bin_dir
         self.roots = roots
         self.user = user
@@ -55,14 +56,15 @@ class SimShell:
     @classmethod
     def load(cls, base: str) -> SimShell:
         d = json.loads((Path(base) / "exec.json").read_text())
-        sh = cls(d["sandbox"], d["bin"], d["roots"], d["user"])
+        sh = cls(d["sandbox"], d["bin"], d["roots"], d["user"], d.get("aliases"))
         sh.sealed, sh.init_pid = bool(d.get("sealed")), int(d.get("init_pid") or 0)
         return sh
 
     def save(self, base: Path, *, sealed: bool = False, init_pid: int = 0) -> None:
         self.sealed, self.init_pid = sealed, init_pid
         (base / "exec.json").write_text(json.dumps({"sandbox": self.sandbox, "bin": self.bin, "roots": self.roots,
-                                                    "user": self.user, "sealed": sealed, "init_pid": init_pid}))
+                                                    "user": self.user, "sealed": sealed, "init_pid": init_pid,
+                                                    "aliases": self.aliases}))
 
     def home_inside(self) -> str:
         return "/root" if self.user == "root" else "/home/" + self.user
@@ -80,6 +82,8 @@ class SimShell:
         return self._re.sub(lambda m: self.sandbox + m.group(1), command)
 
     def unrewrite(self, text: str) -> str:
+        for inside, shown in self.aliases.items():
+            text = text.replace(inside, shown)
         return text.replace(self.sandbox, "")
 
     def home(self) -> str:
@@ -97,6 +101,7 @@ class SimShell:
             "PATH": f"{self.bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "HOME": self.home(), "USER": self.user, "LOGNAME": self.user, "LANG": "C.UTF-8", "SHELL": "/bin/bash",
             "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", **offline,
+            **({"TMPDIR": self.sandbox + "/tmp"} if "/tmp" in self.roots else {}),
         }
 
     def own_pids(self) -> list[int]:

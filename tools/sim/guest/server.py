@@ -21,6 +21,17 @@ CONFIG: dict = {}
 SERVICE = "/run/nvidia-gpu/service.sock"
 
 
+def service() -> str:
+    """The host's GPU service: ``/run/nvidia-gpu/service.sock`` of the root the interpreter lives under
+    (the host's ``/``), so this code names no folder of its own and is the same file on every host."""
+    d = os.path.dirname(os.path.abspath(sys.executable))
+    while True:
+        p = os.path.join(d, SERVICE.lstrip("/"))
+        if os.path.exists(p) or d == os.path.dirname(d):
+            return p
+        d = os.path.dirname(d)
+
+
 def loaded_builds() -> dict:
     """The compiled files of each dependency, as imported now: module -> sha256 of its bytes."""
     out = {}
@@ -39,6 +50,8 @@ def loaded_builds() -> dict:
 
 def loaded_code() -> int:
     """The newest change among the code package's modules (-1 when there is no code package)."""
+    if CONFIG.get("code_dir"):   # a script's own modules, a folder beside it
+        return loaded_code_dir(os.path.join(os.path.dirname(os.path.abspath(__file__)), CONFIG["code_dir"]))
     pkg_name = CONFIG.get("code")
     if not pkg_name:
         return -1
@@ -47,6 +60,20 @@ def loaded_code() -> int:
     for info in pkgutil.iter_modules(pkg.__path__):
         mod = importlib.import_module(f"{pkg_name}.{info.name}")
         newest = max(newest, int(getattr(mod, "CHANGE", -1)))
+    return newest
+
+
+def loaded_code_dir(folder: str) -> int:
+    """The newest change among the modules of a folder (a script's code, found beside the script)."""
+    import importlib.util
+    newest = -1
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        if name.endswith(".py") and name != "__init__.py":
+            spec = importlib.util.spec_from_file_location(f"_code_{name[:-3]}", os.path.join(folder, name))
+            if spec and spec.loader:
+                mod = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(mod)
+                newest = max(newest, int(getattr(mod, "CHANGE", -1)))
     return newest
 
 
@@ -69,7 +96,7 @@ def flags(argv: list) -> dict:
 
 def tell_service(report: dict) -> socket.socket:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.connect(SERVICE)
+    s.connect(service())
     s.sendall(json.dumps(report).encode() + b"\n")
     return s  # kept open for the process's life: the service knows it runs while it is open
 

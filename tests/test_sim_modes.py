@@ -3,6 +3,9 @@ host that is not sealed (no bubblewrap) concludes what a sealed one does."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+
 import pytest
 from debugagent.agent.run import RunOptions, investigate
 from debugagent.tools.registry import Runner
@@ -22,18 +25,21 @@ def history(h: SimHost) -> tuple[list[str], list[str]]:
     return [x for x in log if x], reflog
 
 
-def test_good_and_bad_share_one_history(tmp_path):
+def test_good_and_bad_share_one_history():
     """The good host's commits are the bad host's (same hashes, sealed or not), and its reflog is the bad host's
     up to where the repo.head factor moves HEAD: the bad one has one more entry, the fast-forward."""
     sc = load_scenario(BISECT)
     seen = {}
     for sealed in ([False, True] if available() else [False]):
         for which in ("good", "bad"):
-            h = SimHost(sc, which, root=str(tmp_path / f"{which}-{sealed}"), sealed=sealed)
+            # a short root: the host's service socket path must fit AF_UNIX's 108 bytes under any tmp_path
+            root = tempfile.mkdtemp(prefix=f"da-{which}-")
+            h = SimHost(sc, which, root=root, sealed=sealed)
             try:
                 seen[which, sealed] = history(h)
             finally:
                 h.close()
+                shutil.rmtree(root, ignore_errors=True)
     good, bad = seen["good", False], seen["bad", False]
     assert sorted(good[0]) == sorted(bad[0]) and len(good[0]) == 8
     assert bad[1][1:] == good[1] and "Fast-forward" in bad[1][0]

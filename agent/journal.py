@@ -337,6 +337,12 @@ class Journal:
     def pending(self) -> list[Step]:
         return list(reversed(self.steps))
 
+    @property
+    def settled(self) -> bool:
+        """Nothing left to do: every step is done, and the host was checked as found (or nothing was read to
+        check it against)."""
+        return not self.steps and (self.data.verified or not self.data.before)
+
     def describe_left(self) -> str:
         return "; ".join(f"{s.text}" + (" (started, not done)" if s.started and not s.error else "")
                          + (f" (last error: {s.error})" if s.error else "") for s in self.pending())

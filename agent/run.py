@@ -29,7 +29,7 @@ from rich.markup import escape
 from .config import RunConfig
 from .graph import RECURSION_LIMIT, Ctx, build_graph
 from .hosts import open_transport
-from .journal import HostLock, Journal, host_instance, host_side, others_on_host
+from .journal import HostLock, Journal, host_instance, host_side, others_on_host, state_dir
 from .lab import Lab, Measure
 from .session import RunOptions, Session, inputs_from_options, make_view, open_run
 from .signals import Interrupted, Signals
@@ -178,9 +178,7 @@ def _guarded(ctx: Ctx, folder: Path, invoke: Any) -> dict[str, Any] | None:
 
 def state_runs_dir() -> Path:
     """Where runs go by default: ``$XDG_STATE_HOME/debugagent/runs`` (``~/.local/state`` when unset)."""
-    xdg = os.environ.get("XDG_STATE_HOME", "")
-    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".local" / "state"
-    return base / "debugagent" / "runs"
+    return state_dir() / "runs"
 
 
 def _writable(folder: Path, flag: str, shown: str) -> None:
@@ -270,7 +268,7 @@ def restore(ctx: Ctx, journal: Journal | None = None) -> list[str]:
     """Undo whatever is still pending in the journal, then check the host as found (``lab.undo``); print on the
     console what could not be undone and each difference from the host as found."""
     journal = journal or ctx.undo
-    if not journal.steps and (journal.data.verified or not journal.data.before):
+    if journal.settled:
         return []
     lab = Lab(ctx.runner, lambda ev, **kw: ctx.transcript.emit(ev, **kw), journal, Measure("", "", None), ctx.run_id, True)
     why = ""
@@ -362,7 +360,7 @@ def undo_run(run_dir: str, *, force_unlock: bool = False, transport: Any = None)
                     f"({'; '.join(journal.gone)})")
             journal.save()
         found = journal.merge_host_copy()
-        if not journal.steps and (journal.data.verified or not journal.data.before):
+        if journal.settled:
             say_err(f"nothing to undo: every step of {run_id} is done" + ("" if found or journal.data.steps else
                     " (no journal in the run folder nor on the host)") + (
                     "; the host was checked as found after it" if journal.data.verified else ""))

@@ -117,7 +117,7 @@ class RestartServer(BaseModel):
 
     @property
     def argv_file(self) -> str:
-        return (self.env_file.removesuffix(".env") if self.env_file.endswith(".env") else self.env_file) + ".argv"
+        return self.env_file.removesuffix(".env") + ".argv"
 
     def command(self) -> str:
         pid = int(self.pid)

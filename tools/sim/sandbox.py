@@ -116,7 +116,7 @@ def python_entry(argv: list[str]) -> tuple[str, str] | None:
             return ("module", argv[i + 1])
         if a.startswith("-m") and len(a) > 2:
             return ("module", a[2:])
-        if a == "-c" or a.startswith("-c"):
+        if a.startswith("-c"):
             return None
         if a in ("-X", "-W", "--check-hash-based-pycs"):
             i += 2

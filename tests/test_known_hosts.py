@@ -207,3 +207,147 @@ def test_host_patterns():
     assert m("GPU-BOX", "gpu-box") and not m("!gpu-box", "gpu-box")
     h = _hashed("[gpu]:2200")
     assert m(h, "[gpu]:2200") and not m(h, "gpu")
+
+
+# ---------------------------------------------------------------- the files ssh's configuration names
+# each case: the ssh_config lines (U1, U2 = user files, G = a global file, in this test's folder) and the
+# known_hosts lines of each file (N, K, O, H(...) as above); the host is reached through its config entry `box`
+CONFIG_CASES = {
+    "global-file-revokes": (["UserKnownHostsFile U1", "GlobalKnownHostsFile G"], {"U1": ["N K"], "G": ["@revoked * K"]}),
+    "global-file-knows": (["UserKnownHostsFile U1", "GlobalKnownHostsFile G"], {"U1": [], "G": ["N K"]}),
+    "global-file-changed": (["UserKnownHostsFile U1", "GlobalKnownHostsFile G"], {"U1": [], "G": ["N O"]}),
+    "configured-user-file-changed": (["UserKnownHostsFile U1", "GlobalKnownHostsFile G"],
+                                     {"U1": ["N O"], "U2": ["N K"], "G": []}),
+    "second-user-file-knows": (["UserKnownHostsFile U1 U2", "GlobalKnownHostsFile G"], {"U1": [], "U2": ["N K"], "G": []}),
+    "second-user-file-revokes": (["UserKnownHostsFile U1 U2", "GlobalKnownHostsFile G"],
+                                 {"U1": ["N K"], "U2": ["@revoked * K"], "G": []}),
+    "no-user-file": (["UserKnownHostsFile none", "GlobalKnownHostsFile G"], {"G": ["N K"]}),
+    "alias-known": (["UserKnownHostsFile U1", "GlobalKnownHostsFile G", "HostKeyAlias gpu-alias"],
+                    {"U1": ["gpu-alias K"], "G": []}),
+    "alias-hashed": (["UserKnownHostsFile U1", "GlobalKnownHostsFile G", "HostKeyAlias gpu-alias"],
+                     {"U1": ["H(gpu-alias) K"], "G": []}),
+    "alias-not-the-address": (["UserKnownHostsFile U1", "GlobalKnownHostsFile G", "HostKeyAlias gpu-alias"],
+                              {"U1": ["N K"], "G": []}),
+    "alias-changed": (["UserKnownHostsFile U1", "GlobalKnownHostsFile G", "HostKeyAlias gpu-alias"],
+                      {"U1": ["gpu-alias O", "N K"], "G": []}),
+    "alias-upper-case": (["UserKnownHostsFile U1", "GlobalKnownHostsFile G", "HostKeyAlias GPU-Alias"],
+                         {"U1": ["gpu-alias K"], "G": []}),
+    "new-key-hashed": (["UserKnownHostsFile U1", "GlobalKnownHostsFile G", "HashKnownHosts yes"], {"U1": [], "G": []}),
+    "tokens-in-file-name": (["UserKnownHostsFile T/kh-%h-%p-%r", "GlobalKnownHostsFile G"],
+                            {"T/kh-127.0.0.1-PORT-USER": ["N K"], "G": []}),
+}
+
+
+def _config_case(sshd, tmp_path: Path, case: str) -> tuple[Path, dict[str, Path]]:
+    """Writes the case's files and ~/.ssh/config (the test's $HOME); returns the config and the files."""
+    options, files = CONFIG_CASES[case]
+    home = Path(os.environ["HOME"])
+    paths = {name: tmp_path / name.removeprefix("T/").replace("PORT", str(sshd.port)).replace("USER", getpass.getuser())
+             for name in files}
+    for name, lines in files.items():
+        _write(sshd, lines, paths[name])
+    subst = {n: str(p) for n, p in paths.items() if not n.startswith("T/")}
+    opts = [" ".join(subst.get(w, w.replace("T/", f"{tmp_path}/")) for w in o.split()) for o in options]
+    (home / ".ssh").mkdir(exist_ok=True)
+    cfg = home / ".ssh" / "config"
+    cfg.write_text(f"Host box\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User {getpass.getuser()}\n"
+                   f"  IdentityFile {sshd.identity}\n  IdentitiesOnly yes\n  UpdateHostKeys no\n"
+                   + "".join(f"  {o}\n" for o in opts))
+    return cfg, paths
+
+
+def _ssh_with_config(cfg: Path, mode: str) -> str:
+    r = subprocess.run(["ssh", "-F", str(cfg), "-o", "BatchMode=yes", "-o", f"StrictHostKeyChecking={mode}",
+                        "-o", "ConnectTimeout=20", "box", "true"], capture_output=True, text=True, timeout=60)
+    if r.returncode == 0:
+        return "ok"
+    if "REVOKED" in r.stderr or "revoked" in r.stderr:
+        return "revoked"
+    if "HAS CHANGED" in r.stderr:
+        return "changed"
+    assert "Host key verification failed" in r.stderr or "No ED25519 host key is known" in r.stderr, r.stderr
+    return "unknown"
+
+
+def _ours_with_config(accept_new: bool) -> str:
+    try:
+        SSHTransport.from_spec("box", accept_new=accept_new, connect_timeout=20).close()
+    except HostKeyError as exc:
+        msg = str(exc)
+        return "revoked" if "REVOKED" in msg else "changed" if "CHANGED" in msg else "unknown"
+    return "ok"
+
+
+@pytest.mark.parametrize("case", sorted(CONFIG_CASES))
+def test_the_files_ssh_config_names_same_answer_as_openssh(sshd, tmp_path, case):
+    """UserKnownHostsFile (a list, `none`, `%` tokens), GlobalKnownHostsFile and HostKeyAlias from the
+    user's ssh_config decide as they decide for `ssh`: strict and accept-new, and the files change alike."""
+    cfg, paths = _config_case(sshd, tmp_path, case)
+    before = {n: p.read_text() for n, p in paths.items()}
+    theirs = _ssh_with_config(cfg, "yes")
+    after_theirs = {n: p.read_text() for n, p in paths.items()}
+    ours = _ours_with_config(False)
+    assert ours == theirs, f"{case}: ssh says {theirs}, debugagent {ours}"
+    assert {n: p.read_text() for n, p in paths.items()} == after_theirs == before
+    theirs = _ssh_with_config(cfg, "accept-new")
+    grew_theirs = {n for n, p in paths.items() if p.read_text() != before[n]}
+    for n, p in paths.items():
+        p.write_text(before[n])
+    ours = _ours_with_config(True)
+    assert ours == theirs, f"{case} (accept-new): ssh says {theirs}, debugagent {ours}"
+    grew_ours = {n for n, p in paths.items() if p.read_text() != before[n]}
+    assert grew_ours == grew_theirs, f"{case}: ssh wrote {grew_theirs}, debugagent {grew_ours}"
+    if grew_ours:
+        assert _ssh_with_config(cfg, "yes") == "ok"
+        hashed = "HashKnownHosts yes" in options_of(case)
+        assert all(line.startswith("|1|") == hashed for n in grew_ours for line in paths[n].read_text().splitlines()
+                   if line not in before[n].splitlines())
+
+
+def options_of(case: str) -> list[str]:
+    return CONFIG_CASES[case][0]
+
+
+def test_resolve_reads_the_known_hosts_options_and_their_defaults(tmp_path):
+    """Without a word in the config, the files are OpenSSH's defaults (the system's /etc/ssh/ssh_known_hosts
+    among them); CheckHostIP and HashKnownHosts are read as ssh reads them."""
+    from debugagent.tools.ssh.config import resolve
+    home = Path(os.environ["HOME"])
+    (home / ".ssh").mkdir(exist_ok=True)
+    (home / ".ssh" / "config").write_text("Host plain\n  HostName 127.0.0.1\nHost set\n  HostName 127.0.0.1\n"
+                                          "  CheckHostIP yes\n  HashKnownHosts yes\n  HostKeyAlias Box-1\n")
+    r = resolve("plain", None)
+    assert r["global_known_hosts"] == ["/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2"]
+    assert r["known_hosts"] == [str(home / ".ssh" / "known_hosts"), str(home / ".ssh" / "known_hosts2")]
+    assert (r["check_host_ip"], r["hash_known_hosts"], r["host_key_alias"]) == (False, False, None)
+    r = resolve("set", None)
+    assert (r["check_host_ip"], r["hash_known_hosts"]) == (True, True)
+    assert r["host_key_alias"] is not None and r["host_key_alias"].lower() == "box-1"
+
+
+def test_check_host_ip_applies_where_ssh_applies_it():
+    """CheckHostIP looks at the address only off loopback, for a host named otherwise, with no alias."""
+    from debugagent.tools.ssh.hostkeys import Policy
+    files = known_hosts.Files(())
+    p = Policy(files, False, "gpu-box", 22, check_ip=True)
+    p.ip = "10.0.0.9"
+    assert p.ip_name() == "10.0.0.9"
+    p.ip = "127.0.0.1"
+    assert p.ip_name() is None
+    p = Policy(files, False, "10.0.0.9", 2222, check_ip=True)
+    p.ip = "10.0.0.9"
+    assert p.ip_name() is None
+    p = Policy(files, False, "gpu-box", 2222, check_ip=True)
+    p.ip = "10.0.0.9"
+    assert p.ip_name() == "[10.0.0.9]:2222"
+    p = Policy(files, False, "gpu-box", 22, check_ip=False)
+    p.ip = "10.0.0.9"
+    assert p.ip_name() is None
+
+
+def test_lookup_names_are_lower_case_as_ssh_looks_them_up():
+    """ssh lowercases the host name before it looks; a hashed line holds the lowercased name."""
+    assert known_hosts.lookup_name("GPU-Box", 22) == "gpu-box"
+    assert known_hosts.lookup_name("GPU-Box", 2200) == "[gpu-box]:2200"
+    line = known_hosts.hash_name("[gpu-box]:2200")
+    assert known_hosts.host_matches(line, known_hosts.lookup_name("GPU-BOX", 2200))

@@ -168,6 +168,9 @@ def test_hanging_command_is_cut_and_ended_on_the_host(plain):
 
 def test_unknown_host_key_refused_then_accepted_without_rewriting(plain, tmp_path):
     """An unknown key is refused; with accept-new one line is appended and nothing else changes."""
+    ssh_dir = Path(os.environ["HOME"]) / ".ssh"
+    ssh_dir.mkdir(exist_ok=True)
+    (ssh_dir / "config").write_text("HashKnownHosts no\n")   # names in clear (the system's ssh_config may hash them)
     kh = tmp_path / "known_hosts"
     original = "# my hosts\n@cert-authority *.corp ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJunk\n|1|abc=|def= ssh-rsa AAAAB3Nz\n"
     kh.write_text(original)

@@ -21,6 +21,12 @@ key inside it, and so does the caller.
 
 ``check`` gives OpenSSH's answer for a plain key: ``ok`` (a matching line holds it),
 ``changed`` (matching lines hold other keys only), ``revoked``, or ``unknown``.
+
+``Files`` is the set of files ssh reads (``UserKnownHostsFile`` then ``GlobalKnownHostsFile``, as
+``ssh -G`` names them): every line of every file counts, so a key ``@revoked`` in
+``/etc/ssh/ssh_known_hosts`` is refused whatever the user's file says; a new key is appended to
+the first user file only. Names are looked up in lower case, as ssh lowercases the host name
+before it looks (a hashed name is the HMAC of the lowercased name).
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ class Entry:
     keytype: str
     key: bytes          # the public key blob
     line: int
+    path: Path | None = None   # the file that holds the line
 
     def matches(self, name: str) -> bool:
         return host_matches(self.patterns, name)
@@ -59,7 +66,8 @@ class Verdict:
 
 
 def lookup_name(host: str, port: int) -> str:
-    """The name OpenSSH looks up: ``host``, or ``[host]:port`` off port 22."""
+    """The name OpenSSH looks up: ``host`` (lowercased, as ssh does), or ``[host]:port`` off port 22."""
+    host = host.lower()
     return host if port == 22 else f"[{host}]:{port}"
 
 
@@ -72,6 +80,14 @@ def _hashed_matches(field: str, name: str) -> bool:
     except (binascii.Error, ValueError):
         return False
     return hmac.compare_digest(hmac.new(salt, name.encode(), hashlib.sha1).digest(), want)
+
+
+def hash_name(name: str, salt: bytes | None = None) -> str:
+    """``|1|salt|hash``: the name as ssh writes it under ``HashKnownHosts yes``."""
+    import os
+    salt = salt if salt is not None else os.urandom(20)
+    digest = hmac.new(salt, name.encode(), hashlib.sha1).digest()
+    return f"|1|{base64.b64encode(salt).decode()}|{base64.b64encode(digest).decode()}"
 
 
 def _pattern_matches(pattern: str, name: str) -> bool:
@@ -95,7 +111,7 @@ def host_matches(patterns: str, name: str) -> bool:
     return positive
 
 
-def parse(text: str) -> list[Entry]:
+def parse(text: str, path: Path | None = None) -> list[Entry]:
     """Every usable line; comments, blank lines and lines OpenSSH would skip are skipped."""
     out: list[Entry] = []
     for n, raw in enumerate(text.splitlines(), 1):
@@ -115,14 +131,33 @@ def parse(text: str) -> list[Entry]:
             blob = base64.b64decode(fields[2], validate=True)
         except (binascii.Error, ValueError):
             continue
-        out.append(Entry(marker=marker, patterns=fields[0], keytype=fields[1], key=blob, line=n))
+        out.append(Entry(marker=marker, patterns=fields[0], keytype=fields[1], key=blob, line=n, path=path))
     return out
 
 
 def load(path: Path) -> list[Entry]:
     if not path.is_file():
         return []
-    return parse(path.read_text(errors="replace"))
+    return parse(path.read_text(errors="replace"), path)
+
+
+@dataclass(frozen=True)
+class Files:
+    """The known_hosts files ssh reads for one host: ``user`` (UserKnownHostsFile, the first one
+    takes new keys) and ``system`` (GlobalKnownHostsFile: read, never written)."""
+
+    user: tuple[Path, ...]
+    system: tuple[Path, ...] = ()
+
+    def entries(self) -> list[Entry]:
+        return [e for p in (*self.user, *self.system) for e in load(p)]
+
+    @property
+    def append_to(self) -> Path | None:
+        return self.user[0] if self.user else None
+
+    def __str__(self) -> str:
+        return " ".join(str(p) for p in (*self.user, *self.system))
 
 
 def check(entries: list[Entry], name: str, keytype: str, key: bytes) -> Verdict:
@@ -149,8 +184,11 @@ def known_types(entries: list[Entry], name: str) -> list[str]:
     return seen
 
 
-def verify(entries: list[Entry], host: str, port: int, keytype: str, key: bytes) -> Verdict:
-    """``check`` under ``[host]:port``, then (where that is unknown) under plain ``host``, as ssh does."""
+def verify(entries: list[Entry], host: str, port: int, keytype: str, key: bytes, alias: str | None = None) -> Verdict:
+    """``check`` under ``[host]:port``, then (where that is unknown) under plain ``host``, as ssh does;
+    under ``alias`` alone where a ``HostKeyAlias`` is set (ssh adds no port to it and takes no second look)."""
+    if alias:
+        return check(entries, alias, keytype, key)
     v = check(entries, lookup_name(host, port), keytype, key)
     if v.status == "unknown" and port != 22:
         plain = check(entries, host, keytype, key)
@@ -220,13 +258,14 @@ def _signature_ok(cert: HostCert) -> bool:
 
 
 def check_cert(entries: list[Entry], host: str, port: int, blob: bytes, plain: bytes,
-               now: float | None = None) -> Verdict | None:
+               now: float | None = None, alias: str | None = None) -> Verdict | None:
     """``ok`` or ``revoked`` for a host certificate (``plain``: the key it certifies); None where
     ssh would fall back to the plain key."""
     cert = parse_cert(blob)
     if cert is None:
         return None
-    name = lookup_name(host, port)
+    name = alias or lookup_name(host, port)
+    host = alias or host.lower()
     for e in entries:   # the certified key or its authority revoked
         if e.marker == "@revoked" and e.key in (cert.ca_key, plain) and e.matches(name):
             return Verdict("revoked", e)

@@ -22,6 +22,59 @@ class Resolved(TypedDict):
     identities: list[str]
     proxyjump: str | None
     explicit_identity: bool
+    known_hosts: list[str]          # UserKnownHostsFile (the first takes new keys); [] for `none`
+    global_known_hosts: list[str]   # GlobalKnownHostsFile
+    host_key_alias: str | None
+    check_host_ip: bool
+    hash_known_hosts: bool
+
+
+DEFAULT_USER_FILES = ["~/.ssh/known_hosts", "~/.ssh/known_hosts2"]
+DEFAULT_GLOBAL_FILES = ["/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2"]
+
+
+def _home_of_account() -> str:
+    try:
+        import pwd
+        return pwd.getpwuid(os.getuid()).pw_dir
+    except (KeyError, ImportError):
+        return str(Path.home())
+
+
+def _file_list(value: str | list[str] | None, default: list[str], tokens: dict[str, str]) -> list[str]:
+    """A known-hosts file option as ssh holds it: space-separated paths, ``none`` for no file, ``~`` and
+    ``%`` tokens expanded. ``ssh -G`` expands ``~`` with the account's home; where ``$HOME`` is another
+    folder, debugagent's own ``~`` (the one ``--known-hosts`` and its state use) stands for it."""
+    words = (" ".join(value) if isinstance(value, list) else value).split() if value else list(default)
+    if words == ["none"]:
+        return []
+    home, account_home = str(Path.home()), _home_of_account().rstrip("/")
+    out: list[str] = []
+    for w in words:
+        w = "".join(tokens.get(part, part) for part in _split_tokens(w))
+        w = os.path.expanduser(w)
+        if account_home and account_home != home and (w == account_home or w.startswith(account_home + "/")):
+            w = home + w[len(account_home):]
+        out.append(w)
+    return out
+
+
+def _split_tokens(word: str) -> list[str]:
+    """``a%hb`` -> ``['a', '%h', 'b']``: the ``%`` tokens ssh expands in a file option."""
+    out: list[str] = []
+    i = 0
+    while i < len(word):
+        if word[i] == "%" and i + 1 < len(word):
+            out.append(word[i:i + 2])
+            i += 2
+        else:
+            out.append(word[i])
+            i += 1
+    return out
+
+
+def _yes(value: Any) -> bool:
+    return str(value).lower() in ("yes", "true")
 
 
 def split_target(spec: str) -> tuple[str | None, str, int | None]:
@@ -62,8 +115,9 @@ def resolve(spec: str, identity_file: str | None) -> Resolved:
     cfg: dict[str, Any] = {}   # ssh -G's output or paramiko's SSHConfig lookup: text as the user's config has it
     ssh = shutil.which("ssh")
     config = Path.home() / ".ssh" / "config"
-    if ssh and config.is_file():
-        r = subprocess.run([ssh, "-F", str(config), "-G", host], capture_output=True, text=True, timeout=10)
+    if ssh:
+        r = subprocess.run([ssh, *_config_args(config), "-G", *(["-p", str(port)] if port else []), host],
+                           capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL)
         if r.returncode == 0:
             for line in r.stdout.splitlines():
                 k, _, v = line.partition(" ")
@@ -71,15 +125,40 @@ def resolve(spec: str, identity_file: str | None) -> Resolved:
                     cfg.setdefault(k, []).append(v)
                 else:
                     cfg[k] = v
-    elif Path.home().joinpath(".ssh", "config").is_file():
-        c = paramiko.SSHConfig.from_path(str(Path.home() / ".ssh" / "config")).lookup(host)
+    elif config.is_file():
+        c = paramiko.SSHConfig.from_path(str(config)).lookup(host)
         cfg = {k: v for k, v in c.items()}
     hostname = cfg.get("hostname", host)
-    ids = [os.path.expanduser(i) for i in cfg.get("identityfile", []) if os.path.isfile(os.path.expanduser(i))]
+    # identities as the user's own config names them (ssh -G lists its defaults too; without a config of
+    # the user's, paramiko looks in ~/.ssh and asks ssh-agent, as before)
+    ids = [os.path.expanduser(i) for i in cfg.get("identityfile", []) if os.path.isfile(os.path.expanduser(i))] \
+        if config.is_file() else []
     if identity_file:
         if not os.path.isfile(identity_file):
             raise UsageError(f"--identity-file {identity_file}: no such file", fix="give the path of a private key")
         ids = [identity_file]
     jump = cfg.get("proxyjump")
-    return {"host": hostname, "port": port or int(cfg.get("port", 22)), "user": user or cfg.get("user") or getpass.getuser(),
-            "identities": ids, "proxyjump": None if jump in (None, "none") else jump, "explicit_identity": bool(identity_file)}
+    the_port = port or int(cfg.get("port", 22))
+    the_user = user or cfg.get("user") or getpass.getuser()
+    alias = cfg.get("hostkeyalias")
+    alias = None if alias in (None, "none") else alias
+    tokens = {"%%": "%", "%d": str(Path.home()), "%h": hostname, "%k": alias or host, "%n": host,
+              "%p": str(the_port), "%r": the_user, "%u": getpass.getuser(), "%i": str(os.getuid())}
+    return {"host": hostname, "port": the_port, "user": the_user,
+            "identities": ids, "proxyjump": None if jump in (None, "none") else jump, "explicit_identity": bool(identity_file),
+            "known_hosts": _file_list(cfg.get("userknownhostsfile"), DEFAULT_USER_FILES, tokens),
+            "global_known_hosts": _file_list(cfg.get("globalknownhostsfile"), DEFAULT_GLOBAL_FILES, tokens),
+            "host_key_alias": alias, "check_host_ip": _yes(cfg.get("checkhostip", "no")),
+            "hash_known_hosts": _yes(cfg.get("hashknownhosts", "no"))}
+
+
+def _config_args(user_config: Path) -> list[str]:
+    """Which configuration ``ssh -G`` reads: ssh's own choice (``~/.ssh/config``, then
+    ``/etc/ssh/ssh_config``) when ``$HOME`` is the account's home; where it is another folder,
+    that folder's ``.ssh/config`` (or the system's file when it has none), as paramiko would read it."""
+    if str(Path.home()) == _home_of_account():
+        return []
+    if user_config.is_file():
+        return ["-F", str(user_config)]
+    system = Path("/etc/ssh/ssh_config")
+    return ["-F", str(system) if system.is_file() else "/dev/null"]

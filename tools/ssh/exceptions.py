@@ -38,8 +38,8 @@ FIXES: dict[type[TransportError], str] = {
 class HostKeyRefused(Exception):
     """The host key is not trusted: ``status`` is ``unknown``, ``changed`` or ``revoked`` (known_hosts.check)."""
 
-    def __init__(self, host: str, key: paramiko.PKey, verdict: known_hosts.Verdict) -> None:
-        self.host, self.key, self.verdict = host, key, verdict
+    def __init__(self, host: str, key: paramiko.PKey, verdict: known_hosts.Verdict, ip: str | None = None) -> None:
+        self.host, self.key, self.verdict, self.ip = host, key, verdict, ip   # ip: CheckHostIP's address refused it
         super().__init__(host)
 
 
@@ -79,6 +79,10 @@ def host_key_error(exc: HostKeyRefused, host: str) -> HostKeyError:
     if v.status == "revoked":
         return HostKeyError(f"{host}: the host key {got} is REVOKED (@revoked in {where}); refused", host=host,
                             fix="the key must never be trusted again: find out why it was revoked; the host needs a new key")
+    if v.status == "changed" and exc.ip:
+        return HostKeyError(f"{host}: the host key {got} differs from the key for the IP address {exc.ip} "
+                            f"({where}); refused, as ssh refuses it under CheckHostIP with strict checking", host=host,
+                            fix=f"if the address moved to another host, remove its old line: ssh-keygen -R {exc.ip}")
     if v.status == "changed":
         return HostKeyError(f"{host}: the host key CHANGED (got {got}; {where} holds another key for this host); "
                             "refused: this may be an attack, or the host was reinstalled", host=host,

@@ -4,8 +4,8 @@ Transport that asks for the key types known_hosts holds (``fast_transport``)."""
 from __future__ import annotations
 
 import fcntl
+import ipaddress
 import socket
-from pathlib import Path
 from typing import Any
 
 import paramiko
@@ -17,36 +17,75 @@ from .exceptions import HostKeyRefused
 class Policy(paramiko.MissingHostKeyPolicy):
     """Every host key is decided here, as OpenSSH decides it (tools/known_hosts.py): the client's
     own host-key table is left empty, so paramiko asks about every key. An unknown key is refused,
-    or with accept_new appended as one line under a lock; a changed or revoked key always refused."""
+    or with accept_new appended as one line under a lock; a changed or revoked key always refused.
 
-    def __init__(self, path: Path, accept_new: bool, host: str, port: int) -> None:
-        self.path, self.accept_new, self.host, self.port = path, accept_new, host, port
+    ``files`` are the known_hosts files ssh would read (``UserKnownHostsFile`` and
+    ``GlobalKnownHostsFile``); ``alias`` is ``HostKeyAlias``; ``check_ip`` is ``CheckHostIP``, which
+    ssh applies only when the peer's address (``ip``, set once the socket is open) is not a loopback
+    address, the host was not given as that address, and no proxy carries the connection: then a
+    key that another line holds for the address is refused, as ssh's strict checking refuses it,
+    and a new key is recorded under the address too. ``hash_names`` is ``HashKnownHosts``."""
+
+    def __init__(self, files: known_hosts.Files, accept_new: bool, host: str, port: int, *, alias: str | None = None,
+                 check_ip: bool = False, hash_names: bool = False) -> None:
+        self.files, self.accept_new, self.host, self.port = files, accept_new, host, port
+        self.alias, self.check_ip, self.hash_names = alias, check_ip, hash_names
+        self.ip: str | None = None
         self.added: str | None = None
 
+    @property
+    def name(self) -> str:
+        return self.alias or known_hosts.lookup_name(self.host, self.port)
+
+    def ip_name(self) -> str | None:
+        """The address ssh also checks under CheckHostIP, or None where it does not."""
+        if not self.check_ip or not self.ip or self.alias:
+            return None
+        try:
+            addr = ipaddress.ip_address(self.ip)
+        except ValueError:
+            return None
+        if addr.is_loopback or self.host.strip("[]") == self.ip:
+            return None
+        return known_hosts.lookup_name(self.ip, self.port)
+
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        name = known_hosts.lookup_name(self.host, self.port)
-        entries = known_hosts.load(self.path)
+        entries = self.files.entries()
         cert = getattr(key, "public_blob", None)
         if cert is not None and cert.key_type.endswith("-cert-v01@openssh.com"):
-            decided = known_hosts.check_cert(entries, self.host, self.port, cert.key_blob, key.asbytes())
+            decided = known_hosts.check_cert(entries, self.host, self.port, cert.key_blob, key.asbytes(), alias=self.alias)
             if decided is not None and decided.status == "ok":
                 return
             if decided is not None:
-                raise HostKeyRefused(name, key, known_hosts.Verdict(decided.status, decided.entry, self.path))
+                raise HostKeyRefused(self.name, key, self._where(decided))
         # a plain key, or a certificate no known authority vouches for: its plain key decides (as ssh)
-        verdict = known_hosts.verify(entries, self.host, self.port, key.get_name(), key.asbytes())
-        verdict = known_hosts.Verdict(verdict.status, verdict.entry, self.path)
+        verdict = self._where(known_hosts.verify(entries, self.host, self.port, key.get_name(), key.asbytes(),
+                                                 alias=self.alias))
+        ip_name = self.ip_name()
+        ip_verdict = known_hosts.check(entries, ip_name, key.get_name(), key.asbytes()) if ip_name else None
+        if verdict.status in ("ok", "unknown") and ip_verdict is not None and ip_verdict.status == "changed":
+            raise HostKeyRefused(self.name, key, self._where(ip_verdict), ip=ip_name)
         if verdict.status == "ok":
             return
         if verdict.status != "unknown" or not self.accept_new:
-            raise HostKeyRefused(name, key, verdict)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        line = f"{name} {key.get_name()} {key.get_base64()}\n"
-        with open(self.path, "a") as f:
+            raise HostKeyRefused(self.name, key, verdict)
+        target = self.files.append_to
+        if target is None:   # UserKnownHostsFile none: nowhere to record it
+            raise HostKeyRefused(self.name, key, verdict)
+        names = [self.name] + ([ip_name] if ip_name and ip_verdict is not None and ip_verdict.status == "unknown" else [])
+        target.parent.mkdir(parents=True, exist_ok=True)
+        lines = [f"{known_hosts.hash_name(n) if self.hash_names else n} {key.get_name()} {key.get_base64()}\n"
+                 for n in names]
+        with open(target, "a") as f:
             fcntl.flock(f, fcntl.LOCK_EX)
-            f.write(line)
+            f.writelines(lines)
             fcntl.flock(f, fcntl.LOCK_UN)
-        self.added = line.strip()
+        self.added = lines[0].strip()
+
+    def _where(self, v: known_hosts.Verdict) -> known_hosts.Verdict:
+        """The verdict with the file that decided it (the first user file where no line did)."""
+        path = v.entry.path if v.entry is not None and v.entry.path is not None else self.files.append_to
+        return known_hosts.Verdict(v.status, v.entry, path)
 
 
 # what paramiko.Transport opens over: an address, a socket, another transport's channel or a ProxyCommand

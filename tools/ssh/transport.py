@@ -14,6 +14,7 @@ from paramiko import ssh_exception as px
 
 from .. import known_hosts
 from ..errors import AuthError, ConnectError, TransportError, UsageError
+from ..known_hosts import Files
 from ..session import SESSION_COMMAND, Capped, EndMark, frame, new_nonce
 from ..transport import (
     DEFAULT_MAX_OUTPUT,
@@ -42,13 +43,17 @@ class SSHTransport(BaseTransport):
     silence_probe_s = 15.0   # a command silent this long: is the peer still there?
     probe_timeout_s = 10.0
 
-    def __init__(self, host: str, port: int, user: str, *, identities: list[str], known_hosts: Path, accept_new: bool,
+    def __init__(self, host: str, port: int, user: str, *, identities: list[str],
+                 known_hosts: Path | Files, accept_new: bool,
                  connect_timeout: float = 10.0, proxyjump: str | None = None, label: str | None = None,
-                 explicit_identity: bool = False) -> None:
+                 explicit_identity: bool = False, host_key_alias: str | None = None, check_host_ip: bool = False,
+                 hash_known_hosts: bool = False, known_hosts_override: str | None = None) -> None:
         self.hostname, self.port, self.user = host, port, user
         self.identities = identities
         self.explicit_identity = explicit_identity
-        self.known_hosts = known_hosts
+        self.known_hosts = known_hosts if isinstance(known_hosts, Files) else Files((known_hosts,))
+        self.known_hosts_override = known_hosts_override   # --known-hosts, handed on to a ProxyJump host
+        self.host_key_alias, self.check_host_ip, self.hash_known_hosts = host_key_alias, check_host_ip, hash_known_hosts
         self.accept_new = accept_new
         self.connect_timeout = connect_timeout
         self.proxyjump = proxyjump
@@ -71,15 +76,20 @@ class SSHTransport(BaseTransport):
     def from_spec(cls, spec: str, *, identity_file: str | None = None, known_hosts: str | None = None,
                   accept_new: bool = False, connect_timeout: float = 10.0) -> SSHTransport:
         r = resolve(spec, identity_file)
-        kh = Path(known_hosts) if known_hosts else Path.home() / ".ssh" / "known_hosts"
+        # the files ssh reads (ssh -G's UserKnownHostsFile and GlobalKnownHostsFile); --known-hosts stands for
+        # the user's files, as `ssh -o UserKnownHostsFile=FILE` does
+        user_files = [known_hosts] if known_hosts else r["known_hosts"]
+        kh = Files(tuple(Path(p) for p in user_files), tuple(Path(p) for p in r["global_known_hosts"]))
         return cls(r["host"], r["port"], r["user"], identities=r["identities"], known_hosts=kh, accept_new=accept_new,
                    connect_timeout=connect_timeout, proxyjump=r["proxyjump"], label=spec,
-                   explicit_identity=r["explicit_identity"])
+                   explicit_identity=r["explicit_identity"], host_key_alias=r["host_key_alias"],
+                   check_host_ip=r["check_host_ip"], hash_known_hosts=r["hash_known_hosts"],
+                   known_hosts_override=known_hosts)
 
     # ------------------------------------------------------------ connection
     def _socket(self) -> socket.socket | paramiko.Channel:
         if self.proxyjump:
-            self._jump = SSHTransport.from_spec(self.proxyjump, known_hosts=str(self.known_hosts), accept_new=self.accept_new,
+            self._jump = SSHTransport.from_spec(self.proxyjump, known_hosts=self.known_hosts_override, accept_new=self.accept_new,
                                                 connect_timeout=self.connect_timeout)
             assert self._jump._client is not None
             t = self._jump._client.get_transport()
@@ -95,9 +105,13 @@ class SSHTransport(BaseTransport):
             client = paramiko.SSHClient()
             # known_hosts is read by tools/known_hosts.py, never by client.load_host_keys: paramiko has
             # no file name of its own, so nothing of paramiko's ever rewrites the file
-            client.set_missing_host_key_policy(Policy(self.known_hosts, self.accept_new, self.hostname, self.port))
-            entries = known_hosts.load(self.known_hosts)
-            name = known_hosts.lookup_name(self.hostname, self.port)
+            policy = Policy(self.known_hosts, self.accept_new, self.hostname, self.port, alias=self.host_key_alias,
+                            check_ip=self.check_host_ip and not self.proxyjump, hash_names=self.hash_known_hosts)
+            if isinstance(sock, socket.socket):
+                policy.ip = sock.getpeername()[0]
+            client.set_missing_host_key_policy(policy)
+            entries = self.known_hosts.entries()
+            name = policy.name
             types = known_hosts.known_types(entries, name)
             certs = known_hosts.has_authority(entries, name)
             pkeys: list[paramiko.PKey] = []

@@ -59,7 +59,7 @@ class SSHOptions(BaseModel):
     identity_file: Annotated[str | None, flag("--identity-file", "-i", metavar="KEY")] = Field(
         default=None, description="private key file for SSH")
     known_hosts: Annotated[str | None, flag("--known-hosts", metavar="FILE")] = Field(
-        default=None, description="known_hosts file (default ~/.ssh/known_hosts)")
+        default=None, description="known_hosts file in place of the user's (default: the files ssh reads, as ssh -G names them)")
     accept_new_host_key: Annotated[bool, flag("--accept-new-host-key")] = Field(
         default=False, description="record an unknown host key (as OpenSSH's accept-new); a changed key is always refused")
     connect_timeout: Annotated[float, flag("--connect-timeout", metavar="SECONDS")] = Field(

@@ -28,17 +28,28 @@ What it does, and why (measured on loopback with OpenSSH 9.2 and paramiko 5.1):
   unknown keys are refused unless ``accept_new`` (OpenSSH's accept-new: one line appended
   under a lock, nothing rewritten); a changed or revoked key is always refused.
 
+* paramiko's transport thread logs its own failures with a traceback (``Exception (client):
+  Error reading SSH protocol banner``) through Python's logging, whose last-resort handler prints
+  it on stderr: the ``paramiko`` logger is given a handler of its own that drops them, since every
+  failure reaches the user once, translated (``exceptions.translate``), with its fix.
+
 The package, by concern: ``config`` (``--host`` to host, port, user, keys, ProxyJump),
 ``exceptions`` (paramiko's exceptions translated in one place, ``translate``), ``hostkeys``
 (known_hosts policy, the paramiko Transport), ``pipe`` (channel buffers, shell sessions) and
 ``transport`` (``SSHTransport``).
 """
 
+import logging
+
 from .config import resolve
 from .exceptions import EXCEPTION_MAP, FIXES, HostKeyRefused, host_key_error, translate
 from .hostkeys import Policy, fast_transport
 from .pipe import ChunkPipe, Shell, ShellEnded, ShellUnusable, watch
 from .transport import SSHTransport
+
+_paramiko_log = logging.getLogger("paramiko")
+_paramiko_log.addHandler(logging.NullHandler())
+_paramiko_log.propagate = False
 
 __all__ = ["EXCEPTION_MAP", "FIXES", "ChunkPipe", "HostKeyRefused", "Policy", "SSHTransport", "Shell", "ShellEnded",
            "ShellUnusable", "fast_transport", "host_key_error", "resolve", "translate", "watch"]

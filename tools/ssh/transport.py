@@ -68,6 +68,7 @@ class SSHTransport(BaseTransport):
         self._idle: list[Shell] = []
         self.sessions: bool | None = None   # shell sessions: None until tried, False where the host has no bash
         self.reconnects = 0
+        self.unreachable = False   # the last reconnection's every attempt failed
         self.connect()
 
     max_channels = 8
@@ -147,21 +148,31 @@ class SSHTransport(BaseTransport):
         t = self._client.get_transport() if self._client else None
         return bool(t and t.is_active())
 
+    reconnect_attempts = 4
+
     def _reconnect(self, why: str) -> None:
+        """Re-make a lost connection: ``reconnect_attempts`` tries with backoff; once a host has stayed
+        unreachable through them, each later call tries once (one ``connect_timeout``), so a run whose peer
+        hung for good ends in bounded time instead of paying the whole backoff again for every command."""
         delay = 0.5
         last: TransportError | None = None
-        for attempt in range(1, 5):
+        attempts = 1 if self.unreachable else self.reconnect_attempts
+        for attempt in range(1, attempts + 1):
             self._drop()
             try:
                 self.connect()
                 self.reconnects += 1
+                self.unreachable = False
                 self.on_event("reconnected", f"connection to {self.host} lost ({why}); reconnected on attempt {attempt}")
                 return
             except TransportError as exc:
                 last = exc
-                time.sleep(delay)
-                delay *= 2
-        self.on_event("unreachable", f"{self.host} stayed unreachable after 4 attempts: {last}")
+                if attempt < attempts:
+                    time.sleep(delay)
+                    delay *= 2
+        if not self.unreachable:
+            self.on_event("unreachable", f"{self.host} stayed unreachable after {attempts} attempts: {last}")
+        self.unreachable = True
         raise last or ConnectError(f"{self.host}: unreachable", host=self.host)
 
     def _drop(self) -> None:

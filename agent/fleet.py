@@ -106,7 +106,7 @@ def snapshot_fleet(hosts: list[InventoryHost], out_dir: Path, ssh: SSHOptions, *
             write_private(path, dump(snap) + "\n")
             res.file = path.name
         except DebugAgentError as exc:
-            res.error, res.fix, res.exit_code = redact_text(str(exc)), exc.fix, exc.exit_code
+            res.error, res.fix, res.exit_code = redact_text(exc.message), exc.fix, exc.exit_code
         except Exception as exc:  # noqa: BLE001 - one host's failure is that host's line, never the fleet's traceback
             res.error, res.exit_code = redact_text(f"internal error: {type(exc).__name__}: {exc}"), 1
         res.seconds = round(time.monotonic() - start, 2)

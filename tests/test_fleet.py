@@ -152,3 +152,27 @@ def test_fleet_html_holds_host_text_as_text(tmp_path):
     dom = subprocess.run([*flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=180).stdout
     assert "pwned" not in dom.split("<title>")[1].split("</title>")[0]
     assert "&lt;img src=x" in dom and "<img" not in dom
+
+
+def test_run_with_a_peer_as_baseline_confirms_the_cause_on_the_slow_host(tmp_path):
+    """`run --peer GOOD`: the healthy peer is read now (5 benchmark runs, nothing changed on it) and is the
+    baseline; the experiment runs on the slow host and confirms the power cap."""
+    r = cli("run", "--host", "sim:power-capped", "--peer", "sim:power-capped@good", "--symptom", "decode 74 tok/s",
+            "--json", "--out", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr
+    o = json.loads(r.stdout)
+    assert o["root_cause"]["hypothesis"] == "gpu_clocks"
+    started = json.loads((tmp_path / "run" / "events.jsonl").read_text().splitlines()[0])
+    peer = started["baseline_snapshot_data"]
+    assert len(peer["bench"]["samples"]) == 5 and min(peer["bench"]["samples"]) > 80   # the healthy peer's runs
+    assert peer["gpus"][0]["power_limit"] == 700.0 and peer["host"] == "sim:power-capped@good"
+
+
+def test_peer_bad_input(tmp_path):
+    r = cli("run", "--host", "sim:power-capped", "--peer", "sim:power-capped", "--symptom", "decode 74 tok/s")
+    assert r.returncode == 2 and "is the host itself" in r.stderr
+    r = cli("run", "--host", "sim:power-capped", "--peer", "sim:power-capped@good", "--baseline", "decode 89 tok/s",
+            "--symptom", "decode 74 tok/s")
+    assert r.returncode == 2 and "both given" in r.stderr
+    r = cli("run", "--host", "sim:power-capped", "--peer", "sim:", "--symptom", "decode 74 tok/s")
+    assert r.returncode == 2

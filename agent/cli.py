@@ -35,6 +35,8 @@ sim_app = typer.Typer(no_args_is_help=True, help="The built-in simulated GPU hos
 playbook_app = typer.Typer(no_args_is_help=True, help="List, show, validate, test and start playbooks.")
 app.add_typer(sim_app, name="sim")
 app.add_typer(playbook_app, name="playbook")
+fleet_app = typer.Typer(no_args_is_help=True, help="Many hosts: snapshot a fleet, find the odd host out.")
+app.add_typer(fleet_app, name="fleet")
 err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True, emoji=False)
 
@@ -308,6 +310,125 @@ def playbook_test(path: Annotated[str, typer.Argument(metavar="FILE", help="the 
         code = replay_run(t, playbook=path, as_json=False)
         worst = max(worst, code)
     raise typer.Exit(worst)
+
+
+# ---------------------------------------------------------------- fleet
+def _without(params: list[inspect.Parameter], name: str) -> list[inspect.Parameter]:
+    """``params`` with the option spelling ``name`` dropped (``-i`` is the inventory here, as in Ansible)."""
+    from typing import get_args
+    for p in params:
+        for info in get_args(p.annotation)[1:]:
+            decls = getattr(info, "param_decls", None)
+            if decls and name in decls:
+                info.param_decls = tuple(d for d in decls if d != name)
+    return params
+
+
+@fleet_app.command("snapshot")
+@with_options((), _without(options_of(SSHOptions), "-i"))
+def fleet_snapshot(
+    inventory: Annotated[str, typer.Option("-i", "--inventory", metavar="INVENTORY", help="an Ansible inventory (INI or YAML), a file of hosts one a line, or a comma list ('gpu-1,gpu-2,')")],
+    output: Annotated[str, typer.Option("-o", "--out", metavar="DIR", help="the folder for the snapshots (one NAME.json a host, and fleet.json); made if missing, and must hold no fleet yet")],
+    limit: Annotated[str | None, typer.Option("--limit", "-l", metavar="PATTERN", help="the hosts or groups to read, as Ansible's --limit ('gpu*:!canary', '~gpu-0[1-4]', 'h100&eu')")] = None,
+    forks: Annotated[int, typer.Option("--forks", "-f", metavar="N", min=1, max=256, help="hosts read at once (one SSH connection each), as Ansible's --forks")] = 10,
+    bench: Annotated[str | None, typer.Option("--bench", metavar="CMD", help="benchmark command run on each host (as `snapshot --bench`); its numbers are compared across the fleet")] = None,
+    metric: Annotated[str | None, typer.Option("--metric", metavar="NAME", help="the METRIC the benchmark prints")] = None,
+    bench_runs: Annotated[int, typer.Option("--bench-runs", metavar="N", min=0, help="benchmark runs per host")] = 3,
+    **kw: Any,
+) -> None:
+    """Snapshot every host of an inventory at once, a bounded number at a time.
+
+    Each host's snapshot is written to DIR/NAME.json as soon as it is taken, and
+    DIR/fleet.json names every host with its file, or the reason it could not be read
+    (a line per host; the others still finish). Exit 0 when every host was read, 4 when
+    some could not be (each named), 2 for bad input. Then: `debugagent fleet diff DIR`.
+    """
+    from debugagent.tools.inventory import limit as apply_limit
+    from debugagent.tools.inventory import load_inventory
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .fleet import FLEET_FILE, snapshot_fleet
+    hosts = apply_limit(load_inventory(inventory), limit)
+    d = Path(output)
+    if d.exists() and not d.is_dir():
+        raise UsageError(f"-o {output}: is a file", fix="give a folder (it is made if missing)")
+    if (d / FLEET_FILE).exists():
+        raise UsageError(f"-o {output}: holds a fleet already ({FLEET_FILE})", fix="give a new folder, or remove that one")
+    from .hosts import scheme_of
+    for h in hosts:   # every host's form is checked before any is contacted
+        scheme, rest = scheme_of(h.target)
+        try:
+            scheme.check(rest)
+        except UsageError as exc:
+            raise UsageError(f"-i {inventory}: host `{h.name}` ({h.target}): {exc.message}", fix=exc.fix) from None
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"-o {output}: cannot make it ({exc.strerror})", fix="give a folder you can write to") from None
+    ssh = ssh_opts(kw)
+    args = {"bench": bench, "metric": metric, "bench_runs": bench_runs}   # no --bench: the host profile's, if any
+    failed: list[str] = []
+    progress = Progress(TextColumn("fleet snapshot"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[failed]} failed"),
+                        TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal)
+
+    def done(r: Any) -> None:
+        if r.error:
+            failed.append(r.name)
+            err.print(redact_text(f"  {r.name}: could not be read: {r.error}") + (f" (fix: {r.fix})" if r.fix else ""),
+                      markup=False)
+        elif not err.is_terminal:
+            err.print(f"  {r.name}: {r.file} ({r.seconds:.1f} s)", markup=False)
+        progress.update(task, advance=1, failed=len(failed))
+
+    with progress:
+        task = progress.add_task("hosts", total=len(hosts), failed=0)
+        rec = snapshot_fleet(hosts, d, ssh, forks=forks, inventory=inventory, limit=limit, collect_args=args, on_done=done)
+    ok = len(hosts) - len(failed)
+    err.print(f"{ok} of {len(hosts)} hosts read in {rec.seconds:.1f} s ({forks} at a time): {output}/"
+              + (f"; not read: {', '.join(failed)}" if failed else "") + f"\nnext: debugagent fleet diff {output}",
+              markup=False)
+    raise typer.Exit(4 if failed else 0)
+
+
+@fleet_app.command("diff")
+def fleet_diff_cmd(
+    folder: Annotated[str, typer.Argument(metavar="DIR", help="the folder `fleet snapshot` wrote (or a folder of snapshots)")],
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object on stdout")] = False,
+    html: Annotated[str | None, typer.Option("--html", metavar="FILE", help="also write an HTML page, one row per host")] = None,
+    playbook: Annotated[str | None, typer.Option("--playbook", metavar="NAME|FILE", help="the playbook whose hypotheses' evidence files the fields (default: gpu-inference-regression)")] = None,
+    show_load: Annotated[bool, typer.Option("--show-load", help="also list readings that follow the load (power draw, temperature, clocks under load)")] = False,
+) -> None:
+    """Where the fleet's hosts disagree: for every field, the majority value and the odd hosts.
+
+    Fields are compared as `debugagent diff` compares two snapshots, grouped by hypothesis;
+    the benchmark's numbers (each host's median) as a distribution with its outliers
+    (modified z-score beyond 3.5, from the median and the MAD). Exit 0 when the hosts
+    agree, 1 when a field differs or a host is an outlier (as diff(1)), 2 for bad input.
+    """
+    from .fleet import fleet_diff, load_fleet
+    from .fleet_render import render_html, render_text
+    from .playbook import load_playbook
+    pb = load_playbook(playbook)
+    loaded = load_fleet(folder)
+    fd = fleet_diff(loaded.snaps, pb.evidence_of, loaded.unread)
+    if not show_load:
+        fd.splits = [s for s in fd.splits if not s.follows_load]
+    if html:
+        try:
+            write_private(Path(html), render_html(fd))
+        except OSError as exc:
+            raise UsageError(f"--html {html}: cannot write it ({exc.strerror})", fix="give a file in a folder you can write to") from None
+    if as_json:
+        print(json.dumps(redact_json(fd.model_dump(mode="json")), indent=1))
+    else:
+        for line in render_text(fd):
+            out.print(redact_text(line), markup=False)
+    raise typer.Exit(1 if fd.splits or (fd.bench and fd.bench.outliers) else 0)
+
+
+def redact_json(obj: Any) -> Any:
+    from debugagent.tools.redact import redact
+    return redact(obj)
 
 
 def command():

@@ -84,6 +84,8 @@ def investigate(opts: RunConfig, *, folder: Path | None = None, resume: bool = F
     ``transport`` lets a caller (a test, a notebook) pass an open transport; it is then
     left open. ``since`` (a ``time.monotonic()`` value) is where the live view's elapsed time starts.
     """
+    if opts.peer and not opts.baseline_snapshot:
+        opts = opts.model_copy(update={"baseline_snapshot": str(peer_snapshot(opts))})
     inputs = inputs_from_options(opts)
     if folder is None:   # decided and checked now; nothing is written until the host is open
         folder = new_run_folder(opts, inputs.symptom.metric)
@@ -98,6 +100,49 @@ def investigate(opts: RunConfig, *, folder: Path | None = None, resume: bool = F
     if state is None:
         return {"interrupted": True, "transcript": str(folder)}
     return output_of(conclusion_of(state), folder, time.monotonic() - started)
+
+
+PEER_RUNS = 5   # as `snapshot --bench-runs`: the baseline's noise comes from these runs too
+
+
+def peer_snapshot(opts: RunConfig) -> Path:
+    """``--peer HOST``: a snapshot of the healthy peer, taken now (read-only, nothing on it is changed) with
+    ``PEER_RUNS`` runs of the same benchmark, written under the state folder's ``peers/``; it is then the run's
+    baseline snapshot, so the diff against it drives the suspects and experiments run on ``--host`` alone."""
+    from debugagent.tools.redact import write_private
+    from debugagent.tools.registry import Runner
+    from debugagent.tools.snapshot import collect, dump
+
+    from .hosts import check_host
+    from .symptom import parse_symptom
+    if opts.baseline or opts.baseline_snapshot:
+        raise UsageError("--peer and " + ("--baseline" if opts.baseline else "--baseline-snapshot") + " both given",
+                         fix="give one baseline: the peer measured now, a number, or a snapshot of the good state")
+    if opts.peer == opts.host:
+        raise UsageError(f"--peer {opts.peer} is the host itself", fix="give a healthy peer of the host: another host")
+    check_host(opts.host)
+    check_host(str(opts.peer))
+    metric = parse_symptom(opts.symptom).metric
+    quiet = opts.as_json or not err.is_terminal
+    if not quiet:
+        err.print(escape(f"reading the peer {opts.peer} ({PEER_RUNS} benchmark runs; nothing on it is changed) …"))
+    with open_transport(str(opts.peer), opts.ssh) as tr:
+        snap = collect(Runner(tr), bench=opts.bench, python=opts.python, repo=opts.repo,
+                       server_pattern=opts.server_pattern, metric=metric, bench_regex=opts.bench_regex,
+                       bench_runs=PEER_RUNS)
+    if not snap.bench.get("samples"):
+        raise UsageError(f"--peer {opts.peer}: its benchmark gave no numbers of `{metric}`"
+                         + (f" ({snap.errors[0]})" if snap.errors else ""),
+                         fix="give the benchmark with --bench (and --metric in the symptom), the same on both hosts")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    path = state_dir() / "peers" / f"{stamp}-{re.sub(r'[^A-Za-z0-9._-]', '_', str(opts.peer))[:60]}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_private(path, dump(snap) + "\n")
+    if not quiet:
+        samples = snap.bench["samples"]
+        err.print(escape(f"the peer's baseline: {len(samples)} runs of {metric}, {min(samples):g} to {max(samples):g} "
+                         f"{snap.bench.get('unit') or ''} ({path})"))
+    return path
 
 
 def output_of(conclusion: dict[str, Any], folder: Path, wall: float) -> dict[str, Any]:

@@ -376,6 +376,9 @@ def fleet_snapshot(
             failed.append(r.name)
             err.print(redact_text(f"  {r.name}: could not be read: {r.error}") + (f" (fix: {r.fix})" if r.fix else ""),
                       markup=False)
+        elif r.bench_failed:
+            err.print(redact_text(f"  {r.name}: read ({r.file}), but its benchmark gave no numbers"
+                                  + (f": {r.notes[-1]}" if r.notes else "")), markup=False)
         elif not err.is_terminal:
             err.print(f"  {r.name}: {r.file} ({r.seconds:.1f} s)", markup=False)
         progress.update(task, advance=1, failed=len(failed))

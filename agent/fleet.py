@@ -51,6 +51,8 @@ class HostResult(BaseModel):
     fix: str | None = None
     exit_code: int = 0          # the exit code `debugagent snapshot` would have given for this host
     seconds: float = 0.0
+    notes: list[str] = Field(default_factory=list)   # what the snapshot could not read (its ``errors``)
+    bench_failed: bool = False  # benchmark runs were asked and none gave a number
 
 
 class FleetRecord(BaseModel):
@@ -105,6 +107,8 @@ def snapshot_fleet(hosts: list[InventoryHost], out_dir: Path, ssh: SSHOptions, *
             path = out_dir / names[h.name]
             write_private(path, dump(snap) + "\n")
             res.file = path.name
+            res.notes = [redact_text(e) for e in snap.errors]
+            res.bench_failed = bool(snap.bench) and snap.bench.get("runs", 0) > 0 and not snap.bench.get("samples")
         except DebugAgentError as exc:
             res.error, res.fix, res.exit_code = redact_text(exc.message), exc.fix, exc.exit_code
         except Exception as exc:  # noqa: BLE001 - one host's failure is that host's line, never the fleet's traceback

@@ -176,3 +176,17 @@ def test_peer_bad_input(tmp_path):
     assert r.returncode == 2 and "both given" in r.stderr
     r = cli("run", "--host", "sim:power-capped", "--peer", "sim:", "--symptom", "decode 74 tok/s")
     assert r.returncode == 2
+
+
+def test_a_host_whose_benchmark_fails_is_named(tmp_path):
+    """Hosts read but whose benchmark gives no number: each named on its own line and in fleet.json."""
+    with ExitStack() as stack:
+        inv, kh = fleet(stack, tmp_path, {"a": "power-capped@good", "b": "power-capped@good"})
+        out = tmp_path / "fleet"
+        r = cli("fleet", "snapshot", "-i", str(inv), "-o", str(out), "--known-hosts", str(kh), "--bench",
+                "echo no number here", "--metric", "decode", "--bench-runs", "1")
+    assert r.returncode == 0, r.stderr
+    assert "a: read (a.json), but its benchmark gave no numbers" in r.stderr
+    assert "b: read (b.json), but its benchmark gave no numbers" in r.stderr
+    rec = json.loads((out / "fleet.json").read_text())
+    assert all(h["bench_failed"] for h in rec["hosts"])

@@ -251,7 +251,45 @@ def sim_schema() -> None:
     print(json.dumps(scenario_schema(), indent=1))
 
 
-@sim_app.command("serve")
+@sim_app.command("validate")
+def sim_validate(path: Annotated[str, typer.Argument(metavar="FILE", help="the scenario .yaml to check")]) -> None:
+    """Check a scenario file as the simulator reads it (format version 1): exit 0 and a summary, or exit 2
+    naming the file, the line and field, and the fix. Nothing is started."""
+    from debugagent.tools.sim.scenario import builtin_names, parse_scenario
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"sim validate {path}: no such file",
+                         fix=f"give a scenario .yaml (`debugagent sim new --like {builtin_names()[0]} FILE` starts one)")
+    try:
+        text = p.read_bytes().decode()
+    except UnicodeDecodeError:
+        raise UsageError(f"sim validate {path}: is not text (UTF-8)", fix="give a scenario .yaml") from None
+    sc = parse_scenario(text, path)
+    out.print(escape(f"ok: {sc.name}: {sc.symptom} (was {sc.baseline}); {len(sc.factors)} factor(s)"
+                     f" ({', '.join(f.path for f in sc.factors) or 'none'}); expects "
+                     f"{sc.expect.root_cause or 'no root cause'}"))
+
+
+@sim_app.command("new")
+def sim_new(path: Annotated[str, typer.Argument(metavar="FILE", help="where to write the new scenario .yaml")],
+            like: Annotated[str, typer.Option("--like", metavar="NAME", help="the built-in scenario to start from (`debugagent sim list`)")] = "power-capped") -> None:
+    """Start a scenario file from a built-in one (its host, benchmark and factors), renamed after FILE;
+    edit it, then `debugagent sim validate FILE` and `debugagent run --host sim:FILE ...`."""
+    import re as _re
+
+    from debugagent.tools.sim.scenario import builtin_dir, load_scenario
+    src = load_scenario(like)
+    p = Path(path)
+    if p.exists():
+        raise UsageError(f"sim new {path}: the file exists", fix="give a new file name (nothing is overwritten)")
+    if not p.parent.is_dir():
+        raise UsageError(f"sim new {path}: the folder {p.parent} does not exist", fix="mkdir -p it first")
+    text = (builtin_dir() / f"{src.name}.yaml").read_text()
+    name = _re.sub(r"[^a-z0-9-]+", "-", p.stem.lower()).strip("-") or "my-scenario"
+    text = _re.sub(r"(?m)^name: .*$", f"name: {name}", text, count=1)
+    p.write_text(f"# made by `debugagent sim new --like {src.name}`: edit the host, the benchmark and the factors\n"
+                 + text)
+    err.print(escape(f"wrote {path} (like {src.name}); check it with: debugagent sim validate {path}"))
 def sim_serve(name: Annotated[str, typer.Argument(metavar="NAME|FILE", help="built-in scenario name or a scenario .yaml")],
               port: Annotated[int, typer.Option("--port", metavar="PORT", help="port on 127.0.0.1 (0: a free one)")] = 0,
               good: Annotated[bool, typer.Option("--good", help="serve the good state")] = False) -> None:

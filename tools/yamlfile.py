@@ -52,3 +52,30 @@ def resolve_yaml_ref(ref: str, folder: Path, error: type[FileError], what: str,
         hint = f"did you mean `{close[0]}`? " if close else ""
         raise error(f"no built-in {what} of that name", file=ref, fix=f"{hint}`{list_cmd}` names them all")
     return p
+
+
+def line_of(text: str, loc: tuple[Any, ...] | list[Any]) -> int | None:
+    """The 1-based line of the YAML node at ``loc`` (a pydantic error's path: keys and list indexes), or of
+    the deepest node of it that exists (a missing key is reported at its parent); None where the text does
+    not parse."""
+    try:
+        node = yaml.compose(text)
+    except yaml.YAMLError:
+        return None
+    if node is None:
+        return None
+    line = node.start_mark.line + 1
+    for key in loc:
+        nxt = None
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if str(k.value) == str(key):
+                    nxt, line = v, k.start_mark.line + 1
+                    break
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and 0 <= key < len(node.value):
+            nxt = node.value[key]
+            line = nxt.start_mark.line + 1
+        if nxt is None:
+            break
+        node = nxt
+    return line

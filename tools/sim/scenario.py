@@ -25,7 +25,7 @@ from pydantic import (
 )
 
 from ..errors import ScenarioError
-from ..yamlfile import describe_validation, load_yaml_mapping, resolve_yaml_ref
+from ..yamlfile import describe_validation, line_of, load_yaml_mapping, resolve_yaml_ref
 
 Scalar = str | int | float | bool | None
 
@@ -413,7 +413,9 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
         sc = Scenario.model_validate(data)
     except ValidationError as exc:
         loc, msg = describe_validation(exc)
-        raise ScenarioError(msg, file=file, field=loc, fix="see the scenario format (version 1) in docs/simulator.md, or `debugagent sim schema`") from exc
+        line = line_of(text, exc.errors()[0]["loc"])
+        raise ScenarioError(msg, file=file, field=f"line {line}: {loc}" if line else loc,
+                            fix="see the scenario format (version 1) in docs/simulator.md, or `debugagent sim schema`") from exc
     sc.source = file
     _check_factors(sc, file)
     _check_wheels(sc, file)

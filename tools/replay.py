@@ -7,7 +7,8 @@ step, the command asked for, and what was recorded next.
 
 The server restart's script gained parts since the kept recordings were made (the C locale and byte-wise
 command-line matching, the saved command line, the undo's "already running as found" scan, the start time it
-prints): ``legacy_command`` maps today's script to the one recorded before, so old and new recordings key alike.
+prints), and ``server_control`` gained who the server runs as: ``legacy_command`` maps today's commands to the
+ones recorded before, so old and new recordings key alike.
 """
 
 from __future__ import annotations
@@ -41,7 +42,11 @@ _LEGACY = [
 
 
 def legacy_command(command: str) -> str:
-    """A restart script as recordings made before its byte-wise matching hold it; any other command as it is."""
+    """A command as recordings made before it changed hold it: the restart script before its byte-wise matching,
+    ``server_control`` before it read who the server runs as; any other command as it is."""
+    from .mutate import CONTROL_IDENTITY
+    if command.startswith("p=/proc/") and CONTROL_IDENTITY in command:
+        return command.replace(CONTROL_IDENTITY, "", 1)
     if not command.startswith("bash -c ") or "export LC_ALL=C; keyof()" not in command:
         return command
     try:

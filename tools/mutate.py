@@ -546,7 +546,8 @@ print(json.dumps(out))
 
 
 class ImportRoots(BaseModel):
-    """Where server ``pid``'s interpreter imports ``modules`` from, run in its cwd with its PYTHONPATH.
+    """Where server ``pid``'s interpreter imports ``modules`` from, run in its cwd with its PYTHONPATH, as the user
+    the server runs as (``host.as_owner_of``).
 
     ``importlib.util.find_spec`` on top-level names finds a module without running it: the
     cwd, ``PYTHONPATH``, a ``.pth`` path or an editable install's finder, each with the
@@ -561,9 +562,11 @@ class ImportRoots(BaseModel):
     modules: list[str]
 
     def command(self) -> str:
+        from .host import as_owner_of
         mods = " ".join(q(m) for m in self.modules)
-        return (f"cd {q(self.cwd)} && PYTHONPATH=$(tr '\\0' '\\n' < /proc/{int(self.pid)}/environ | sed -n 's/^PYTHONPATH=//p' | head -1) "
-                f"{q(self.python)} -c {q(IMPORT_ROOTS_SCRIPT.strip())} {q(self.repo)} {mods}")
+        return (f"{as_owner_of(self.pid)}cd {q(self.cwd)} && PYTHONPATH=$(tr '\\0' '\\n' < /proc/{int(self.pid)}/environ | "
+                f"sed -n 's/^PYTHONPATH=//p' | head -1) $R {q(self.python)} -c {q(IMPORT_ROOTS_SCRIPT.strip())} "
+                f"{q(self.repo)} {mods}")
 
     def display_command(self) -> str:
         return f"cd {self.cwd} && {self.python} -c '<find_spec of {' '.join(self.modules)}>' {self.repo}"

@@ -43,10 +43,14 @@ _LEGACY = [
 
 def legacy_command(command: str) -> str:
     """A command as recordings made before it changed hold it: the restart script before its byte-wise matching,
-    ``server_control`` before it read who the server runs as; any other command as it is."""
+    ``server_control`` before it read who the server runs as, the server's interpreter (``python_packages``,
+    ``import_roots``) before it ran as the server's user; any other command as it is."""
+    from .host import AS_OWNER_END
     from .mutate import CONTROL_IDENTITY
     if command.startswith("p=/proc/") and CONTROL_IDENTITY in command:
         return command.replace(CONTROL_IDENTITY, "", 1)
+    if command.startswith("[ -r /proc/") and AS_OWNER_END in command:   # the server's interpreter, as its user
+        return command.split(AS_OWNER_END, 1)[1].replace("$R ", "", 1).removeprefix(" ")
     if not command.startswith("bash -c ") or "export LC_ALL=C; keyof()" not in command:
         return command
     try:

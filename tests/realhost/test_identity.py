@@ -8,6 +8,7 @@ import os
 import resource
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -113,3 +114,36 @@ def test_a_restarted_and_a_restored_server_keep_the_found_uid_nice_umask_and_lim
     assert restarts and all(i["run_as"]["uid"] == NOBODY and i["run_as"]["nice"] == 5 and i["run_as"]["umask"] == "0027"
                             and i["run_as"]["limits"]["nofile"] == ["4096", "4096"] for i in restarts)
     assert not [n for n in os.listdir("/tmp") if o["run_id"] in n]
+
+
+SITECUSTOMIZE = '''import json, os, sys
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "site.log"), "a") as f:
+    f.write(json.dumps({"uid": os.geteuid(), "gid": os.getegid(), "argv": sys.argv}) + "\\n")
+'''
+
+
+@needs_root
+def test_the_package_probe_runs_the_server_s_interpreter_with_its_path_as_the_server_s_user(nobody_host, tmp_path):
+    """A sitecustomize.py on the nobody server's PYTHONPATH runs whenever its interpreter starts with that path: when
+    `debugagent snapshot` lists the server's packages it runs as nobody, never as the root session."""
+    h = nobody_host
+    site = h.dir / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    os.chown(site, NOBODY, NOBODY)
+    log = h.dir / "site.log"
+    log.touch()
+    log.chmod(0o666)
+    h.env = {**h.env, "PYTHONPATH": str(site)}
+    h.start()
+    cli = Path(sys.executable).parent / "debugagent"
+    out = tmp_path / "snap.json"
+    r = subprocess.run([str(cli), "snapshot", "--host", "local", "--server-pattern", h.pattern, "-o", str(out)],
+                       capture_output=True, text=True, timeout=120, cwd=h.dir)
+    assert r.returncode == 0, r.stderr[-2000:]
+    snap = json.loads(out.read_text())
+    assert snap["python"] == SYSTEM_PYTHON and snap["packages"]["packages"] is not None
+    runs = [json.loads(line) for line in log.read_text().splitlines()]
+    probes = [x for x in runs if x["argv"][:1] == ["-c"]]   # the package probe: `python -c SCRIPT`
+    assert probes, runs
+    assert all(x["uid"] == NOBODY and x["gid"] == NOBODY for x in probes), probes

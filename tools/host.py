@@ -512,6 +512,11 @@ def parse_python_packages(text: str) -> PackageSet:
 
 
 # ---------------------------------------------------------------- git
+# git reads take no optional lock: `git status` would otherwise refresh and rewrite .git/index (added after the kept
+# recordings were made: ``replay.legacy_command``)
+GIT_READ = "export GIT_OPTIONAL_LOCKS=0; "
+
+
 class GitState(BaseModel):
     """Input of ``git_state``: HEAD, branch, dirty files, recent commits and the reflog."""
 
@@ -523,7 +528,7 @@ class GitState(BaseModel):
         r = q(self.repo)
         n = int(self.max_commits)
         return (
-            f"cd {r} && echo '== head' && git rev-parse HEAD && echo '== branch' && (git symbolic-ref --short -q HEAD || echo '(detached)') "
+            f"{GIT_READ}cd {r} && echo '== head' && git rev-parse HEAD && echo '== branch' && (git symbolic-ref --short -q HEAD || echo '(detached)') "
             f"&& echo '== status' && git status --porcelain --untracked-files=no && echo '== log' && "
             f"git log -n {n} --format='%H%x1f%h%x1f%cI%x1f%s' && echo '== reflog' && "
             f"git reflog -n 20 --date=iso-strict --format='%H%x1f%gd%x1f%gs' && echo '== end'"
@@ -742,7 +747,7 @@ class GitRange(BaseModel):
     bad: str = "HEAD"
 
     def command(self) -> str:
-        return (f"git -C {q(self.repo)} log --reverse --ancestry-path --format='%H%x1f%h%x1f%cI%x1f%s' "
+        return (f"{GIT_READ}git -C {q(self.repo)} log --reverse --ancestry-path --format='%H%x1f%h%x1f%cI%x1f%s' "
                 f"{q(self.good)}..{q(self.bad)}")
 
 

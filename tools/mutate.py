@@ -17,9 +17,13 @@ from .errors import ParseError, parser
 from .session import ansi_c_quote
 from .transport import q
 
+# the repository's hooks (post-checkout) never run for debugagent's own worktrees: what they did would not be undone
+# (added after the kept recordings were made: ``replay.legacy_command``)
+NO_HOOKS = "-c core.hooksPath=/dev/null "
+
 
 class WorktreeAdd(BaseModel):
-    """``git worktree add --detach PATH COMMIT``: a second checkout; the user's tree is untouched."""
+    """``git worktree add --detach PATH COMMIT``: a second checkout, with no hook run; the user's tree is untouched."""
 
     model_config = ConfigDict(extra="forbid")
     repo: str
@@ -27,7 +31,7 @@ class WorktreeAdd(BaseModel):
     commit: str
 
     def command(self) -> str:
-        return f"git -C {q(self.repo)} worktree add --detach -f {q(self.path)} {q(self.commit)} 2>&1"
+        return f"git {NO_HOOKS}-C {q(self.repo)} worktree add --detach -f {q(self.path)} {q(self.commit)} 2>&1"
 
 
 class WorktreeRemove(BaseModel):
@@ -749,7 +753,7 @@ class WorktreeCheckout(BaseModel):
     commit: str
 
     def command(self) -> str:
-        return f"git -C {q(self.path)} checkout -q --detach {q(self.commit)} && git -C {q(self.path)} rev-parse HEAD"
+        return f"git {NO_HOOKS}-C {q(self.path)} checkout -q --detach {q(self.commit)} && git -C {q(self.path)} rev-parse HEAD"
 
 
 class RemoveFile(BaseModel):

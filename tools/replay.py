@@ -44,9 +44,14 @@ _LEGACY = [
 def legacy_command(command: str) -> str:
     """A command as recordings made before it changed hold it: the restart script before its byte-wise matching,
     ``server_control`` before it read who the server runs as, the server's interpreter (``python_packages``,
-    ``import_roots``) before it ran as the server's user; any other command as it is."""
-    from .host import AS_OWNER_END
-    from .mutate import CONTROL_IDENTITY
+    ``import_roots``) before it ran as the server's user, git reads before they took no optional lock, worktrees
+    before they ran no hook; any other command as it is."""
+    from .host import AS_OWNER_END, GIT_READ
+    from .mutate import CONTROL_IDENTITY, NO_HOOKS
+    if command.startswith(GIT_READ) and command[len(GIT_READ):].startswith(("cd ", "git -C ")):   # no optional lock
+        return command[len(GIT_READ):]
+    if command.startswith(f"git {NO_HOOKS}-C "):   # a worktree added or moved without the repository's hooks
+        return "git " + command[len(f"git {NO_HOOKS}"):]
     if command.startswith("p=/proc/") and CONTROL_IDENTITY in command:
         return command.replace(CONTROL_IDENTITY, "", 1)
     if command.startswith("[ -r /proc/") and AS_OWNER_END in command:   # the server's interpreter, as its user

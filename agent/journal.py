@@ -368,10 +368,13 @@ class Journal:
         return step
 
     def update(self, step: Step, **changes: Any) -> None:
-        """A pending step learns more (the undo restart learns the pid the experiment started)."""
-        step.input = {**step.input, **changes}
-        step.mac = step_mac(self.key, self.data.run_id, step)
-        self.save(host=True)
+        """A pending step learns more (the undo restart learns the pid the experiment started). Held: a signal
+        between the new input and its signature would leave a step the undo refuses as edited."""
+        with held():
+            inp = {**step.input, **changes}
+            mac = step_mac(self.key, self.data.run_id, step.model_copy(update={"input": inp}))
+            step.input, step.mac = inp, mac
+            self.save(host=True)
 
     def note_before(self, area: str, reading: dict[str, Any]) -> None:
         """The found state of ``area``, read before its first change (a later reading of it is not kept)."""

@@ -139,3 +139,19 @@ def test_root_with_or_without_its_own_gid_as_a_supplementary_group_is_the_same_i
     assert mutate.RunAs.of(server, shell) is None and server.differs(shell) == set()
     other = server.model_copy(update={"groups": [44]})
     assert mutate.RunAs.of(other, shell) == mutate.RunAs(uid=0, gid=0, groups=[44]) and other.differs(shell) == {"groups"}
+
+
+def test_a_session_that_cannot_start_the_server_as_found_says_what_it_cannot_set():
+    """Not root: another user, a lower nice or a higher hard limit cannot be set (the restart is refused before any
+    change); a umask, a higher nice and a lower limit can."""
+    shell = mutate.Identity(uid=1000, gid=1000, groups=[1000], umask="0022", nice=0, limits={"nofile": ["1024", "4096"]})
+    server = mutate.Identity(uid=NOBODY, gid=NOBODY, groups=[NOBODY], umask="0027", nice=-5,
+                             limits={"nofile": ["8192", "8192"]})
+    run_as = mutate.RunAs.of(server, shell)
+    assert run_as is not None
+    assert run_as.needs_root(shell) == [f"uid {NOBODY}", f"gid {NOBODY}, groups {NOBODY}", "nice -5",
+                                        "nofile hard limit 8192"]
+    mild = mutate.RunAs.of(shell.model_copy(update={"umask": "0027", "nice": 5, "limits": {"nofile": ["512", "512"]}}),
+                           shell)
+    assert mild is not None and mild.needs_root(shell) == [] and mild.fields() == {"umask", "nice", "limit:nofile"}
+    assert mild.needs_root(shell.model_copy(update={"uid": 0})) == []

@@ -18,9 +18,10 @@ found state of what each change touches (``before``: the server processes, the c
 ``/tmp`` names; digests where a value may be secret) is read once before the first change of its kind and compared
 after the undo (``agent/lab/asfound.py``); ``verified`` says the last comparison found the host as it was.
 
-The lock (``~/.cache/debugagent/host.lock`` on the host, created with ``noclobber`` so two
-runs cannot both create it) holds the run id, the pid and machine of the debugagent
-process, and the time; a second run refuses while it is held.
+The lock (``/run/lock/debugagent-host.lock`` on the host, ``/tmp`` where ``/run/lock`` is missing: one for every
+account; created with ``noclobber`` so two runs cannot both create it, mode 644 so every account's run sees it)
+holds the run id, the pid, start time, account and machine of the debugagent process, and the time; a second run
+refuses while it is held.
 """
 
 from __future__ import annotations
@@ -43,7 +44,11 @@ from debugagent.tools.transport import CommandResult, Transport, q
 from pydantic import BaseModel, Field, ValidationError
 
 HOST_DIR = '"${XDG_CACHE_HOME:-$HOME/.cache}"/debugagent'
-LOCK = "host.lock"
+LOCK = "debugagent-host.lock"
+# one lock for every account of the host: /run/lock (/tmp where it is missing); DEBUGAGENT_LOCK_DIR, in the host
+# shell's environment, names another folder (the tests: one per test)
+LOCK_FILE = ('if [ -n "${DEBUGAGENT_LOCK_DIR:-}" ]; then d=$DEBUGAGENT_LOCK_DIR; mkdir -p "$d" || exit 1; '
+             'elif [ -d /run/lock ]; then d=/run/lock; else d=/tmp; fi; f="$d"/' + LOCK + '; ')
 JOURNAL_VERSION = 1
 HOST_TIMEOUT_S = 30.0
 RECORD_SEP = "\x1edebugagent-journal "
@@ -88,9 +93,12 @@ class LockInfo(BaseModel):
     since: str
     boot: str = ""      # the machine's boot id and the process's start time (clock ticks after boot): with the pid
     start: int = 0      # they name one process, so a reused pid is not taken for the holder (older locks: "", 0)
+    uid: int = -1       # the account the debugagent process runs as (older locks: -1, "")
+    user: str = ""
 
     def describe(self) -> str:
-        return f"run {self.run_id} (pid {self.pid} on {self.machine}, since {self.since})"
+        who = f", user {self.user or '?'} (uid {self.uid})" if self.uid >= 0 else ""
+        return f"run {self.run_id} (pid {self.pid} on {self.machine}, since {self.since}{who})"
 
 
 def now() -> str:
@@ -208,21 +216,23 @@ def parse_host_journals(text: str) -> dict[str, str]:
 def lock_command(info: LockInfo, force: bool, stale: str | None = None) -> str:
     """Take the lock: create it (noclobber), or take it back when this run holds it; ``force`` removes any
     holder's first, ``stale`` only the holder whose lock file reads exactly that."""
-    f = f"{HOST_DIR}/{LOCK}"
+    f = '"$f"'
     body = q(info.model_dump_json())
     take = f"( set -o noclobber; printf %s {body} > {f} ) 2>/dev/null"
     pre = f"rm -f {f}; " if force else ""
     if stale is not None and not force:
         pre = f'[ "$(cat {f} 2>/dev/null)" = {q(stale)} ] && rm -f {f}; '
     # a lock of this very run id is answered "held" too: only debugagent can tell whether its holder (the run
-    # itself, still live, or a process that is gone) may be taken over (HostLock.acquire)
-    return (f"umask 077; mkdir -p {HOST_DIR} || exit 1; {pre}if {take}; then echo acquired; "
-            f"else echo held; cat {f}; fi")
+    # itself, still live, or a process that is gone) may be taken over (HostLock.acquire). Readable by every
+    # account (mode 644), so another account's run sees it; a symbolic link there is no lock of debugagent's
+    return (f"{LOCK_FILE}umask 022; if [ -L {f} ]; then echo held; echo \"a symbolic link, not a lock: $f\"; exit 0; fi; "
+            f"{pre}if {take}; then echo acquired; else echo held; cat {f}; fi")
 
 
 def unlock_command(run_id: str) -> str:
-    f = f"{HOST_DIR}/{LOCK}"
-    return f"grep -qF {q(json.dumps(run_id))} {f} 2>/dev/null && rm -f {f}; echo unlocked"
+    f = '"$f"'
+    return (f"{LOCK_FILE}if [ ! -L {f} ] && grep -qF {q(json.dumps(run_id))} {f} 2>/dev/null; then rm -f {f}; fi; "
+            "echo unlocked")
 
 
 def parse_lock_reply(text: str) -> tuple[bool, LockInfo | None, str]:
@@ -358,10 +368,13 @@ class Journal:
         return step
 
     def update(self, step: Step, **changes: Any) -> None:
-        """A pending step learns more (the undo restart learns the pid the experiment started)."""
-        step.input = {**step.input, **changes}
-        step.mac = step_mac(self.key, self.data.run_id, step)
-        self.save(host=True)
+        """A pending step learns more (the undo restart learns the pid the experiment started). Held: a signal
+        between the new input and its signature would leave a step the undo refuses as edited."""
+        with held():
+            inp = {**step.input, **changes}
+            mac = step_mac(self.key, self.data.run_id, step.model_copy(update={"input": inp}))
+            step.input, step.mac = inp, mac
+            self.save(host=True)
 
     def note_before(self, area: str, reading: dict[str, Any]) -> None:
         """The found state of ``area``, read before its first change (a later reading of it is not kept)."""
@@ -459,7 +472,7 @@ class HostLock:
         if self.remote is None:
             return
         info = LockInfo(run_id=self.run_id, pid=os.getpid(), machine=socket.gethostname(), since=now(),
-                        boot=_boot_id(), start=_start_ticks(os.getpid()))
+                        boot=_boot_id(), start=_start_ticks(os.getpid()), uid=os.getuid(), user=_user())
         deadline = time.monotonic() + wait_s
         tried_stale = False
         while True:
@@ -508,6 +521,14 @@ class HostLock:
         except (OSError, DebugAgentError):
             pass  # unreachable host: the lock stays, `--force-unlock` or the same run's `undo` takes it over
         self.held = False
+
+
+def _user() -> str:
+    import pwd
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return ""
 
 
 def _boot_id() -> str:

@@ -37,9 +37,11 @@ def vector(name: str) -> str:
 
 @pytest.fixture(autouse=True)
 def _isolated(monkeypatch, tmp_path):
-    """Keep the user's ~/.ssh and LLM keys out of every test, and its runs out of the repository."""
+    """Keep the user's ~/.ssh and LLM keys out of every test, its runs out of the repository, and the host lock of
+    `--host local` (one for every account of this machine) out of /run/lock."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("DEBUGAGENT_LOCK_DIR", str(tmp_path / "lock"))   # the host lock of `--host local`: per test
     (tmp_path / "home").mkdir()
     for k in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "SSH_AUTH_SOCK"):
         monkeypatch.delenv(k, raising=False)

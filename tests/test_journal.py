@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from debugagent.agent.journal import (
+    LOCK_FILE,
     HostFiles,
     HostLock,
     HostLocked,
@@ -16,6 +17,7 @@ from debugagent.agent.journal import (
     LockInfo,
     lock_command,
     others_on_host,
+    parse_lock_reply,
 )
 from debugagent.agent.lab import Lab, Measure
 from debugagent.tools.errors import ConnectError
@@ -25,6 +27,11 @@ from debugagent.tools.transport import CommandResult, LocalTransport
 
 def host_dir() -> Path:
     return Path(os.environ["HOME"]) / ".cache" / "debugagent"
+
+
+def lock_file() -> Path:
+    """The host lock, in the test's own DEBUGAGENT_LOCK_DIR (conftest): one for every account, not under HOME."""
+    return Path(os.environ["DEBUGAGENT_LOCK_DIR"]) / "debugagent-host.lock"
 
 
 def own(tmp_path: Path, name: str, run_id: str = "r1") -> Path:
@@ -124,13 +131,73 @@ def test_lock_refuses_a_second_run_and_lets_its_owner_back(tmp_path):
     assert "run-a" in str(e.value) and f"pid {os.getpid()}" in str(e.value) and "--force-unlock" in str(e.value)
     HostLock(HostFiles(t), "run-a").acquire()   # the same run (resume, undo) takes its own lock
     b.release()                                 # not held: nothing removed
-    assert "run-a" in (host_dir() / "host.lock").read_text()
+    assert "run-a" in lock_file().read_text()
     b.acquire(force=True)
-    assert "run-b" in (host_dir() / "host.lock").read_text()
+    assert "run-b" in lock_file().read_text()
     a.release()                                 # a's lock was taken over: it removes nothing
-    assert "run-b" in (host_dir() / "host.lock").read_text()
+    assert "run-b" in lock_file().read_text()
     b.release()
-    assert not (host_dir() / "host.lock").exists()
+    assert not lock_file().exists()
+
+
+def test_one_lock_for_every_account_and_every_home(tmp_path, monkeypatch):
+    """The lock is one file for the host, not one per account: a run of another HOME, and (as root) a run of
+    another account (nobody, via setpriv), sees it, named by run id, pid, start time, user and uid (mode 644);
+    without DEBUGAGENT_LOCK_DIR it is /run/lock's (/tmp's where that is missing)."""
+    import shutil
+    import stat
+    import tempfile
+    where = subprocess.run(["env", "-u", "DEBUGAGENT_LOCK_DIR", "bash", "-c", LOCK_FILE + 'echo "$f"'],
+                           capture_output=True, text=True).stdout.strip()
+    assert where == ("/run/lock" if os.path.isdir("/run/lock") else "/tmp") + "/debugagent-host.lock"
+    shared = Path(tempfile.mkdtemp(prefix="debugagent-test-lock-"))   # a folder every account reaches, as /run/lock
+    shared.chmod(0o1777)
+    monkeypatch.setenv("DEBUGAGENT_LOCK_DIR", str(shared))
+    try:
+        mine = HostLock(HostFiles(LocalTransport()), "run-mine")
+        mine.acquire()
+        f = shared / "debugagent-host.lock"
+        assert stat.S_IMODE(f.stat().st_mode) == 0o644
+        held = LockInfo.model_validate_json(f.read_text())
+        assert (held.run_id, held.pid, held.uid) == ("run-mine", os.getpid(), os.getuid()) and held.start > 0 and held.user
+        other = LockInfo(run_id="run-other", pid=1, machine="m", since="now", uid=65534, user="nobody")
+        home = tmp_path / "other-home"
+        home.mkdir()
+        r = subprocess.run(["bash", "-c", lock_command(other, False)], capture_output=True, text=True,
+                           env={**os.environ, "HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache")})
+        ok, holder, _ = parse_lock_reply(r.stdout)
+        assert not ok and holder is not None and holder.run_id == "run-mine", r.stdout
+        if os.geteuid() == 0 and shutil.which("setpriv"):
+            as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--init-groups", "env", "HOME=/nonexistent",
+                         f"DEBUGAGENT_LOCK_DIR={shared}", "bash", "-c"]
+            r = subprocess.run([*as_nobody, lock_command(other, False)], capture_output=True, text=True)
+            ok, holder, _ = parse_lock_reply(r.stdout)
+            assert not ok and holder is not None and holder.run_id == "run-mine", (r.stdout, r.stderr)
+            mine.release()
+            r = subprocess.run([*as_nobody, lock_command(other, False)], capture_output=True, text=True)
+            assert r.stdout.startswith("acquired"), (r.stdout, r.stderr)
+            assert f.stat().st_uid == 65534
+            with pytest.raises(HostLocked) as e:    # nobody's run holds it: root's is refused, naming whose
+                HostLock(HostFiles(LocalTransport()), "run-mine-again").acquire()
+            assert "run run-other" in str(e.value) and "user nobody (uid 65534)" in str(e.value)
+        else:
+            mine.release()
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_a_symbolic_link_at_the_lock_is_never_written_through(tmp_path):
+    """Another account could leave a link where the lock goes (/run/lock is every account's): it is no lock of
+    debugagent's, the run is refused, and nothing is written where it points."""
+    lock = lock_file()
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    target = tmp_path / "victim"
+    lock.symlink_to(target)
+    with pytest.raises(HostLocked) as e:
+        HostLock(HostFiles(LocalTransport()), "run-a").acquire()
+    assert "symbolic link" in str(e.value) and not target.exists()
+    HostFiles(LocalTransport()).unlock("run-a")
+    assert lock.is_symlink()
 
 
 def test_two_racing_runs_get_one_lock(tmp_path):
@@ -148,13 +215,13 @@ def test_a_dead_holder_on_this_machine_is_taken_over(tmp_path):
     t = LocalTransport()
     p = subprocess.Popen(["true"])
     p.wait()
-    host_dir().mkdir(parents=True, exist_ok=True)
-    (host_dir() / "host.lock").write_text(LockInfo(run_id="gone", pid=p.pid, machine=socket.gethostname(),
+    lock_file().parent.mkdir(parents=True, exist_ok=True)
+    lock_file().write_text(LockInfo(run_id="gone", pid=p.pid, machine=socket.gethostname(),
                                                    since="then").model_dump_json())
     lock = HostLock(HostFiles(t), "new")
     lock.acquire()
     assert lock.held and "run gone" in lock.took_over and "no longer running" in lock.took_over
-    assert '"new"' in (host_dir() / "host.lock").read_text()
+    assert '"new"' in lock_file().read_text()
     lock.release()
 
 
@@ -178,7 +245,7 @@ def test_a_reused_pid_or_a_reboot_is_a_gone_holder_and_a_live_one_is_not(tmp_pat
     with pytest.raises(HostLocked) as e:                                        # a live holder: refused
         HostLock(HostFiles(t), "second").acquire()
     assert "run live" in str(e.value) and "--force-unlock" in str(e.value)
-    (host_dir() / "host.lock").unlink()
+    lock_file().unlink()
 
 
 def test_the_same_run_id_held_by_a_live_process_is_refused(tmp_path):
@@ -188,16 +255,16 @@ def test_the_same_run_id_held_by_a_live_process_is_refused(tmp_path):
 
     from debugagent.agent.journal import _boot_id, _start_ticks
     t = LocalTransport()
-    host_dir().mkdir(parents=True, exist_ok=True)
+    lock_file().parent.mkdir(parents=True, exist_ok=True)
     p = subprocess.Popen(["sleep", "60"])
     try:
         held = LockInfo(run_id="r1", pid=p.pid, machine=socket.gethostname(), since="then", boot=_boot_id(),
                         start=_start_ticks(p.pid))
-        (host_dir() / "host.lock").write_text(held.model_dump_json())
+        lock_file().write_text(held.model_dump_json())
         with pytest.raises(HostLocked) as e:
             HostLock(HostFiles(t), "r1").acquire()
         assert f"run r1 is still running (pid {p.pid}" in str(e.value) and f"kill -TERM {p.pid}" in str(e.value)
-        assert (host_dir() / "host.lock").read_text() == held.model_dump_json()   # untouched
+        assert lock_file().read_text() == held.model_dump_json()   # untouched
     finally:
         p.kill()
         p.wait()
@@ -205,22 +272,22 @@ def test_the_same_run_id_held_by_a_live_process_is_refused(tmp_path):
     lock.acquire()
     assert lock.held and not lock.took_over     # its own lock: no "took over" line
     lock.release()
-    assert not (host_dir() / "host.lock").exists()
+    assert not lock_file().exists()
 
 
 def test_a_stale_lock_is_taken_over_only_if_unchanged(tmp_path):
     """The takeover removes the stale holder's lock only while the file still reads exactly that: a lock another
     run took in between stays."""
     t = LocalTransport()
-    host_dir().mkdir(parents=True, exist_ok=True)
+    lock_file().parent.mkdir(parents=True, exist_ok=True)
     stale = LockInfo(run_id="stale", pid=1, machine="m", since="then").model_dump_json()
-    (host_dir() / "host.lock").write_text(LockInfo(run_id="between", pid=2, machine="m", since="now").model_dump_json())
+    lock_file().write_text(LockInfo(run_id="between", pid=2, machine="m", since="now").model_dump_json())
     ok, holder, _ = HostFiles(t).lock(LockInfo(run_id="me", pid=3, machine="m", since="now"), stale=stale)
     assert not ok and holder is not None and holder.run_id == "between"
-    (host_dir() / "host.lock").write_text(stale)
+    lock_file().write_text(stale)
     ok, _, _ = HostFiles(t).lock(LockInfo(run_id="me", pid=3, machine="m", since="now"), stale=stale)
-    assert ok and '"me"' in (host_dir() / "host.lock").read_text()
-    (host_dir() / "host.lock").unlink()
+    assert ok and '"me"' in lock_file().read_text()
+    lock_file().unlink()
 
 
 SLOW_STOP = ("import pathlib, signal, sys, time\n"

@@ -426,6 +426,23 @@ print(json.dumps(out))
 '''
 
 
+AS_OWNER_END = 'R="setpriv --reuid=$u --regid=$g $G --"; fi; '
+
+
+def as_owner_of(pid: int) -> str:
+    """Shell that sets ``$R`` to what runs a command as the user process ``pid`` runs as, where this shell is root and
+    that process is not (``setpriv --reuid --regid --groups``), and to nothing otherwise: the server's interpreter,
+    with its path (its ``sitecustomize``, its ``.pth`` files), never runs with more privilege than the server has. A
+    process that is gone, or a root shell without ``setpriv``, ends the command (exit 1) before anything runs."""
+    p = f"/proc/{int(pid)}"
+    field = "sed -n 's/^{}:[[:space:]]*\\([0-9]*\\).*/\\1/p' " + p + "/status"
+    return (f"[ -r {p}/status ] || {{ echo 'the server (pid {int(pid)}) is gone'; exit 1; }}; R=; u=$({field.format('Uid')}); "
+            "if [ \"$(id -u)\" = 0 ] && [ -n \"$u\" ] && [ \"$u\" != 0 ]; then command -v setpriv >/dev/null || "
+            "{ echo \"the server runs as uid $u: its interpreter is run as that user, and setpriv is missing\"; exit 1; }; "
+            f"g=$({field.format('Gid')}); G=$(sed -n 's/^Groups:[[:space:]]*//p' {p}/status | tr -s ' \\t' ','); "
+            "G=${G%,}; if [ -n \"$G\" ]; then G=--groups=$G; else G=--clear-groups; fi; " + AS_OWNER_END)
+
+
 class PythonPackages(BaseModel):
     """Input of ``python_packages``: every distribution in ``python``'s environment.
 
@@ -439,6 +456,9 @@ class PythonPackages(BaseModel):
     # the server's own PYTHONPATH ("" where it has none), so that the listing is what the server imports, not
     # what the shell running the probe would (a login shell's or debugagent's own); None: the shell's
     pythonpath: str | None = None
+    # the server whose interpreter this is: run as the user it runs as, where this shell is root and it is not
+    # (added after the kept recordings were made: ``replay.legacy_command``)
+    pid: int = 0
 
     def _env(self) -> str:
         if self.pythonpath is None:
@@ -447,10 +467,12 @@ class PythonPackages(BaseModel):
 
     def command(self) -> str:
         args = " ".join(q(a) for a in self.import_check)
-        return f"{self._env()}{q(self.python)} -c {q(PACKAGES_SCRIPT.strip())}" + (f" {args}" if args else "")
+        owner = f"{as_owner_of(self.pid)}$R " if self.pid else ""
+        return f"{owner}{self._env()}{q(self.python)} -c {q(PACKAGES_SCRIPT.strip())}" + (f" {args}" if args else "")
 
     def display_command(self) -> str:
-        return f"{self._env()}{self.python} -c '<list distributions, hash compiled files>'" + (
+        owner = f"<as the user pid {int(self.pid)} runs as> " if self.pid else ""
+        return f"{owner}{self._env()}{self.python} -c '<list distributions, hash compiled files>'" + (
             " " + " ".join(self.import_check) if self.import_check else "")
 
 
@@ -490,6 +512,11 @@ def parse_python_packages(text: str) -> PackageSet:
 
 
 # ---------------------------------------------------------------- git
+# git reads take no optional lock: `git status` would otherwise refresh and rewrite .git/index (added after the kept
+# recordings were made: ``replay.legacy_command``)
+GIT_READ = "export GIT_OPTIONAL_LOCKS=0; "
+
+
 class GitState(BaseModel):
     """Input of ``git_state``: HEAD, branch, dirty files, recent commits and the reflog."""
 
@@ -501,7 +528,7 @@ class GitState(BaseModel):
         r = q(self.repo)
         n = int(self.max_commits)
         return (
-            f"cd {r} && echo '== head' && git rev-parse HEAD && echo '== branch' && (git symbolic-ref --short -q HEAD || echo '(detached)') "
+            f"{GIT_READ}cd {r} && echo '== head' && git rev-parse HEAD && echo '== branch' && (git symbolic-ref --short -q HEAD || echo '(detached)') "
             f"&& echo '== status' && git status --porcelain --untracked-files=no && echo '== log' && "
             f"git log -n {n} --format='%H%x1f%h%x1f%cI%x1f%s' && echo '== reflog' && "
             f"git reflog -n 20 --date=iso-strict --format='%H%x1f%gd%x1f%gs' && echo '== end'"
@@ -720,7 +747,7 @@ class GitRange(BaseModel):
     bad: str = "HEAD"
 
     def command(self) -> str:
-        return (f"git -C {q(self.repo)} log --reverse --ancestry-path --format='%H%x1f%h%x1f%cI%x1f%s' "
+        return (f"{GIT_READ}git -C {q(self.repo)} log --reverse --ancestry-path --format='%H%x1f%h%x1f%cI%x1f%s' "
                 f"{q(self.good)}..{q(self.bad)}")
 
 

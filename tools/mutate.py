@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -16,9 +17,13 @@ from .errors import ParseError, parser
 from .session import ansi_c_quote
 from .transport import q
 
+# the repository's hooks (post-checkout) never run for debugagent's own worktrees: what they did would not be undone
+# (added after the kept recordings were made: ``replay.legacy_command``)
+NO_HOOKS = "-c core.hooksPath=/dev/null "
+
 
 class WorktreeAdd(BaseModel):
-    """``git worktree add --detach PATH COMMIT``: a second checkout; the user's tree is untouched."""
+    """``git worktree add --detach PATH COMMIT``: a second checkout, with no hook run; the user's tree is untouched."""
 
     model_config = ConfigDict(extra="forbid")
     repo: str
@@ -26,7 +31,7 @@ class WorktreeAdd(BaseModel):
     commit: str
 
     def command(self) -> str:
-        return f"git -C {q(self.repo)} worktree add --detach -f {q(self.path)} {q(self.commit)} 2>&1"
+        return f"git {NO_HOOKS}-C {q(self.repo)} worktree add --detach -f {q(self.path)} {q(self.commit)} 2>&1"
 
 
 class WorktreeRemove(BaseModel):
@@ -64,6 +69,153 @@ SAME = (
     "while [ $# -gt 1 ]; do [[ $c == ?*\"$1\"* ]] || return 1; c=${c#*?\"$1\"}; shift; done; [[ $c == ?*\"$1\" ]]; }; "
     "ticks() { local s; read -r s < /proc/$1/stat 2>/dev/null || return 1; s=${s##*) }; set -- $s; echo \"${20}\"; }; "
 )
+
+
+# ---------------------------------------------------------------- who a server runs as
+# /proc/PID/limits' names -> prlimit's options (the units are the same: bytes, seconds, counts)
+LIMITS = {"Max cpu time": "cpu", "Max file size": "fsize", "Max data size": "data", "Max stack size": "stack",
+          "Max core file size": "core", "Max resident set": "rss", "Max processes": "nproc", "Max open files": "nofile",
+          "Max locked memory": "memlock", "Max address space": "as", "Max file locks": "locks",
+          "Max pending signals": "sigpending", "Max msgqueue size": "msgqueue", "Max nice priority": "nice",
+          "Max realtime priority": "rtprio", "Max realtime timeout": "rttime"}
+LIMIT_VALUE = r"^(unlimited|[0-9]{1,20})$"
+IDENTITY_FIELDS = ("uid", "gid", "groups", "nice", "umask")
+
+
+def identity_lines(proc: str) -> str:
+    """Shell that prints who the process of the folder ``proc`` (``$p``, ``/proc/$$``) runs as: its ``Uid:``,
+    ``Gid:``, ``Groups:`` and ``Umask:`` lines, ``Nice: N`` (``/proc/PID/stat``'s field 19) and its limits."""
+    return (f"grep -E '^(Uid|Gid|Groups|Umask):' {proc}/status 2>/dev/null; s=$(cat {proc}/stat 2>/dev/null); "
+            f"s=${{s##*) }}; set -- $s; echo \"Nice: ${{17}}\"; cat {proc}/limits 2>/dev/null; ")
+
+
+class Identity(BaseModel):
+    """Who a process runs as: effective uid and gid, supplementary groups, umask (octal), nice, and each resource
+    limit as prlimit names it (``nofile``: [soft, hard], each a number or ``unlimited``)."""
+
+    uid: int
+    gid: int
+    groups: list[int] = Field(default_factory=list)
+    umask: str | None = None
+    nice: int | None = None
+    limits: dict[str, list[str]] = Field(default_factory=dict)
+
+    def value(self, field: str) -> Any:
+        """``uid``, ``gid``, ``groups``, ``umask``, ``nice``, or a limit (``limit:nofile``: [soft, hard]). The groups
+        are compared without the gid: a supplementary group that is also the gid grants nothing more (root's login
+        shell has group 0, a server started by a program often none)."""
+        if field == "groups":
+            return self.extra_groups()
+        return self.limits.get(field[6:]) if field.startswith("limit:") else getattr(self, field, None)
+
+    def extra_groups(self) -> list[int]:
+        return sorted(set(self.groups) - {self.gid})
+
+    def differs(self, other: Identity, fields: set[str] | None = None) -> set[str]:
+        """The fields (all where None) in which ``other`` differs from this."""
+        names = fields if fields is not None else {*IDENTITY_FIELDS, *(f"limit:{k}" for k in {*self.limits, *other.limits})}
+        return {f for f in names if self.value(f) != other.value(f)}
+
+    def describe(self, fields: set[str] | None = None) -> str:
+        """``uid 65534, gid 65534, groups 65534, nice 5, umask 0027, nofile 4096:4096`` (only ``fields``, if given)."""
+        out = []
+        for name in IDENTITY_FIELDS:
+            v = getattr(self, name)
+            if (fields is None or name in fields) and v is not None:
+                out.append(f"{name} {(','.join(map(str, v)) or 'none') if isinstance(v, list) else v}")
+        out += [f"{'nice limit' if k == 'nice' else k} {':'.join(v)}" for k, v in sorted(self.limits.items())
+                if fields is None or f"limit:{k}" in fields]
+        return ", ".join(out)
+
+
+def parse_identity(lines: list[str]) -> Identity | None:
+    """The lines :func:`identity_lines` printed; None without ``Uid:`` and ``Gid:`` (nothing read)."""
+    ids: dict[str, list[str]] = {}
+    limits: dict[str, list[str]] = {}
+    for ln in lines:
+        key, colon, rest = ln.partition(":")
+        if colon and key in ("Uid", "Gid", "Groups", "Umask", "Nice"):
+            ids[key] = rest.split()
+            continue
+        name = next((n for n in LIMITS if ln.startswith(n + " ")), None)
+        vals = ln[len(name):].split() if name else []
+        if name and len(vals) >= 2 and all(re.match(LIMIT_VALUE, v) for v in vals[:2]):
+            limits[LIMITS[name]] = vals[:2]
+    try:
+        uid, gid = int(ids["Uid"][1]), int(ids["Gid"][1])
+        groups = sorted(int(g) for g in ids.get("Groups", []))
+    except (KeyError, IndexError, ValueError):
+        return None
+    umask = (ids.get("Umask") or [None])[0]
+    nice = (ids.get("Nice") or [None])[0]
+    return Identity(uid=uid, gid=gid, groups=groups, umask=umask if umask and re.fullmatch(r"[0-7]{3,4}", umask) else None,
+                    nice=int(nice) if nice and re.fullmatch(r"-?[0-9]{1,2}", nice) else None, limits=limits)
+
+
+class RunAs(BaseModel):
+    """What a restart sets so the server starts as it was found, where that differs from the restarting shell:
+    ``uid``/``gid``/``groups`` (``setpriv``, all three or none), ``umask``, ``nice`` (absolute), ``limits``
+    (``prlimit``, soft and hard). Empty: the server inherits the shell's, as it always did."""
+
+    model_config = ConfigDict(extra="forbid")
+    uid: int | None = Field(default=None, ge=0)
+    gid: int | None = Field(default=None, ge=0)
+    groups: list[Annotated[int, Field(ge=0)]] | None = None
+    umask: Annotated[str, Field(pattern=r"^[0-7]{3,4}$")] | None = None
+    nice: int | None = Field(default=None, ge=-20, le=19)
+    limits: dict[Literal[tuple(LIMITS.values())], Annotated[list[Annotated[str, Field(pattern=LIMIT_VALUE)]],  # type: ignore[valid-type]
+                                                          Field(min_length=2, max_length=2)]] = Field(default_factory=dict)
+
+    @classmethod
+    def of(cls, found: Identity | None, shell: Identity | None) -> RunAs | None:
+        """The found server's identity where it differs from the shell's; None where nothing differs (or either
+        is unknown: an older recording)."""
+        if found is None or shell is None:
+            return None
+        ids = (found.uid, found.gid, found.extra_groups()) != (shell.uid, shell.gid, shell.extra_groups())
+        ra = cls(uid=found.uid if ids else None, gid=found.gid if ids else None, groups=found.groups if ids else None,
+                 umask=found.umask if found.umask and found.umask != shell.umask else None,
+                 nice=found.nice if found.nice is not None and shell.nice is not None and found.nice != shell.nice else None,
+                 limits={k: v for k, v in found.limits.items() if shell.limits.get(k) != v})
+        return ra if ra.fields() else None
+
+    def fields(self) -> set[str]:
+        """The names this sets (``uid``, ``umask``, ``limit:nofile``, …)."""
+        out = {n for n in IDENTITY_FIELDS if getattr(self, n) is not None}
+        return out | {f"limit:{k}" for k in self.limits}
+
+    def needs_root(self, shell: Identity) -> list[str]:
+        """What a shell that is not root cannot set: another user, a lower nice, a higher hard limit."""
+        if shell.uid == 0:
+            return []
+        out = [f"uid {self.uid}"] if self.uid is not None and self.uid != shell.uid else []
+        if self.groups is not None and (self.gid != shell.gid or set(self.groups) - set(shell.groups)):
+            out.append(f"gid {self.gid}, groups {','.join(map(str, self.groups)) or 'none'}")
+        if self.nice is not None and shell.nice is not None and self.nice < shell.nice:
+            out.append(f"nice {self.nice}")
+
+        def big(v: str) -> float:
+            return float("inf") if v == "unlimited" else float(v)
+        out += [f"{k} hard limit {v[1]}" for k, v in sorted(self.limits.items())
+                if k in shell.limits and big(v[1]) > big(shell.limits[k][1])]
+        return out
+
+    def wrap(self, start: str) -> str:
+        """``start`` (the command that becomes the server) run as this: in a subshell that sets the umask, then
+        ``prlimit``, ``nice`` and ``setpriv`` in turn, each exec'ing the next (the pid stays the server's)."""
+        pre = "exec "
+        if self.limits:
+            pre += "prlimit " + " ".join(f"--{k}={v[0]}:{v[1]}" for k, v in sorted(self.limits.items())) + " -- "
+        if self.nice is not None:
+            pre += f"nice -n $(({int(self.nice)} - $(nic $$))) "
+        if self.uid is not None and self.gid is not None:
+            groups = f"--groups={','.join(str(int(g)) for g in self.groups)}" if self.groups else "--clear-groups"
+            pre += f"setpriv --reuid={int(self.uid)} --regid={int(self.gid)} {groups} -- "
+        mask = f"umask {self.umask}; " if self.umask else ""
+        return f"( {mask}{pre}{start} )"
+
+
+NICE = "nic() { local s; read -r s < /proc/$1/stat 2>/dev/null || return 1; s=${s##*) }; set -- $s; echo \"${17}\"; }; "
 
 
 class RestartServer(BaseModel):
@@ -114,6 +266,7 @@ class RestartServer(BaseModel):
     wait_s: float = 10.0
     stop_pid: int = 0
     stop_start: int = 0
+    run_as: RunAs | None = None   # the found server's uid, groups, umask, nice and limits, where not the shell's
 
     @property
     def argv_file(self) -> str:
@@ -132,6 +285,9 @@ class RestartServer(BaseModel):
         # a caught (not ignored) HUP/INT/TERM: a dropped connection cannot stop the script half-way, and the
         # server it starts still gets the default handlers; bytes compared as bytes (the C locale)
         parts = ["trap : HUP INT TERM; export LC_ALL=C; " + SAME]
+        run_as = self.run_as if self.run_as is not None and self.run_as.fields() else None
+        if run_as is not None and run_as.nice is not None:
+            parts.append(NICE)
         spf = q(self.stop_pid_file) if self.stop_pid_file else ""
         if self.stop_pid_file:
             # an interrupted run's restart may still be running on the host ("busy SCRIPT_PID SERVER_PID" in the
@@ -195,9 +351,12 @@ class RestartServer(BaseModel):
             run_argv = '"$@"'
         else:
             start, run_argv = "", argv
+        launch = f"setsid nohup env -i \"${{N[@]}}\" {run_argv}"
+        if run_as is not None:
+            launch = run_as.wrap(launch)
         parts.append(
             f"L={log}; mkdir -p \"$(dirname \"$L\")\"; echo \"log=$L size=$(stat -c %s \"$L\" 2>/dev/null || echo 0)\"; "
-            f"{start}cd {q(self.cwd)} && {{ setsid nohup env -i \"${{N[@]}}\" {run_argv} >> \"$L\" 2>&1 < /dev/null & }}; "
+            f"{start}cd {q(self.cwd)} && {{ {launch} >> \"$L\" 2>&1 < /dev/null & }}; "
             "new=$!; "
         )
         note = ""
@@ -261,8 +420,13 @@ class RestartHook(BaseModel):
 
 
 # ---------------------------------------------------------------- read-only checks experiments make before acting
+# who the server and the shell run as (added after the kept recordings were made: ``replay.legacy_command``)
+CONTROL_IDENTITY = "echo '== identity'; " + identity_lines("$p") + "echo '== self_identity'; " + identity_lines("/proc/$$")
+
+
 class ServerControl(BaseModel):
-    """How server ``pid`` runs: its cgroup, its parent, whether it is a container's main process, its stdout.
+    """How server ``pid`` runs: its cgroup, its parent, whether it is a container's main process, its stdout, and
+    who it runs as (uid, groups, umask, nice, limits) beside who the shell runs as.
 
     The shell's own cgroup is read too: a cgroup the probing shell shares says nothing.
     """
@@ -278,7 +442,7 @@ class ServerControl(BaseModel):
             "echo '== parent'; pp=$(awk '{print $4}' $p/stat 2>/dev/null); echo \"$pp\"; cat /proc/$pp/comm 2>/dev/null; "
             "tr '\\0' ' ' < /proc/$pp/cmdline 2>/dev/null; echo; "
             "echo '== container_env'; tr '\\0' '\\n' < $p/environ 2>/dev/null | grep -E '^container=' ; "
-            "echo '== stdout'; readlink $p/fd/1 2>/dev/null; echo '== end'"
+            "echo '== stdout'; readlink $p/fd/1 2>/dev/null; " + CONTROL_IDENTITY + "echo '== end'"
         )
 
 
@@ -296,6 +460,12 @@ class Control(BaseModel):
     parent: str = ""
     evidence: str = ""
     stdout: str | None = None  # the file the server writes its output to, if it is a file
+    identity: Identity | None = None        # who the server runs as (None: not read, an older recording)
+    shell_identity: Identity | None = None  # who the shell that would restart it runs as
+
+    def run_as(self) -> RunAs | None:
+        """What a restart must set for the server to start as found (None: it inherits the shell's, as found)."""
+        return RunAs.of(self.identity, self.shell_identity)
 
 
 def _cgroup_paths(lines: list[str]) -> list[str]:
@@ -329,7 +499,9 @@ def parse_server_control(pid: int, text: str) -> Control:
     out_file = next((s.strip() for s in sections.get("stdout", []) if s.strip().startswith("/")), None)
     if out_file and (out_file.startswith("/dev/") or " (deleted)" in out_file):
         out_file = None
-    base = {"parent_pid": ppid, "parent": pcomm, "stdout": out_file}
+    base = {"parent_pid": ppid, "parent": pcomm, "stdout": out_file,
+            "identity": parse_identity(sections.get("identity", [])),
+            "shell_identity": parse_identity(sections.get("self_identity", []))}
     for c in paths:
         mark = next((m for m in CONTAINER_MARKS if m in c), None)
         if mark:
@@ -378,7 +550,8 @@ print(json.dumps(out))
 
 
 class ImportRoots(BaseModel):
-    """Where server ``pid``'s interpreter imports ``modules`` from, run in its cwd with its PYTHONPATH.
+    """Where server ``pid``'s interpreter imports ``modules`` from, run in its cwd with its PYTHONPATH, as the user
+    the server runs as (``host.as_owner_of``).
 
     ``importlib.util.find_spec`` on top-level names finds a module without running it: the
     cwd, ``PYTHONPATH``, a ``.pth`` path or an editable install's finder, each with the
@@ -393,9 +566,11 @@ class ImportRoots(BaseModel):
     modules: list[str]
 
     def command(self) -> str:
+        from .host import as_owner_of
         mods = " ".join(q(m) for m in self.modules)
-        return (f"cd {q(self.cwd)} && PYTHONPATH=$(tr '\\0' '\\n' < /proc/{int(self.pid)}/environ | sed -n 's/^PYTHONPATH=//p' | head -1) "
-                f"{q(self.python)} -c {q(IMPORT_ROOTS_SCRIPT.strip())} {q(self.repo)} {mods}")
+        return (f"{as_owner_of(self.pid)}cd {q(self.cwd)} && PYTHONPATH=$(tr '\\0' '\\n' < /proc/{int(self.pid)}/environ | "
+                f"sed -n 's/^PYTHONPATH=//p' | head -1) $R {q(self.python)} -c {q(IMPORT_ROOTS_SCRIPT.strip())} "
+                f"{q(self.repo)} {mods}")
 
     def display_command(self) -> str:
         return f"cd {self.cwd} && {self.python} -c '<find_spec of {' '.join(self.modules)}>' {self.repo}"
@@ -578,7 +753,7 @@ class WorktreeCheckout(BaseModel):
     commit: str
 
     def command(self) -> str:
-        return f"git -C {q(self.path)} checkout -q --detach {q(self.commit)} && git -C {q(self.path)} rev-parse HEAD"
+        return f"git {NO_HOOKS}-C {q(self.path)} checkout -q --detach {q(self.commit)} && git -C {q(self.path)} rev-parse HEAD"
 
 
 class RemoveFile(BaseModel):

@@ -7,7 +7,8 @@ step, the command asked for, and what was recorded next.
 
 The server restart's script gained parts since the kept recordings were made (the C locale and byte-wise
 command-line matching, the saved command line, the undo's "already running as found" scan, the start time it
-prints): ``legacy_command`` maps today's script to the one recorded before, so old and new recordings key alike.
+prints), and ``server_control`` gained who the server runs as: ``legacy_command`` maps today's commands to the
+ones recorded before, so old and new recordings key alike.
 """
 
 from __future__ import annotations
@@ -41,7 +42,20 @@ _LEGACY = [
 
 
 def legacy_command(command: str) -> str:
-    """A restart script as recordings made before its byte-wise matching hold it; any other command as it is."""
+    """A command as recordings made before it changed hold it: the restart script before its byte-wise matching,
+    ``server_control`` before it read who the server runs as, the server's interpreter (``python_packages``,
+    ``import_roots``) before it ran as the server's user, git reads before they took no optional lock, worktrees
+    before they ran no hook; any other command as it is."""
+    from .host import AS_OWNER_END, GIT_READ
+    from .mutate import CONTROL_IDENTITY, NO_HOOKS
+    if command.startswith(GIT_READ) and command[len(GIT_READ):].startswith(("cd ", "git -C ")):   # no optional lock
+        return command[len(GIT_READ):]
+    if command.startswith(f"git {NO_HOOKS}-C "):   # a worktree added or moved without the repository's hooks
+        return "git " + command[len(f"git {NO_HOOKS}"):]
+    if command.startswith("p=/proc/") and CONTROL_IDENTITY in command:
+        return command.replace(CONTROL_IDENTITY, "", 1)
+    if command.startswith("[ -r /proc/") and AS_OWNER_END in command:   # the server's interpreter, as its user
+        return command.split(AS_OWNER_END, 1)[1].replace("$R ", "", 1).removeprefix(" ")
     if not command.startswith("bash -c ") or "export LC_ALL=C; keyof()" not in command:
         return command
     try:

@@ -1,7 +1,8 @@
 """"As found", checked: what each change touches is read before its first change and again after the undo.
 
 The areas (``areas_of``): the server processes (every process the run's server pattern matches, each with its
-process tree, command line, environment, folder and listening ports), a checkout (HEAD, its branch, the worktrees
+process tree, command line, environment, folder, listening ports and who it runs as: uid, gid, groups, umask, nice,
+resource limits), a checkout (HEAD, its branch, the worktrees
 registered), a GPU's power limit, the CPU governor, and the run's names under ``/tmp``. A reading is plain
 data (``read``: one read-only command, its output parsed); command lines and environment values are kept only as
 keyed digests (``journal.digest``: bytes, never decoded text, so a non-UTF-8 byte compares as itself) with the
@@ -12,11 +13,13 @@ found" is said only when every area read the same.
 from __future__ import annotations
 
 import base64
+import json
 import re
 from collections.abc import Callable
 from typing import Any
 
 from debugagent.tools.discovery import is_debugagent
+from debugagent.tools.mutate import Identity, parse_identity
 from debugagent.tools.transport import CommandResult, q
 from pydantic import BaseModel
 
@@ -99,6 +102,8 @@ def server_command(pattern: str) -> str:
         "[[ $m =~ $pat ]] || continue; "
         "echo \"== pid ${p#/proc/}\"; echo \"argv $(base64 -w0 < $p/cmdline)\"; "
         "echo \"env $(base64 -w0 < $p/environ 2>/dev/null)\"; echo \"cwd $(readlink $p/cwd 2>/dev/null | base64 -w0)\"; "
+        "echo \"nice ${17}\"; echo \"status $(grep -E '^(Uid|Gid|Groups|Umask):' $p/status 2>/dev/null | base64 -w0)\"; "
+        "echo \"limits $(base64 -w0 < $p/limits 2>/dev/null)\"; "
         "for l in $(find $p/fd -lname 'socket:*' -printf '%l\\n' 2>/dev/null); do i=${l#socket:[}; i=${i%]}; "
         "[ -n \"${port[$i]}\" ] && echo \"port ${port[$i]}\"; done; done; echo '== end'"
     )
@@ -131,13 +136,17 @@ def parse_server(text: str, digest: Callable[[bytes], str]) -> dict[str, Any] | 
                 parent[int(a)] = int(b)
         elif ln.startswith("== pid "):
             pid = int(ln[7:].strip())
-            cur = procs[pid] = {"pid": pid, "argv": b"", "env": None, "cwd": "", "ports": set()}
+            cur = procs[pid] = {"pid": pid, "argv": b"", "env": None, "cwd": "", "ports": set(), "ident": []}
         elif cur is not None and key == "argv":
             cur["argv"] = _b64(val)
         elif cur is not None and key == "env":
             cur["env"] = _b64(val) if val.strip() else None
         elif cur is not None and key == "cwd":
             cur["cwd"] = _b64(val).decode(errors="replace").strip()
+        elif cur is not None and key in ("status", "limits"):
+            cur["ident"] += _b64(val).decode(errors="replace").splitlines()
+        elif cur is not None and key == "nice":
+            cur["ident"].append(f"Nice: {val.strip()}")
         elif cur is not None and key == "port" and val.strip().isdigit():
             cur["ports"].add(int(val))
 
@@ -179,6 +188,7 @@ def parse_server(text: str, digest: Callable[[bytes], str]) -> dict[str, Any] | 
             "cwd": p["cwd"], "ports": ports, "tree": descendants,
             "env_names": names if env is not None else None,
             "env_digests": [digest(kv.partition(b"=")[2]) for kv in entries] if env is not None else None,
+            "identity": ident.model_dump() if (ident := parse_identity(p["ident"])) is not None else None,
         })
     return {"servers": trees}
 
@@ -220,7 +230,19 @@ def read(run: Callable[[str], CommandResult], area: str, how: dict[str, Any],
 # ---------------------------------------------------------------- comparison (pure)
 def _server_key(s: dict[str, Any]) -> tuple[Any, ...]:
     env = tuple(zip(s.get("env_names") or [], s.get("env_digests") or [], strict=False))
-    return (s["argv"], s["cwd"], tuple(s["ports"]), s["tree"], tuple(sorted(env)) if s.get("env_names") is not None else None)
+    ident = json.dumps(s.get("identity"), sort_keys=True)
+    return (s["argv"], s["cwd"], tuple(s["ports"]), s["tree"], tuple(sorted(env)) if s.get("env_names") is not None else None,
+            ident)
+
+
+def identity_difference(before: dict[str, Any] | None, after: dict[str, Any] | None) -> str | None:
+    """"it runs as uid 0, nice 0, found uid 65534, nice 5": who a server runs as, where it differs from who it was
+    found running as (None where it is the same, or either reading lacks it: a journal from before it was read)."""
+    if not before or not after:
+        return None
+    b, a = Identity.model_validate(before), Identity.model_validate(after)
+    wrong = a.differs(b)
+    return f"it runs as {a.describe(wrong)}, found {b.describe(wrong)}" if wrong else None
 
 
 def _server_diffs(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[Difference]:
@@ -256,6 +278,9 @@ def _server_diffs(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> 
             what.append(f"it listens on {a['ports'] or 'no port'}, found {b['ports'] or 'no port'}")
         if a["tree"] != b["tree"]:
             what.append(f"its tree has {a['tree']} descendant process(es), found {b['tree']}")
+        who = identity_difference(b.get("identity"), a.get("identity"))
+        if who:
+            what.append(who)
         if b.get("env_names") is not None and a.get("env_names") is not None:
             eb = dict(zip(b["env_names"], b["env_digests"], strict=False))
             ea = dict(zip(a["env_names"], a["env_digests"], strict=False))
@@ -266,7 +291,8 @@ def _server_diffs(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> 
             out.append(Difference(area="server", text=f"server pid {a['pid']}: " + "; ".join(what),
                                   starting=all(w.startswith(("it listens on", "its tree has")) for w in what),
                                   fix=f"kill {a['pid']}, then start the server as found in {b['cwd']}: {b['argv_text']} "
-                                      "(with the environment it was found with)"))
+                                      "(with the environment it was found with"
+                                      + (f", as {Identity.model_validate(b['identity']).describe()}" if who else "") + ")"))
     return out
 
 
@@ -328,7 +354,8 @@ def summary(before: dict[str, dict[str, Any]]) -> str:
     for area in sorted(before):
         if area == "server":
             n = len(before[area].get("servers", []))
-            parts.append(f"{n} server process tree{'s' if n != 1 else ''} (command line, environment, folder, ports)")
+            parts.append(f"{n} server process tree{'s' if n != 1 else ''} (command line, environment, folder, ports, "
+                         "who it runs as)")
         else:
             parts.append(describe(area))
     return ", ".join(parts)

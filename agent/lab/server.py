@@ -3,6 +3,7 @@ by itself or by the user's restart hook, and wait until it is ready."""
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -144,27 +145,57 @@ class Server:
             raise ExperimentError(f"the server (pid {srv.pid}) runs under {what} ({ctl.evidence}); debugagent does not "
                                   f"kill it, since that would restart it behind the experiment's back or lose it: "
                                   + hook_hint())
+        # who the server runs as (uid, groups, umask, nice, limits), where the shell that restarts it differs
+        run_as = ctl.run_as()
+        if run_as is not None and ctl.shell_identity is not None and (cannot := run_as.needs_root(ctl.shell_identity)):
+            raise ExperimentError(f"the server (pid {srv.pid}) runs as {ctl.identity.describe() if ctl.identity else '?'}; "
+                                  f"this session (uid {ctl.shell_identity.uid}) cannot start it so ({', '.join(cannot)}): "
+                                  "debugagent does not restart a server as anyone but who it was found running as; "
+                                  "run debugagent as root or as the server's user")
+        as_found = {"run_as": run_as.model_dump(exclude_none=True)} if run_as is not None else {}
         tag = f"{self.run_id}-{srv.pid}"
         env_file, pid_file = f"/tmp/debugagent-{tag}.env", f"/tmp/debugagent-{tag}.pid"
         log = ctl.stdout or mutate.DEFAULT_LOG
         self.push_undo("remove_file", {"path": env_file}, f"remove the saved environment {env_file}")
         self.push_undo("restart_server", {"stop_pid_file": pid_file, "expect_argv": run.argv, "argv": srv.argv,
-                                          "cwd": srv.cwd, "env_file": env_file, "keep_if_running": srv.pid, "log": log},
-                       "restart the server as it was found (same command line, folder and environment); the process "
+                                          "cwd": srv.cwd, "env_file": env_file, "keep_if_running": srv.pid, "log": log,
+                                          **copy.deepcopy(as_found)},
+                       "restart the server as it was found (same command line, folder and environment"
+                       + (f"; as {ctl.identity.describe(run_as.fields())}" if run_as and ctl.identity else "") + "); the process "
                        f"the experiment started (its pid in {pid_file}, checked against its command line) is stopped first, "
                        f"after any restart still under way there; {pid_file} is removed once the server runs as found")
         o = r.call("restart_server", {"pid": srv.pid, "expect_argv": srv.argv, "argv": run.argv, "cwd": run.cwd,
                                       "env_file": env_file, "unset": run.unset, "set": run.set, "path_first": run.path_first,
-                                      "save_env": True, "pid_file": pid_file, "log": log},
-                   why=f"restart with {change}; output appended to {log if log != mutate.DEFAULT_LOG else 'its log'}")
+                                      "save_env": True, "pid_file": pid_file, "log": log, **as_found},
+                   why=f"restart with {change}; output appended to {log if log != mutate.DEFAULT_LOG else 'its log'}"
+                   + (f"; as the server was found ({ctl.identity.describe(run_as.fields())})" if run_as and ctl.identity
+                      else ""))
         if not o.ok:
             raise ExperimentError(o.error or "restart failed")
         self.started = {"run": run, "pid_file": pid_file, "env_file": env_file, "log": o.output.log or log,
-                        "change": change, "pid": o.output.pid}
+                        "change": change, "pid": o.output.pid, "run_as": as_found, "identity": ctl.identity,
+                        "as_fields": run_as.fields() if run_as is not None else set()}
         self.on_started(pid_file, o.output.pid, o.output.start)
         self.restarted()
         self._wait_ready(r, o.output.pid, o.output.log, o.output.log_size)
+        self._check_identity(r, o.output.pid)
         return o.output.pid
+
+    def _check_identity(self, r: Runner, pid: int) -> None:
+        """The server this experiment started runs as the server was found (where a restart had to set it)."""
+        st = self.started or {}
+        want: mutate.Identity | None = st.get("identity")
+        fields: set[str] = st.get("as_fields") or set()
+        if want is None or not fields:
+            return
+        o = r.call("server_control", {"pid": pid}, why="does the restarted server run as the server was found?")
+        got = o.output.identity if o.ok else None
+        if got is None:
+            raise ExperimentError(f"who the restarted server (pid {pid}) runs as could not be read")
+        wrong = got.differs(want, fields)
+        if wrong:
+            raise ExperimentError(f"the restarted server (pid {pid}) runs as {got.describe(wrong)}, not as the "
+                                  f"server was found ({want.describe(wrong)})")
 
     def start_again(self, r: Runner, why: str) -> int:
         """Restart the server this experiment started (a bisection step): same command line, new code under it."""
@@ -176,13 +207,15 @@ class Server:
             return self._start_by_hook(r, None, run, st["change"], again=True)
         o = r.call("restart_server", {"stop_pid_file": st["pid_file"], "expect_argv": run.argv, "argv": run.argv,
                                       "cwd": run.cwd, "env_file": st["env_file"], "unset": run.unset, "set": run.set,
-                                      "path_first": run.path_first, "pid_file": st["pid_file"], "log": st["log"]}, why=why)
+                                      "path_first": run.path_first, "pid_file": st["pid_file"], "log": st["log"],
+                                      **st.get("run_as", {})}, why=why)
         if not o.ok:
             raise ExperimentError(o.error or "restart failed")
         st["pid"] = o.output.pid
         self.on_started(st["pid_file"], o.output.pid, o.output.start)
         self.restarted()
         self._wait_ready(r, o.output.pid, o.output.log, o.output.log_size)
+        self._check_identity(r, o.output.pid)
         return o.output.pid
 
     def _start_by_hook(self, r: Runner, srv: Any, run: ServerRun, change: str, again: bool = False) -> int:

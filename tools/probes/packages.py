@@ -88,6 +88,8 @@ def _second(g: Gathering) -> list[Call]:
     pp = server.env.get("PYTHONPATH", "") if server is not None else ""
     if server is not None and server.env and g.python == server.python and "[REDACTED]" not in pp:
         pk_in["pythonpath"] = pp   # the packages as the server sees them
+    if server is not None and g.python == server.python:
+        pk_in["pid"] = server.pid   # its interpreter runs as the server's user, never with more privilege
     return [("python_packages", pk_in, "versions and compiled-file hashes")]
 
 

@@ -240,7 +240,9 @@ class SimHost:
                                 "/home or /usr/local, or use the system's python (/usr/bin/python3)")
         if not self.sealed:
             # the host's /tmp too (its server log, debugagent's worktrees): nothing lands in this machine's /tmp
-            roots |= {"/proc", "/sys", "/etc/debugagent", "/usr/local/bin", "/usr/local/nvidia", SERVICE_DIR, "/tmp", *local}
+            # and its /run/lock (debugagent's host lock): each simulated host has its own
+            roots |= {"/proc", "/sys", "/etc/debugagent", "/usr/local/bin", "/usr/local/nvidia", SERVICE_DIR, "/tmp",
+                      "/run/lock", *local}
             if self.system_python():
                 roots.add(h["python"])
         return sorted(roots)
@@ -269,7 +271,7 @@ class SimHost:
             if shutil.which(prog) is None:
                 raise ScenarioError(f"`{prog}` is not installed here; simulated hosts need it", file=self.scenario.source,
                                     fix=f"apt-get install {pkg}")
-        for d in ("/proc", "/etc", "/usr/local/bin", "/usr/local/nvidia/lib64", SERVICE_DIR, "/tmp", *self.roots):
+        for d in ("/proc", "/etc", "/usr/local/bin", "/usr/local/nvidia/lib64", SERVICE_DIR, "/tmp", "/run/lock", *self.roots):
             if d != self.state["python"]:   # a root that is a file: the system python where not sealed
                 self.path(d).mkdir(parents=True, exist_ok=True)
         self.path("/root" if self.state["user"] == "root" else f"/home/{self.state['user']}").mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,6 @@ from debugagent.tools.redact import private_file, redact, redact_text
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
-from rich.console import Console
 from rich.markup import escape
 
 from .config import RunConfig
@@ -33,13 +32,14 @@ from .journal import HostLock, Journal, host_instance, host_side, others_on_host
 from .lab import Lab, Measure
 from .session import RunOptions, Session, inputs_from_options, make_view, open_run
 from .signals import Interrupted, Signals
+from .sinks import console
 from .state import RunState, conclusion_of, to_jsonable
 from .transcript import Transcript, write_markdown
 from .view import clip
 
 __all__ = ["RunConfig", "RunOptions", "execute", "investigate", "resume_run", "undo_run"]
 
-err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
+err = console(stderr=True)
 
 
 def held_note(signum: int) -> None:
@@ -300,7 +300,7 @@ def found_line(journal: Journal) -> str:
 
 
 def print_human(o: dict[str, Any]) -> None:
-    out = Console(highlight=False, soft_wrap=True, emoji=False)
+    out = console()
     out.print()
     out.print(f"[bold]{escape(o['summary'])}[/]")
     for s in o.get("suspects") or []:

@@ -30,7 +30,6 @@ from debugagent.tools.redact import private_dir, redacted_dump
 from debugagent.tools.replay import ReplayTransport
 from debugagent.tools.snapshot import Snapshot
 from pydantic import BaseModel, ConfigDict
-from rich.console import Console
 
 from . import __version__
 from .config import RunConfig
@@ -40,11 +39,12 @@ from .events import Event, EventBase
 from .hosts import check_host, open_transport
 from .journal import HostLock, HostLocked, Journal, host_instance, host_side
 from .playbook import Playbook, load_playbook
+from .sinks import console
 from .symptom import Direction, Symptom, as_direction, check_pair, parse_symptom
 from .transcript import SCHEMA_VERSION, Transcript, read_events, write_markdown
 from .view import View
 
-err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
+err = console(stderr=True)
 
 
 RunOptions = RunConfig   # the name callers and older code use

@@ -18,7 +18,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from debugagent.tools.errors import DebugAgentError, RestoreError, TransportError, UsageError
+from debugagent.tools.errors import (
+    DebugAgentError,
+    RestoreError,
+    RunFolderError,
+    TransportError,
+    UsageError,
+    write_problem,
+)
 from debugagent.tools.redact import private_file, redact, redact_text
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
@@ -34,7 +41,7 @@ from .session import RunOptions, Session, inputs_from_options, make_view, open_r
 from .signals import Interrupted, Signals
 from .sinks import console
 from .state import RunState, conclusion_of, to_jsonable
-from .transcript import Transcript, write_markdown
+from .transcript import Transcript
 from .view import clip
 
 __all__ = ["RunConfig", "RunOptions", "execute", "investigate", "resume_run", "undo_run"]
@@ -95,6 +102,8 @@ def investigate(opts: RunConfig, *, folder: Path | None = None, resume: bool = F
             state = drive(session, resume)
         finally:
             session.close()
+    if session.transcript.broken:   # the run finished, the host restored, but its folder is not whole
+        raise RunFolderError(folder, session.transcript.broken)
     if state is None:
         return {"interrupted": True, "transcript": str(folder)}
     return output_of(conclusion_of(state), folder, time.monotonic() - started)
@@ -147,8 +156,15 @@ def drive(session: Session, resume: bool) -> dict[str, Any] | None:
 def _guarded(ctx: Ctx, folder: Path, invoke: Any) -> dict[str, Any] | None:
     """Settle what a crashed run left, run the graph, and restore the host whatever happens."""
     try:
-        settle(ctx, ctx.transport)
-        state = invoke()
+        try:
+            settle(ctx, ctx.transport)
+            state = invoke()
+        except (OSError, sqlite3.Error) as exc:   # the run folder refused a write (the checkpoints, a file)
+            why = write_problem(exc)
+            if why is None:
+                raise
+            ctx.transcript.broken = ctx.transcript.broken or why
+            raise RunFolderError(folder, why) from None
     except KeyboardInterrupt as exc:
         name = exc.args[0] if isinstance(exc, Interrupted) else "SIGINT"
         left = restore(ctx)
@@ -158,7 +174,8 @@ def _guarded(ctx: Ctx, folder: Path, invoke: Any) -> dict[str, Any] | None:
         ctx.transcript.emit("interrupted", text=f"interrupted ({name}); every change was undone; `debugagent "
                             f"resume {folder}` continues from the last finished step")
         ctx.transcript.close()
-        write_markdown(folder)
+        from .outputs import write_outputs
+        write_outputs(folder)
         say_err(f"interrupted ({name}); {found_line(ctx.undo)}. Continue with: debugagent resume {folder}")
         return None
     except DebugAgentError as exc:
@@ -181,6 +198,11 @@ def state_runs_dir() -> Path:
     return state_dir() / "runs"
 
 
+# what a run writes into its folder: --out may be a folder that holds only these (a run that stopped before it began)
+RUN_FILE = re.compile(r"run\.json|journal\.json|events\.jsonl|transcript\.md|report\.html|checkpoints\.sqlite(-wal|-shm|-journal)?"
+                      r"|recovered-.+\.json")
+
+
 def _writable(folder: Path, flag: str, shown: str) -> None:
     """Refuse a folder that exists as something else, holds a run, or cannot be made (exit 2)."""
     fix = ("give a folder you can write to" + (", or leave --out out (runs then go under "
@@ -190,6 +212,14 @@ def _writable(folder: Path, flag: str, shown: str) -> None:
         raise UsageError(f"{flag} {shown}: exists and is not a folder", fix=fix)
     if (folder / "events.jsonl").exists():
         raise UsageError(f"{flag} {shown} already holds a run", fix="choose a new folder, or `debugagent resume` it")
+    if flag == "--out" and folder.is_dir():
+        resolved = folder.resolve()
+        foreign = sorted(p.name for p in folder.iterdir() if not RUN_FILE.fullmatch(p.name))
+        if resolved == Path(resolved.anchor) or foreign:
+            what = "is the root folder" if resolved == Path(resolved.anchor) else (
+                f"holds files that are not a debugagent run's ({', '.join(foreign[:3])}{', …' if len(foreign) > 3 else ''})")
+            raise UsageError(f"{flag} {shown}: {what}; a run writes its files straight into --out",
+                             fix=f"give a new or empty folder, e.g. --out {Path(shown) / 'debugagent-run'}")
     p = folder
     while not p.exists():
         p = p.parent

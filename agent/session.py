@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from debugagent.tools.errors import DebugAgentError, RecordingError, TransportError, UsageError
+from debugagent.tools.errors import DebugAgentError, RecordingError, TransportError, UsageError, write_problem
 from debugagent.tools.redact import private_dir, redacted_dump
 from debugagent.tools.replay import ReplayTransport
 from debugagent.tools.snapshot import Snapshot
@@ -83,7 +83,10 @@ def inputs_from_options(opts: RunConfig) -> Inputs:
     symptom, baseline = _symptoms(opts.symptom, opts.baseline, opts.direction)
     if opts.baseline and opts.baseline_snapshot:
         raise UsageError("--baseline and --baseline-snapshot both given", fix="give one: a number or a snapshot of the good state")
-    snap = Snapshot.load(opts.baseline_snapshot) if opts.baseline_snapshot else None
+    try:
+        snap = Snapshot.load(opts.baseline_snapshot) if opts.baseline_snapshot else None
+    except UsageError as exc:
+        raise UsageError(f"--baseline-snapshot: {exc.message}", fix=exc.fix) from None
     measured = (snap.bench.get("metric") or "") if snap and snap.bench.get("samples") else ""
     if measured and measured.lower() != symptom.metric.lower():   # its runs are the baseline, and part of the noise
         raise UsageError(f"--baseline-snapshot {opts.baseline_snapshot}: its benchmark measured `{measured}`, but "
@@ -196,10 +199,15 @@ class Session:
             self.ctx.transport.close()
         if not self.transcript._file.closed:
             self.transcript.close()
-            try:
-                write_markdown(self.folder)
+            try:   # every output (transcript.md and report.html): a run that ends in an error has a report too
+                from .outputs import write_outputs
+                write_outputs(self.folder)
             except DebugAgentError:
                 pass
+            except OSError as exc:   # a full disk: said by the caller (``investigate``), after the host is restored
+                if write_problem(exc) is None:
+                    raise
+                self.transcript.broken = self.transcript.broken or write_problem(exc)
 
 
 def _failed_to_connect(folder: Path, opts: RunConfig, inputs: Inputs, resume: bool, view: View, exc: Exception) -> None:

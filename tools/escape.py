@@ -134,9 +134,10 @@ def _inline(s: str) -> str:
 
 def _prose_line(line: str) -> str:
     if line.lstrip().startswith("|"):
-        # a GFM renderer reads a table row cell by cell, and splits cells at pipes; CommonMark reads the line as
-        # one: every part between two pipes is made safe alone, so both find the same code spans
-        return "|".join(_inline(part) for part in line.split("|"))
+        # a GFM renderer reads a table row cell by cell, split at each pipe no backslash is before (GitHub's and
+        # markdown-it's rule, inside code spans too); CommonMark reads the line as one: each cell is made safe
+        # alone, so both find the same code spans
+        return "|".join(_inline(part) for part in re.split(r"(?<!\\)\|", line))
     return _inline(line)
 
 

@@ -29,6 +29,7 @@ from debugagent.tools.errors import DebugAgentError, RecordingError, TransportEr
 from debugagent.tools.redact import private_dir, redacted_dump
 from debugagent.tools.replay import ReplayTransport
 from debugagent.tools.snapshot import Snapshot
+from debugagent.tools.transport import q
 from pydantic import BaseModel, ConfigDict
 
 from . import __version__
@@ -222,6 +223,19 @@ def _failed_to_connect(folder: Path, opts: RunConfig, inputs: Inputs, resume: bo
     write_markdown(folder)
 
 
+def check_on_host(opts: RunConfig, transport: Any) -> None:
+    """The flags that name a path on the host, checked there once it is open and before anything is written: exit 2
+    naming the flag (a replay has no host to ask)."""
+    if not opts.wheelhouse or not transport.live:
+        return
+    w = opts.wheelhouse
+    r = transport.run(f"test -d {q(w)} || test -f {q(w)}", timeout=60)
+    if r.exit_code != 0:
+        raise UsageError(f"--wheelhouse {w}: no such folder or wheel on {transport.host}",
+                         fix="give the folder of wheels (or one .whl) as the host names it, or leave --wheelhouse out "
+                             "(pip's cache on the host is searched anyway)")
+
+
 def open_run(opts: RunConfig, inputs: Inputs, folder: Path, *, resume: bool, transport: Any, view: View) -> Session:
     """Open the host (unless a transport is given: it is then left open), the run folder, the transcript, the
     journal and the host's lock; nothing is changed on the host."""
@@ -233,6 +247,7 @@ def open_run(opts: RunConfig, inputs: Inputs, folder: Path, *, resume: bool, tra
         _failed_to_connect(folder, opts, inputs, resume, view, exc)
         raise
     try:
+        check_on_host(opts, transport)
         run_id = start_folder(folder, opts, resume)
     except BaseException:
         if owned:

@@ -127,6 +127,17 @@ def test_a_baseline_snapshot_that_is_not_a_file_says_what_it_is(tmp_path, kind):
     assert "no such file" not in r.stderr and time.monotonic() - started < 60
 
 
+def test_a_wheelhouse_the_host_lacks_is_refused_before_the_run(tmp_path):
+    """`--wheelhouse` names a folder on the host: one the host lacks is exit 2 once the host is open, before the run
+    folder is made; one it has still runs."""
+    r = run(*HOST, "--wheelhouse", "/nonexistent", "--out", str(tmp_path / "run"))
+    refused(r, "--wheelhouse /nonexistent", "no such folder or wheel")
+    assert not (tmp_path / "run").exists()
+    ok = run("--host", "sim:flashinfer-wheelhouse", "--symptom", "verify 30ms", "--baseline", "verify 20ms",
+             "--wheelhouse", "/root/wheelhouse", "--json", "--out", str(tmp_path / "ok"))
+    assert ok.returncode == 0 and json.loads(ok.stdout)["root_cause"]["hypothesis"] == "compiled_dependency", ok.stderr
+
+
 # ---------------------------------------------------------------- the host's own files
 def test_an_empty_host_lock_is_taken_over_with_a_line(tmp_path):
     """A full disk on the host once left `host.lock` empty: a later run takes it over, saying so, not refusing for

@@ -112,6 +112,14 @@ def test_fenced_block_holds_exactly_its_text(s):
     assert len(fences) == 1 and fences[0].content == s.rstrip("\n") + "\n"
 
 
+def test_a_table_cell_keeps_its_code_span_with_escaped_pipes():
+    """A command in a table cell (its pipes escaped, as GFM wants them) stays one code span, its `<` as it is."""
+    md = escape.markdown("| pid | command |\n| --- | --- |\n| 1 | `a \\|\\| b < /dev/null` |")
+    assert md.endswith("| 1 | `a \\|\\| b < /dev/null` |")
+    cells = [t for t in renderers()[1].parse(md) if t.type == "inline"]
+    assert [c for t in cells for c in t.children or [] if c.type == "code_inline"][0].content == "a || b < /dev/null"
+
+
 def test_a_details_line_is_followed_by_a_blank_line():
     """An HTML block runs to the next blank line: a host's line right after </details> would be raw HTML in it."""
     md = escape.markdown("</details>\nOutput: `<img src=x onerror=alert(1)>`")

@@ -59,10 +59,11 @@ def held_note(signum: int) -> None:
         pass
 
 
-def say_err(text: str) -> None:
-    """A console line that must not fail (a closed terminal after SIGHUP)."""
+def say_err(text: str, markup: bool = False) -> None:
+    """A console line that must not fail (a closed terminal after SIGHUP). Its text is printed as it is: a step's
+    text or a host's name holding ``[conceal]`` or ``[link=…]`` is not rich markup."""
     try:
-        err.print(text)
+        err.print(text, markup=markup)
     except OSError:
         pass
 
@@ -316,7 +317,7 @@ def restore(ctx: Ctx, journal: Journal | None = None) -> list[str]:
     msg = (f"could not undo on {ctx.transport.host}{why}; left to do: {'; '.join(left)} "
            f"(journal: {journal.path}; the host's copy: ~/.cache/debugagent/{journal.host_name})")
     ctx.transcript.emit("error", kind="undo", message=msg)
-    say_err(f"[red]warning[/]: {escape(redact_text(msg))}")
+    say_err(f"[red]warning[/]: {escape(redact_text(msg))}", markup=True)
     return left
 
 

@@ -31,6 +31,7 @@ from debugagent.tools.replay import ReplayTransport
 from debugagent.tools.snapshot import Snapshot
 from debugagent.tools.transport import q
 from pydantic import BaseModel, ConfigDict
+from rich.markup import escape
 
 from . import __version__
 from .config import RunConfig
@@ -156,7 +157,7 @@ def make_confirm():
         return None
 
     def confirm(question: str) -> bool:
-        err.print(f"[bold]Experiment[/]: {question}. Run it? [y/N] ", end="")
+        err.print(f"[bold]Experiment[/]: {escape(question)}. Run it? \\[y/N] ", end="")
         try:
             return input().strip().lower() in ("y", "yes")
         except EOFError:

@@ -253,3 +253,12 @@ def test_report_and_transcript_run_no_script_in_chromium(hostile, tmp_path):
         assert "<img" not in dom and "<script" not in dom, url
         assert "&lt;img src=x onerror=" in dom and "&lt;script&gt;" in dom, url
         assert "\u202e" not in dom and "\\u202e" in dom, url
+
+
+def test_console_lines_show_host_text_not_rich_markup(capsys):
+    """A step's text holding rich markup (`[conceal]` hides what follows, `[link=…]` writes an OSC 8 link) is printed
+    as it is."""
+    from debugagent.agent.run import say_err
+    say_err("undoing 1 step(s) on h: restart with --name [conceal]hidden[/] [link=http://x]y[/link] \x1b[2J")
+    err = capsys.readouterr().err
+    assert "[conceal]hidden[/] [link=http://x]y[/link] \\x1b[2J" in err and "\x1b" not in err

@@ -20,11 +20,11 @@ import typer
 from debugagent.tools.errors import DebugAgentError, UsageError
 from debugagent.tools.redact import redact_text, write_private
 from pydantic import ValidationError
-from rich.console import Console
 from rich.markup import escape
 
 from .config import RunConfig, SSHOptions, bounds, flag_fields, usage_error
 from .hosts import host_help, open_transport
+from .sinks import console
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_enable=False,
@@ -37,8 +37,8 @@ app.add_typer(sim_app, name="sim")
 app.add_typer(playbook_app, name="playbook")
 fleet_app = typer.Typer(no_args_is_help=True, help="Many hosts: snapshot a fleet, find the odd host out.")
 app.add_typer(fleet_app, name="fleet")
-err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
-out = Console(highlight=False, soft_wrap=True, emoji=False)
+err = console(stderr=True)
+out = console()
 
 HOST_HELP = {"host": host_help()}   # the --host forms, from the table of transports (agent/hosts.py)
 

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from debugagent.agent.signals import held
-from debugagent.tools.errors import DebugAgentError, UsageError
+from debugagent.tools.errors import DebugAgentError, RunFolderError, UsageError, write_problem
 from debugagent.tools.redact import redact
 from debugagent.tools.transport import CommandResult, Transport, q
 from pydantic import BaseModel, Field, ValidationError
@@ -305,6 +305,7 @@ class Journal:
         self.data = data or JournalData(run_id=run_id, host=host, pid=os.getpid(), machine=socket.gethostname())
         self.host_name = f"journal-{self.data.run_id}.json"
         self.gone: list[str] = []
+        self.local_error: str | None = None   # why the run folder's copy could not be written, if it could not
         self._key: bytes | None = None
 
     @property
@@ -439,8 +440,18 @@ class Journal:
         return True
 
     def _write_local(self) -> None:
-        """The run folder's copy, redacted like every file a run writes (the host's copy keeps the values)."""
-        durable_write(self.path, json.dumps(redact(self.data.model_dump(mode="json")), indent=1))
+        """The run folder's copy, redacted like every file a run writes (the host's copy keeps the values). A run
+        folder that cannot be written (a full disk) does not stop an undo: the host's copy and this one in memory
+        hold every step; ``local_error`` says why the file is behind."""
+        try:
+            durable_write(self.path, json.dumps(redact(self.data.model_dump(mode="json")), indent=1))
+        except OSError as exc:
+            why = write_problem(exc)
+            if why is None:
+                raise
+            if self.remote is None:   # no other copy: nothing may change on the host without this one
+                raise RunFolderError(self.path.parent, why) from None
+            self.local_error = why
 
 
 def others_on_host(remote: HostFiles, run_id: str) -> list[JournalData]:
@@ -475,11 +486,27 @@ class HostLock:
                         boot=_boot_id(), start=_start_ticks(os.getpid()), uid=os.getuid(), user=_user())
         deadline = time.monotonic() + wait_s
         tried_stale = False
+        empty_seen = 0
         while True:
             ok, holder, raw = self.remote.lock(info, force=force)
             if ok:
                 self.held = True
                 return
+            if holder is None and not raw.strip() and not tried_stale:
+                # an empty lock file: a run that could not write its lock (a full disk on the host). A lock is
+                # written at once after it is made, so one still empty a second later is no one's: taken over
+                empty_seen += 1
+                if empty_seen == 1:
+                    time.sleep(1.0)
+                    continue
+                tried_stale = True
+                ok, _, _ = self.remote.lock(info, stale="")
+                if ok:
+                    self.held = True
+                    self.took_over = ("took over an empty lock file on the host (a run that could not write it, "
+                                      "a full disk?): it names no run, and it stayed empty")
+                    return
+                continue
             own = holder is not None and holder.run_id == self.run_id
             if own and holder is not None and holder.pid == os.getpid() and holder.machine == socket.gethostname():
                 owner_gone_or_me = True          # this process holds it already

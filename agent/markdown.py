@@ -22,6 +22,8 @@ from typing import Any
 
 from debugagent.tools import probes
 from debugagent.tools.discovery import DiscoveryInput
+from debugagent.tools.escape import OWN_HTML
+from debugagent.tools.escape import markdown as safe_markdown
 from debugagent.tools.gpu import GpuProcess
 from debugagent.tools.probes import server as server_probe
 from debugagent.tools.probes.text import clip_words, code, fenced, plural, table, when
@@ -229,7 +231,7 @@ def render_group(doc: Doc, kind: str, items: list[Pair], target: str | None) -> 
                 if c.tool in ("server_control", "import_roots") and r.exit_code == 0]
         text = (f"Where the server is ({', '.join(c.tool for c, _ in items)}): {found or 'see below'}"
                 + "".join(f"; {m}" for m in more) + f"{status}.")
-    body = [ln for ln in inner.lines if "<details>" not in ln and ln != "</details>"]
+    body = [ln for ln in inner.lines if not OWN_HTML.fullmatch(ln)]
     span = f"msg {first}" if first == doc.n else f"msg {first}–{doc.n}"
     doc.add(f"[{span}] [assistant] {text}", "<details><summary>the commands and their output</summary>", "", *body, "",
             "</details>", "")
@@ -466,12 +468,28 @@ def render(events: list[Event]) -> str:
     render_items(doc, f.epilogue, f)
     render_conclusion(doc, f)
     render_fixes(doc, fixes_for(f))
-    return "\n".join(tighten(doc.lines)).rstrip() + "\n"
+    # every host's string in it is made safe for a Markdown renderer at once: no raw HTML, no code span a backtick
+    # from the host can open or close, no control character (tools/escape.py)
+    return safe_markdown("\n".join(tighten(own_lines(doc.lines)))).rstrip() + "\n"
+
+
+def own_lines(elements: list[str]) -> list[str]:
+    """The document's lines: each element split where a host's text held a newline, and a line made so that reads
+    as one of debugagent's own ``<details>`` lines shown as text (``\\<``): only an element of its own opens or
+    closes a collapsed block."""
+    out: list[str] = []
+    for el in elements:
+        first, *rest = el.split("\n")
+        out.append(first)
+        out.extend("\\" + ln if OWN_HTML.fullmatch(ln) else ln for ln in rest)
+    return out
 
 
 def _kind(line: str) -> str:
     if not line.strip():
         return "blank"
+    if OWN_HTML.fullmatch(line):
+        return "html"   # a line of its own: never joined to the next (an HTML block runs to a blank line)
     if line.startswith("#"):
         return "heading"
     if line.startswith("|"):
@@ -479,6 +497,13 @@ def _kind(line: str) -> str:
     if re.match(r"(\d+\. |- |   )", line):
         return "list"
     return "text"
+
+
+def opens(line: str) -> int:
+    """1 for a line of debugagent's that opens a collapsed block, -1 for one that closes it, else 0."""
+    if not OWN_HTML.fullmatch(line):
+        return 0
+    return -1 if line == "</details>" else 1
 
 
 def tighten(lines: list[str]) -> list[str]:
@@ -491,7 +516,7 @@ def tighten(lines: list[str]) -> list[str]:
     for i, line in enumerate(lines):
         if depth:
             out.append(line)
-            depth += line.count("<details>") - line.count("</details>")
+            depth += opens(line)
             continue
         if raw:
             out.append(line)
@@ -501,8 +526,8 @@ def tighten(lines: list[str]) -> list[str]:
             raw = True
             out.append(line)
             continue
-        if "<details>" in line:
-            depth += line.count("<details>") - line.count("</details>")
+        if opens(line) == 1:
+            depth += 1
             out.append(line)
             continue
         k = _kind(line)

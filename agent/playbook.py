@@ -35,7 +35,7 @@ import yaml
 from debugagent.tools.errors import PlaybookError
 from debugagent.tools.gpu import EVENT_REASON_BITS
 from debugagent.tools.snapshot import Change
-from debugagent.tools.yamlfile import load_yaml_mapping, resolve_yaml_ref
+from debugagent.tools.yamlfile import load_yaml_mapping, read_yaml_file, resolve_yaml_ref
 from jinja2 import StrictUndefined, TemplateError, Undefined
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -291,7 +291,7 @@ def builtin_playbooks() -> list[str]:
 def load_playbook(ref: str | None) -> Playbook:
     p = resolve_yaml_ref(ref or "gpu-inference-regression", Path(str(resources.files("debugagent.playbooks"))), PlaybookError,
                          "playbook", "debugagent playbook list")
-    return parse_playbook(p.read_text(), str(p))
+    return parse_playbook(read_yaml_file(p, PlaybookError, "playbook", "debugagent playbook list"), str(p))
 
 
 def parse_playbook(text: str, file: str = "<playbook>") -> Playbook:

@@ -15,15 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from debugagent.tools.errors import ReplayMiss, UsageError
-from rich.console import Console
 
 from .events import Conclusion, Event
 from .graph import RECURSION_LIMIT, build_graph
 from .session import open_replay
+from .sinks import console
 from .state import RunState, conclusion_of
 from .transcript import read_events, write_markdown
 
-err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
+err = console(stderr=True)
 
 
 def outcome(conclusion: dict[str, Any]) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 The hypothesis tree with verdicts, each experiment's benchmark runs before and after as an
 SVG strip plot, the timeline of changes, the conclusion and the fix. Rendered from the
 events, like transcript.md, through the Jinja2 template ``agent/templates/report.html.j2``
-with autoescape on: every value from the run is escaped by the template.
+with autoescape on: every value from the run is escaped by the template, after ``shown`` has escaped its control
+characters and bidi controls.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from debugagent.tools.escape import html_text
 from debugagent.tools.probes.text import clip_words, when
 from jinja2 import Environment, select_autoescape
 from markupsafe import Markup
@@ -74,9 +76,15 @@ def strip_plot(before: list[float], after: list[float], baseline: float | None, 
 @cache
 def environment() -> Environment:
     env = Environment(autoescape=select_autoescape(default=True, default_for_string=True), keep_trailing_newline=True,
-                      trim_blocks=False, lstrip_blocks=False)
+                      trim_blocks=False, lstrip_blocks=False, finalize=shown)
     env.globals.update(status_word=lambda st: STATUS_WORD.get(st, st), clip=clip_words, explains=explains)
     return env
+
+
+def shown(value: Any) -> Any:
+    """Every value the template prints, before autoescape: a control character or a bidi control from the host
+    shown escaped (``\\u202e`` cannot reverse a command on the page); the template's own markup left as it is."""
+    return html_text(value) if isinstance(value, str) and not isinstance(value, Markup) else value
 
 
 def template_text(name: str) -> str:

@@ -18,12 +18,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from debugagent.tools.errors import DebugAgentError, RestoreError, TransportError, UsageError
+from debugagent.tools.errors import (
+    DebugAgentError,
+    RestoreError,
+    RunFolderError,
+    TransportError,
+    UsageError,
+    write_problem,
+)
 from debugagent.tools.redact import private_file, redact, redact_text
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
-from rich.console import Console
 from rich.markup import escape
 
 from .config import RunConfig
@@ -33,13 +39,14 @@ from .journal import HostLock, Journal, host_instance, host_side, others_on_host
 from .lab import Lab, Measure
 from .session import RunOptions, Session, inputs_from_options, make_view, open_run
 from .signals import Interrupted, Signals
+from .sinks import console
 from .state import RunState, conclusion_of, to_jsonable
-from .transcript import Transcript, write_markdown
+from .transcript import Transcript
 from .view import clip
 
 __all__ = ["RunConfig", "RunOptions", "execute", "investigate", "resume_run", "undo_run"]
 
-err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
+err = console(stderr=True)
 
 
 def held_note(signum: int) -> None:
@@ -52,10 +59,11 @@ def held_note(signum: int) -> None:
         pass
 
 
-def say_err(text: str) -> None:
-    """A console line that must not fail (a closed terminal after SIGHUP)."""
+def say_err(text: str, markup: bool = False) -> None:
+    """A console line that must not fail (a closed terminal after SIGHUP). Its text is printed as it is: a step's
+    text or a host's name holding ``[conceal]`` or ``[link=…]`` is not rich markup."""
     try:
-        err.print(text)
+        err.print(text, markup=markup)
     except OSError:
         pass
 
@@ -97,6 +105,8 @@ def investigate(opts: RunConfig, *, folder: Path | None = None, resume: bool = F
             state = drive(session, resume)
         finally:
             session.close()
+    if session.transcript.broken:   # the run finished, the host restored, but its folder is not whole
+        raise RunFolderError(folder, session.transcript.broken)
     if state is None:
         return {"interrupted": True, "transcript": str(folder)}
     return output_of(conclusion_of(state), folder, time.monotonic() - started)
@@ -192,8 +202,15 @@ def drive(session: Session, resume: bool) -> dict[str, Any] | None:
 def _guarded(ctx: Ctx, folder: Path, invoke: Any) -> dict[str, Any] | None:
     """Settle what a crashed run left, run the graph, and restore the host whatever happens."""
     try:
-        settle(ctx, ctx.transport)
-        state = invoke()
+        try:
+            settle(ctx, ctx.transport)
+            state = invoke()
+        except (OSError, sqlite3.Error) as exc:   # the run folder refused a write (the checkpoints, a file)
+            why = write_problem(exc)
+            if why is None:
+                raise
+            ctx.transcript.broken = ctx.transcript.broken or why
+            raise RunFolderError(folder, why) from None
     except KeyboardInterrupt as exc:
         name = exc.args[0] if isinstance(exc, Interrupted) else "SIGINT"
         left = restore(ctx)
@@ -203,7 +220,8 @@ def _guarded(ctx: Ctx, folder: Path, invoke: Any) -> dict[str, Any] | None:
         ctx.transcript.emit("interrupted", text=f"interrupted ({name}); every change was undone; `debugagent "
                             f"resume {folder}` continues from the last finished step")
         ctx.transcript.close()
-        write_markdown(folder)
+        from .outputs import write_outputs
+        write_outputs(folder)
         say_err(f"interrupted ({name}); {found_line(ctx.undo)}. Continue with: debugagent resume {folder}")
         return None
     except DebugAgentError as exc:
@@ -226,6 +244,11 @@ def state_runs_dir() -> Path:
     return state_dir() / "runs"
 
 
+# what a run writes into its folder: --out may be a folder that holds only these (a run that stopped before it began)
+RUN_FILE = re.compile(r"run\.json|journal\.json|events\.jsonl|transcript\.md|report\.html|checkpoints\.sqlite(-wal|-shm|-journal)?"
+                      r"|recovered-.+\.json")
+
+
 def _writable(folder: Path, flag: str, shown: str) -> None:
     """Refuse a folder that exists as something else, holds a run, or cannot be made (exit 2)."""
     fix = ("give a folder you can write to" + (", or leave --out out (runs then go under "
@@ -235,6 +258,14 @@ def _writable(folder: Path, flag: str, shown: str) -> None:
         raise UsageError(f"{flag} {shown}: exists and is not a folder", fix=fix)
     if (folder / "events.jsonl").exists():
         raise UsageError(f"{flag} {shown} already holds a run", fix="choose a new folder, or `debugagent resume` it")
+    if flag == "--out" and folder.is_dir():
+        resolved = folder.resolve()
+        foreign = sorted(p.name for p in folder.iterdir() if not RUN_FILE.fullmatch(p.name))
+        if resolved == Path(resolved.anchor) or foreign:
+            what = "is the root folder" if resolved == Path(resolved.anchor) else (
+                f"holds files that are not a debugagent run's ({', '.join(foreign[:3])}{', …' if len(foreign) > 3 else ''})")
+            raise UsageError(f"{flag} {shown}: {what}; a run writes its files straight into --out",
+                             fix=f"give a new or empty folder, e.g. --out {Path(shown) / 'debugagent-run'}")
     p = folder
     while not p.exists():
         p = p.parent
@@ -331,7 +362,7 @@ def restore(ctx: Ctx, journal: Journal | None = None) -> list[str]:
     msg = (f"could not undo on {ctx.transport.host}{why}; left to do: {'; '.join(left)} "
            f"(journal: {journal.path}; the host's copy: ~/.cache/debugagent/{journal.host_name})")
     ctx.transcript.emit("error", kind="undo", message=msg)
-    say_err(f"[red]warning[/]: {escape(redact_text(msg))}")
+    say_err(f"[red]warning[/]: {escape(redact_text(msg))}", markup=True)
     return left
 
 
@@ -345,7 +376,7 @@ def found_line(journal: Journal) -> str:
 
 
 def print_human(o: dict[str, Any]) -> None:
-    out = Console(highlight=False, soft_wrap=True, emoji=False)
+    out = console()
     out.print()
     out.print(f"[bold]{escape(o['summary'])}[/]")
     for s in o.get("suspects") or []:

@@ -25,12 +25,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from debugagent.tools.errors import DebugAgentError, RecordingError, TransportError, UsageError
+from debugagent.tools.errors import DebugAgentError, RecordingError, TransportError, UsageError, write_problem
 from debugagent.tools.redact import private_dir, redacted_dump
 from debugagent.tools.replay import ReplayTransport
 from debugagent.tools.snapshot import Snapshot
+from debugagent.tools.transport import q
 from pydantic import BaseModel, ConfigDict
-from rich.console import Console
+from rich.markup import escape
 
 from . import __version__
 from .config import RunConfig
@@ -40,11 +41,12 @@ from .events import Event, EventBase
 from .hosts import check_host, open_transport
 from .journal import HostLock, HostLocked, Journal, host_instance, host_side
 from .playbook import Playbook, load_playbook
+from .sinks import console
 from .symptom import Direction, Symptom, as_direction, check_pair, parse_symptom
 from .transcript import SCHEMA_VERSION, Transcript, read_events, write_markdown
 from .view import View
 
-err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
+err = console(stderr=True)
 
 
 RunOptions = RunConfig   # the name callers and older code use
@@ -83,7 +85,10 @@ def inputs_from_options(opts: RunConfig) -> Inputs:
     symptom, baseline = _symptoms(opts.symptom, opts.baseline, opts.direction)
     if opts.baseline and opts.baseline_snapshot:
         raise UsageError("--baseline and --baseline-snapshot both given", fix="give one: a number or a snapshot of the good state")
-    snap = Snapshot.load(opts.baseline_snapshot) if opts.baseline_snapshot else None
+    try:
+        snap = Snapshot.load(opts.baseline_snapshot) if opts.baseline_snapshot else None
+    except UsageError as exc:
+        raise UsageError(f"--baseline-snapshot: {exc.message}", fix=exc.fix) from None
     measured = (snap.bench.get("metric") or "") if snap and snap.bench.get("samples") else ""
     if measured and measured.lower() != symptom.metric.lower():   # its runs are the baseline, and part of the noise
         raise UsageError(f"--baseline-snapshot {opts.baseline_snapshot}: its benchmark measured `{measured}`, but "
@@ -152,7 +157,7 @@ def make_confirm():
         return None
 
     def confirm(question: str) -> bool:
-        err.print(f"[bold]Experiment[/]: {question}. Run it? [y/N] ", end="")
+        err.print(f"[bold]Experiment[/]: {escape(question)}. Run it? \\[y/N] ", end="")
         try:
             return input().strip().lower() in ("y", "yes")
         except EOFError:
@@ -196,10 +201,15 @@ class Session:
             self.ctx.transport.close()
         if not self.transcript._file.closed:
             self.transcript.close()
-            try:
-                write_markdown(self.folder)
+            try:   # every output (transcript.md and report.html): a run that ends in an error has a report too
+                from .outputs import write_outputs
+                write_outputs(self.folder)
             except DebugAgentError:
                 pass
+            except OSError as exc:   # a full disk: said by the caller (``investigate``), after the host is restored
+                if write_problem(exc) is None:
+                    raise
+                self.transcript.broken = self.transcript.broken or write_problem(exc)
 
 
 def _failed_to_connect(folder: Path, opts: RunConfig, inputs: Inputs, resume: bool, view: View, exc: Exception) -> None:
@@ -214,6 +224,19 @@ def _failed_to_connect(folder: Path, opts: RunConfig, inputs: Inputs, resume: bo
     write_markdown(folder)
 
 
+def check_on_host(opts: RunConfig, transport: Any) -> None:
+    """The flags that name a path on the host, checked there once it is open and before anything is written: exit 2
+    naming the flag (a replay has no host to ask)."""
+    if not opts.wheelhouse or not transport.live:
+        return
+    w = opts.wheelhouse
+    r = transport.run(f"test -d {q(w)} || test -f {q(w)}", timeout=60)
+    if r.exit_code != 0:
+        raise UsageError(f"--wheelhouse {w}: no such folder or wheel on {transport.host}",
+                         fix="give the folder of wheels (or one .whl) as the host names it, or leave --wheelhouse out "
+                             "(pip's cache on the host is searched anyway)")
+
+
 def open_run(opts: RunConfig, inputs: Inputs, folder: Path, *, resume: bool, transport: Any, view: View) -> Session:
     """Open the host (unless a transport is given: it is then left open), the run folder, the transcript, the
     journal and the host's lock; nothing is changed on the host."""
@@ -225,6 +248,7 @@ def open_run(opts: RunConfig, inputs: Inputs, folder: Path, *, resume: bool, tra
         _failed_to_connect(folder, opts, inputs, resume, view, exc)
         raise
     try:
+        check_on_host(opts, transport)
         run_id = start_folder(folder, opts, resume)
     except BaseException:
         if owned:

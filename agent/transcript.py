@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from debugagent.tools.errors import RunFolderError, write_problem
 from debugagent.tools.redact import redact, write_private
 
 from .events import EVENTS, SCHEMA_VERSION, Event, build, describe, migrate, parse_event
@@ -46,6 +47,7 @@ class Transcript:
         self._lock = threading.Lock()
         self._start = time.monotonic()
         self.listeners: list[Any] = []   # reporters (the live view): called with (event, model) after it is written
+        self.broken: str | None = None   # why the file cannot be written any more: later events are not written
 
         def stamp(logger: Any, name: str, ed: dict[str, Any]) -> dict[str, Any]:
             with self._lock:
@@ -67,7 +69,15 @@ class Transcript:
         model = build(event, data)
         fields = model.model_dump(mode="json", by_alias=True, exclude_unset=True)
         del fields["event"]
-        self.log.msg(event, **fields)
+        if self.broken is None:
+            try:
+                self.log.msg(event, **fields)
+            except OSError as exc:   # a full disk, a folder made read-only: the run stops (the host restored first)
+                why = write_problem(exc)
+                if why is None:
+                    raise
+                self.broken = why
+                raise RunFolderError(self.folder, why) from None
         if self.listeners:
             shown = build(event, redact(fields))   # the live view shows what the file holds
             for listen in self.listeners:
@@ -79,7 +89,12 @@ class Transcript:
         return observe
 
     def close(self) -> None:
-        self._file.close()
+        try:
+            self._file.close()
+        except OSError as exc:   # the last line could not be flushed (a full disk)
+            if write_problem(exc) is None:
+                raise
+            self.broken = self.broken or write_problem(exc)
 
 
 def read_events(path: Path) -> list[Event]:

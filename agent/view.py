@@ -21,6 +21,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from . import sinks
 from .config import REPRODUCE_RUNS
 from .events import (
     Conclusion,
@@ -227,7 +228,7 @@ class View:
     """The reporter: ``feed(event, data)`` from any thread; a live panel on a TTY, plain lines otherwise."""
 
     def __init__(self, order: list[str], quiet: bool, console: Console | None = None, since: float | None = None) -> None:
-        self.console = console or Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
+        self.console = console or sinks.console(stderr=True)
         self.state = ViewState(order=list(order), status={h: "pending" for h in order})
         self.quiet = quiet
         self.start = since if since is not None else time.monotonic()   # `since`: when the process started

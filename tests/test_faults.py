@@ -131,8 +131,8 @@ def test_undo_of_a_live_run_is_refused(tmp_path):
 
 
 def test_connection_dropped_for_good_leaves_a_journal_undo_finishes(tmp_path):
-    """sshd dies for good while the restarted server is measured: the run exits 6 printing what is left;
-    once sshd is back, `debugagent undo` finishes the journal and the host is as found."""
+    """sshd dies for good while the restarted server is measured: the run exits 6 printing what is left (and
+    writes its transcript.md and report.html); once sshd is back, `debugagent undo` finishes the journal and the host is as found."""
     name = "launch-blocking"
     with start(name) as s:
         before = state(s)
@@ -148,6 +148,7 @@ def test_connection_dropped_for_good_leaves_a_journal_undo_finishes(tmp_path):
         _, err = p.communicate(timeout=240)
         assert p.returncode == 6, err
         assert "could not be fully restored" in err and "left to undo: restart the server as it was found" in err
+        assert (out / "report.html").is_file() and (out / "transcript.md").is_file()   # a run that exits 6 has both
         pending = [st for st in journal_steps(out) if not st["done"]]
         assert [st["tool"] for st in pending] == ["remove_file", "restart_server"]
         restart_sshd(s)

@@ -10,6 +10,7 @@ from debugagent.tools.host import (
     parse_bench,
     parse_find_servers,
     parse_flags,
+    parse_git_range,
     parse_git_state,
     parse_host_info,
     parse_python_packages,
@@ -76,6 +77,22 @@ def test_git_state_previous_head():
     assert g.previous_head() == "a" * 40
     assert g.dirty == ["python/x.py"]
     assert g.reflog[0].when == "2026-11-29T08:00:00+00:00"
+
+
+def test_a_subject_holding_the_field_separator_keeps_its_commit():
+    """git's field separator inside a commit subject (or a reflog line) stays in that text: the commit is read,
+    with its sha, in the state and in a bisection's range."""
+    sep = "\x1f"
+    subject = f'say "done" {sep}-field{sep}'
+    text = "\n".join([
+        "== head", "b" * 40, "== branch", "main", "== status", "== log",
+        sep.join(["b" * 40, "bbbbbbb", "2026-11-28T18:45:00+00:00", subject]), "== reflog",
+        sep.join(["b" * 40, "HEAD@{2026-11-29T08:00:00+00:00}", f"commit: {subject}"]), "== end"])
+    g = parse_git_state("/r", text)
+    assert g.commits[0].sha == "b" * 40 and g.commits[0].subject == subject
+    assert g.reflog[0].action == f"commit: {subject}"
+    r = parse_git_range(sep.join(["c" * 40, "ccccccc", "2026-11-28T18:45:00+00:00", subject]) + "\n")
+    assert r.commits[0].sha == "c" * 40 and r.commits[0].subject == subject
 
 
 def test_host_info():

@@ -40,7 +40,8 @@ def quick(tmp_path_factory, quick_state):
 
 
 def outside_details(md: str) -> str:
-    return re.sub(r"<details>.*?</details>", "", md, flags=re.S)
+    """The transcript less its collapsed blocks, each with the blank line that must end its HTML block."""
+    return re.sub(r"<details>.*?</details>\n(?=\n)", "", md, flags=re.S)
 
 
 # ---------------------------------------------------------------- transcript.md

@@ -15,6 +15,7 @@
     ├── ReplayMiss                   a replay was asked a command it never recorded -> exit 5
     ├── UnknownCommand               a fake transport was asked a command it has no answer for
     ├── RestoreError                 the host could not be fully restored  -> exit 6
+    ├── RunFolderError               the run folder cannot be written (full, read-only) -> exit 2
     └── ParseError                   a command's output did not have the expected shape
 
 Every class carries the fields a caller needs (host, command, file, field), and its
@@ -45,6 +46,33 @@ class UsageError(DebugAgentError):
     """Raised for bad user input: a flag, a symptom, a file that cannot be used."""
 
     exit_code = 2
+
+
+class RunFolderError(DebugAgentError):
+    """The run folder cannot be written (the disk is full, the folder read-only): the run stops, the host is
+    restored from the journal in memory and on the host, and nothing is written elsewhere."""
+
+    exit_code = 2
+
+    def __init__(self, folder: object, why: str) -> None:
+        super().__init__(f"the run folder {folder} cannot be written ({why}); the run stopped",
+                         fix="free space there or make it writable, or give --out a folder on another disk; "
+                             "what the run changed on the host is undone first (`debugagent undo RUN` finishes it if not)")
+
+
+WRITE_ERRNOS = frozenset({5, 13, 27, 28, 30, 122})   # EIO, EACCES, EFBIG, ENOSPC, EROFS, EDQUOT
+
+
+def write_problem(exc: BaseException) -> str | None:
+    """Why a local write failed, when ``exc`` says the disk or the folder refused it (an ``OSError`` of a full or
+    read-only disk, sqlite's "disk I/O error" or "database or disk is full"); None for anything else."""
+    import sqlite3
+    if isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS:
+        return exc.strerror or str(exc)
+    if isinstance(exc, sqlite3.OperationalError) and any(
+            w in str(exc) for w in ("disk I/O", "disk is full", "readonly database", "unable to open")):
+        return f"sqlite: {exc}"
+    return None
 
 
 class FileError(UsageError):

@@ -584,13 +584,13 @@ def parse_git_state(repo: str, text: str) -> GitInfo:
     s = _sections(text, "git_state", ["head", "branch", "status", "log", "reflog", "end"])
     commits = []
     for ln in s["log"]:
-        parts = ln.split(SEP)
+        parts = ln.split(SEP, 3)   # the subject is last and may hold the separator itself
         if len(parts) != 4:
             raise ParseError("a log line without 4 fields", tool="git_state", excerpt=ln)
         commits.append(Commit(sha=parts[0], short=parts[1], date=parts[2], subject=parts[3]))
     reflog = []
     for ln in s["reflog"]:
-        parts = ln.split(SEP)
+        parts = ln.split(SEP, 2)
         if len(parts) != 3:
             raise ParseError("a reflog line without 3 fields", tool="git_state", excerpt=ln)
         when = parts[1][parts[1].find("{") + 1: -1] if "{" in parts[1] else parts[1]
@@ -761,7 +761,7 @@ def parse_git_range(text: str) -> CommitList:
     for ln in split_lines(text):
         if not ln.strip():
             continue
-        parts = ln.split(SEP)
+        parts = ln.split(SEP, 3)   # the subject is last and may hold the separator itself
         if len(parts) != 4:
             raise ParseError("a log line without 4 fields", tool="git_range", excerpt=ln)
         out.append(Commit(sha=parts[0], short=parts[1], date=parts[2], subject=parts[3]))

@@ -530,9 +530,13 @@ def write_private(path: Path, text: str) -> Path:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(redact_text(text))
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(redact_text(text))
+        os.replace(tmp, path)
+    except OSError:   # a full disk: no half-written temporary file left beside it
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 

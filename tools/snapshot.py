@@ -55,11 +55,22 @@ class Snapshot(Tail, probes.Fields, Head):
 
     @classmethod
     def load(cls, path: str) -> Snapshot:
-        p = Path(path)
-        if not p.is_file():
-            raise UsageError(f"snapshot `{path}`: no such file", fix="make one with `debugagent snapshot --host H -o FILE`")
+        from .yamlfile import read_text_file
+        text, why = read_text_file(Path(path))
+        if text is None:
+            raise UsageError(f"snapshot `{path}`: {why}",
+                             fix="give a snapshot file; make one with `debugagent snapshot --host H -o FILE`")
         try:
-            return cls.model_validate_json(p.read_text())
+            version = json.loads(text).get("snapshot_version", SNAPSHOT_VERSION)
+        except (ValueError, AttributeError):
+            version = SNAPSHOT_VERSION   # not JSON, or not an object: said below
+        if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= SNAPSHOT_VERSION:
+            raise UsageError(f"snapshot `{path}`: snapshot_version {version!r} is not one this debugagent reads "
+                             f"(1 to {SNAPSHOT_VERSION})",
+                             fix="take the snapshot again with this debugagent (`debugagent snapshot --host H -o FILE`), "
+                             "or read it with the debugagent that wrote it")
+        try:
+            return cls.model_validate_json(text)
         except ValueError as exc:
             first = str(exc).splitlines()[0]
             raise UsageError(f"snapshot `{path}` is not a debugagent snapshot: {first}",

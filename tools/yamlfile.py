@@ -38,13 +38,65 @@ def describe_validation(exc: ValidationError) -> tuple[str, str]:
     return loc, msg
 
 
+MOST_BYTES = 64 << 20   # a user's file larger than this is not a playbook, a scenario or a snapshot
+
+
+def file_problem(path: str | Path) -> str | None:
+    """Why ``path`` cannot be read as a user's text file, or None: missing, a folder, not a regular file (a FIFO,
+    a device: never opened, so a FIFO cannot block), unreadable, too large. Read with ``read_text_file``."""
+    import os
+    import stat
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "no such file"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if stat.S_ISDIR(st.st_mode):
+        return "is a folder, not a file"
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(
+            st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file"
+        return f"is {kind}, not a regular file"
+    if st.st_size > MOST_BYTES:
+        return f"is {st.st_size >> 20} MiB: larger than any such file ({MOST_BYTES >> 20} MiB at most)"
+    if not os.access(path, os.R_OK):
+        return "cannot be read (permission denied)"
+    return None
+
+
+def read_text_file(path: str | Path) -> tuple[str | None, str | None]:
+    """(the file's text, None), or (None, why not): ``file_problem``'s reasons, or bytes that are not UTF-8."""
+    why = file_problem(path)
+    if why:
+        return None, why
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        return None, f"cannot be read ({exc.strerror})"
+    try:
+        return data.decode("utf-8"), None
+    except UnicodeDecodeError as exc:
+        return None, f"is not UTF-8 text (byte {exc.start} is 0x{data[exc.start]:02x}): a binary file?"
+
+
+def read_yaml_file(path: Path, error: type[FileError], what: str, list_cmd: str) -> str:
+    """A user's YAML file's text, or ``error`` naming the file and why it cannot be read."""
+    text, why = read_text_file(path)
+    if text is None:
+        raise error(why or "cannot be read", file=str(path),
+                    fix=f"give a path to a {what} .yaml (UTF-8 text), or a built-in name (`{list_cmd}`)")
+    return text
+
+
 def resolve_yaml_ref(ref: str, folder: Path, error: type[FileError], what: str,
                      list_cmd: str) -> Path:
     """A path to a ``.yaml`` file, or the name of a built-in one in ``folder``; ``error`` names what is wrong."""
     if ref.endswith((".yaml", ".yml")) or "/" in ref:
         p = Path(ref)
-        if not p.is_file():
-            raise error("no such file", file=ref, fix=f"give a path to a {what} .yaml, or a built-in name (`{list_cmd}`)")
+        why = file_problem(p)
+        if why:
+            raise error(why, file=ref, fix=f"give a path to a {what} .yaml, or a built-in name (`{list_cmd}`)")
         return p
     p = folder / f"{ref}.yaml"
     if not p.is_file():

@@ -9,6 +9,8 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+from .. import escape
+
 GIT_FIELDS = {"%H": "sha", "%h": "short", "%cI": "date", "%ci": "date", "%aI": "date", "%s": "subject", "%gd": "ref",
               "%gs": "action", "%an": "author"}
 
@@ -28,11 +30,8 @@ def clip_words(text: str, n: int = 220) -> str:
 
 
 def code(text: str) -> str:
-    """An inline code span that survives backticks inside ``text``."""
-    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
-    fence = "`" * (longest + 1)
-    pad = " " if text.startswith("`") or text.endswith("`") or longest else ""
-    return f"{fence}{pad}{text}{pad}{fence}"
+    """An inline code span that survives backticks inside ``text`` (``debugagent.tools.escape.code``)."""
+    return escape.code(text)
 
 
 def cell(text: Any) -> str:
@@ -50,8 +49,8 @@ def table(header: list[str], rows: Iterable[list[Any]], inline_one: bool = False
 
 
 def fenced(text: str, lang: str = "") -> list[str]:
-    longest = max((len(m) for m in re.findall(r"^`{3,}", text, re.M)), default=2)
-    f = "`" * (longest + 1)
+    """A fenced block of ``text``: its fence is longer than any backtick run inside, so no line of it closes it."""
+    f = escape.fence_for(text)
     return [f + lang, *text.rstrip("\n").split("\n"), f]
 
 

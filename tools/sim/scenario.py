@@ -25,7 +25,7 @@ from pydantic import (
 )
 
 from ..errors import ScenarioError
-from ..yamlfile import describe_validation, line_of, load_yaml_mapping, resolve_yaml_ref
+from ..yamlfile import describe_validation, line_of, load_yaml_mapping, read_yaml_file, resolve_yaml_ref
 
 Scalar = str | int | float | bool | None
 
@@ -404,7 +404,7 @@ def builtin_names() -> list[str]:
 def load_scenario(ref: str) -> Scenario:
     """Load ``NAME`` (built-in) or a path to a ``.yaml`` file; strict validation."""
     p = resolve_yaml_ref(ref, builtin_dir(), ScenarioError, "scenario", "debugagent sim list")
-    return parse_scenario(p.read_text(), str(p))
+    return parse_scenario(read_yaml_file(p, ScenarioError, "scenario", "debugagent sim list"), str(p))
 
 
 def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:

@@ -114,8 +114,8 @@ FIX = FixTemplate(
          "is kept), then restart the server{% if server.pid %} (stop pid {{ server.pid }} first){% endif %}:"
          "{% elif good %}Put {{ good[:7] }}, the commit that measured good, on a branch of its own (debugagent-good) in "
          "{{ repo }}, then restart the server{% if server.pid %} (stop pid {{ server.pid }} first){% endif %}:{% endif %}",
-    commands=[CULPRIT + "{% if c and c.sha %}git -C {{ repo | quote }} revert --no-edit {{ c.sha }}{% elif good "
-              "%}git -C {{ repo | quote }} switch -c debugagent-good {{ good }}{% endif %}",
+    commands=[CULPRIT + "{% if c and c.sha %}git -C {{ repo | quote }} revert --no-edit {{ c.sha | quote }}{% elif good "
+              "%}git -C {{ repo | quote }} switch -c debugagent-good {{ good | quote }}{% endif %}",
               CULPRIT + "{% if (c and c.sha or good) and server.argv %}{{ restart_line(server.argv) }}{% endif %}"])
 
 

@@ -1,0 +1,35 @@
+"""The ``debugagent`` command's entry point: SIGTERM and SIGHUP answered as Ctrl-C is (exit 130) from the
+first instant, before the command's heavy imports (a run installs its own handlers once it starts: ``signals``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from types import FrameType
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    name = signal.Signals(signum).name
+    try:   # said here (a plain write): the command line library turns the interrupt into a silent exit 130
+        os.write(2, f"interrupted ({name}) while starting; nothing on the host was changed\n".encode())
+    except OSError:
+        pass
+    raise KeyboardInterrupt(name)
+
+
+def main() -> None:
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is signal.SIG_DFL:   # one ignored on purpose (nohup) stays ignored
+            signal.signal(sig, _stop)
+    try:
+        from .cli import main as cli_main
+    except KeyboardInterrupt as exc:
+        if not exc.args:   # Ctrl-C (a signal's handler said it already)
+            sys.stderr.write("interrupted (SIGINT) while starting; nothing on the host was changed\n")
+        sys.exit(130)
+    cli_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -596,8 +596,13 @@ class SimHost:
             if not spec.get("editable") and not (self.state.get("repo") and module == self.repo_package()[0]):
                 deps.append(module)
         worker = self.state["server"].get("worker")
+        srv = self.state["server"]
+        engine = srv.get("engine") or next((e for e in ("sglang", "vllm") if e in srv["cmd"]), None)
+        pkg = self.state["packages"].get(engine or "")
         config = {"deps": deps, "code": self._code, "code_dir": self._code_dir,
-                  "log": self.state["server"].get("log") or [], "worker": (worker or {}).get("env") if worker else None}
+                  "log": srv.get("log") or [], "worker": (worker or {}).get("env") if worker else None,
+                  "engine": engine, "version": (pkg or {}).get("version"), "port": srv.get("port"),
+                  "defaults": dict(srv.get("defaults") or {})}
         text = (GUEST / "server.py").read_text()
         return text.replace("CONFIG: dict = {}", f"CONFIG: dict = {config!r}", 1)
 

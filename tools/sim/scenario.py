@@ -154,12 +154,15 @@ class Server(Strict):
     worker: Worker | None = None
     log: list[str] = Field(default_factory=list)  # printed at start; `{flag:NAME}` / `{env:NAME}` are filled in
     log_file: str = "/tmp/server.log"
-    # the engine the server answers as (its endpoints and start-up lines); None: read from the command line
-    engine: Literal["sglang", "vllm"] | None = None
-    port: int | None = None   # where it listens; None: --port, else the engine's default (30000, 8000)
-    # the values the engine chooses when no flag sets them (`attention_backend: fa3`): its endpoints and start-up
-    # log report them (a flag of the same name, `-` for `_`, overrides one); factor path `server_view.NAME`
-    defaults: dict[str, Scalar] = Field(default_factory=dict)
+    engine: Literal["sglang", "vllm"] | None = Field(
+        default=None, description="the engine the server answers as (its endpoints and start-up lines); "
+                                  "default: read from `cmd`")
+    port: int | None = Field(default=None, description="where it listens; default: --port, else 30000 (SGLang) or 8000 (vLLM)")
+    defaults: dict[str, Scalar] = Field(
+        default_factory=dict,
+        description="the values the engine chooses when no flag sets them (`attention_backend: fa3`), which its "
+                    "endpoints and start-up log report; a flag of the same name (`-` for `_`) overrides one; factor "
+                    "path `server_view.NAME`")
 
     @field_validator("cmd")
     @classmethod

@@ -174,9 +174,10 @@ def test_a_replay_of_a_recording_made_before_the_probe_leaves_it_out():
         assert ("server_view" in names) is wanted and "python_packages" in names
 
 
-def test_simulated_servers_serve_the_engines_endpoints_and_log_lines(sim_host):
+def test_simulated_servers_serve_the_engines_endpoints_and_log_lines(sim_host, tmp_path):
     """The simulated SGLang answers /server_info and /metrics (--enable-metrics) and logs the backend it chose by
-    default; the good state chose another; a vLLM host answers /version and its metrics."""
+    default; the good state chose another, which `debugagent diff` files under changed_default; a vLLM host answers
+    /version and its metrics."""
     bad = collect(Runner(sim_host("sim:attention-default-changed")))
     good = collect(Runner(sim_host("sim:attention-default-changed@good")))
     assert bad.errors == [] and bad.server_view is not None and good.server_view is not None
@@ -187,6 +188,15 @@ def test_simulated_servers_serve_the_engines_endpoints_and_log_lines(sim_host):
     assert v.effective.version == "0.5.6" and v.effective.model == "Qwen/Qwen3-8B" and v.effective.tp_size == 1
     assert good.server_view.effective.attention_backend == "flashinfer" and good.server_view.effective.version == "0.5.5"
     assert {c.path for c in diff(good, bad)} == {"packages.sglang.version", "server_view.attention_backend"}
+    import subprocess
+    import sys
+
+    from debugagent.tools.snapshot import dump
+    (tmp_path / "good.json").write_text(dump(good))
+    (tmp_path / "bad.json").write_text(dump(bad))
+    r = subprocess.run([sys.executable, "-m", "debugagent.agent.cli", "diff", str(tmp_path / "good.json"),
+                        str(tmp_path / "bad.json")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "changed_default\n  server_view.attention_backend: 'flashinfer' -> 'fa3'" in r.stdout
     vl = collect(Runner(sim_host("sim:vllm-console-worker")), probes=["server_view"]).server_view
     assert vl is not None and vl.engine == "vllm" and vl.endpoints["/version"] == 200 and vl.metrics == "on"
     assert vl.effective.version == "0.11.0"
@@ -215,3 +225,18 @@ def test_the_pinning_experiment_confirms_a_changed_default(sim_host, tmp_path, b
     assert "--tp 1 --port 30000 --enable-metrics --attention-backend flashinfer" in todo.split("\n## ")[0]
     assert ("where the baseline ran flashinfer" in md) is (baseline == "snapshot")
     assert ("chose fa3 by default; it chose flashinfer before" in md) is (baseline == "numbers")
+
+
+def test_a_secret_the_server_echoes_stays_out_of_the_view_and_the_record(tmp_path):
+    """SGLang's /server_info and its ServerArgs line echo --api-key: the view keeps none of it, and the raw
+    answer as recorded (redacted) holds no secret."""
+    from debugagent.tools.redact import redact_text
+    secret = "sk-live-planted-4f9a2c7e1b"
+    info = json.loads((V / "sglang_get_server_info.json").read_text()) | {"api_key": secret}
+    log = tmp_path / "s.log"
+    log.write_text(f"[t] server_args=ServerArgs(model_path='m', api_key='{secret}', attention_backend='fa3')\n")
+    for port in serve({"/server_info": json.dumps(info)}):
+        o = call(ServerViewInput(python="python3", port=port, engine="sglang", endpoints=ENDPOINTS["sglang"],
+                                 logs=[str(log)]))
+        assert o.ok and o.output.effective.attention_backend == "fa3" and secret in o.result.stdout
+        assert secret not in o.output.model_dump_json() and secret not in redact_text(o.result.stdout)

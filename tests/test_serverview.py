@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -240,3 +241,31 @@ def test_a_secret_the_server_echoes_stays_out_of_the_view_and_the_record(tmp_pat
                                  logs=[str(log)]))
         assert o.ok and o.output.effective.attention_backend == "fa3" and secret in o.result.stdout
         assert secret not in o.output.model_dump_json() and secret not in redact_text(o.result.stdout)
+
+
+def test_unsealed_simulated_servers_on_one_loopback_each_answer_for_themselves(tmp_path):
+    """Two hosts that are not sealed share this machine's 127.0.0.1: the second's server finds port 30000 taken,
+    says so in its log and listens on another, so neither host's view is the other's."""
+    from debugagent.tools.sim import load_scenario
+    from debugagent.tools.sim.sandbox import SimHost
+    sc = load_scenario("attention-default-changed")
+    a = SimHost(sc, "bad", root=str(tmp_path / "a"), sealed=False)
+    try:
+        b = SimHost(sc, "good", root=str(tmp_path / "b"), sealed=False)
+        try:
+            logs = a.exec("cat /tmp/server.log").stdout + b.exec("cat /tmp/server.log").stdout
+            ports = [int(p) for p in re.findall(r"listening on 127\.0\.0\.1:(\d+)", logs)]
+            assert len(ports) <= 1, logs   # this machine may hold 30000 already: then both moved
+            answers = {}
+            for h in (a, b):
+                log = h.exec("cat /tmp/server.log").stdout
+                moved = re.findall(r"listening on 127\.0\.0\.1:(\d+)", log)
+                port = int(moved[0]) if moved else 30000
+                r = h.exec(f"python3 -c 'import urllib.request as u; print(u.build_opener(u.ProxyHandler({{}}))"
+                           f".open(\"http://127.0.0.1:{port}/server_info\", timeout=3).read().decode())'")
+                answers[h.which] = json.loads(r.stdout)["attention_backend"]
+            assert answers == {"bad": "fa3", "good": "flashinfer"}
+        finally:
+            b.close()
+    finally:
+        a.close()

@@ -177,8 +177,8 @@ def startup_lines(f: dict, args: dict, chose: list) -> list:
 
 
 def serve_http(f: dict, args: dict) -> None:
-    """Answer the engine's endpoints on its port, in a thread (nothing when the port is taken: the host is
-    not sealed and shares this machine's loopback)."""
+    """Answer the engine's endpoints on its port, in a thread (on another port when that one is taken: the host
+    is not sealed and shares this machine's loopback; discovery finds the port it listens on)."""
     engine = CONFIG.get("engine")
     if engine not in ("sglang", "vllm"):
         return
@@ -226,9 +226,10 @@ def serve_http(f: dict, args: dict) -> None:
 
     try:
         httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    except OSError as exc:
-        print(f"{stamp()} WARNING: cannot listen on 127.0.0.1:{port}: {exc}", flush=True)
-        return
+    except OSError as exc:   # a host that is not sealed shares this machine's loopback: another port, as found
+        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        print(f"{stamp()} WARNING: cannot listen on 127.0.0.1:{port} ({exc}); listening on "
+              f"127.0.0.1:{httpd.server_address[1]}", flush=True)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
 
 

@@ -153,11 +153,13 @@ def test_default_changed_against_the_baseline_and_from_knowledge():
     assert [(d["how"], d["setting"], d["flag"], d["before"], d["after"]) for d in got] == [
         ("baseline", "attention_backend", "attention-backend", "flashinfer", "fa3")]
     got = default_changed(bad, FactsInput(baseline=None, knowledge=KNOWLEDGE, so_far={}))
-    assert [(d["how"], d["before"], d["after"]) for d in got] == [("knowledge", "flashinfer", "fa3")]
+    assert [(d["how"], d["before"], d["after"], d["logged"]) for d in got] == [("knowledge", "flashinfer", "fa3", True)]
     assert "sgl-project/sglang#5064" in got[0]["why"]
     pinned = _snap(_view("fa3", defaulted=False), flags={"attention-backend": "fa3"})
     assert default_changed(pinned, FactsInput(baseline=None, knowledge=KNOWLEDGE, so_far={})) == []
     assert default_changed(_snap(_view("flashinfer")), FactsInput(baseline=None, knowledge=KNOWLEDGE, so_far={})) == []
+    unlogged = default_changed(_snap(_view("fa3", defaulted=False)), FactsInput(baseline=None, knowledge=KNOWLEDGE, so_far={}))
+    assert [(d["after"], d["logged"]) for d in unlogged] == [("fa3", False)]   # no log read, and no flag sets it
     assert default_changed(_snap(None), FactsInput(baseline=good, knowledge=KNOWLEDGE, so_far={})) == []
 
 

@@ -195,8 +195,8 @@ def _version(v: Any) -> tuple[int, ...]:
 
 
 def default_changed(snap: Snapshot, fx: FactsInput) -> list[dict[str, Any]]:
-    """The effective settings the engine chose by default (no flag given) that differ from what the good state
-    ran: the baseline snapshot's effective value where it has one (``how: baseline``), else the engine's previous
+    """The effective settings the engine chose itself (no flag sets them; ``logged``: its start-up log says so) that
+    differ from what the good state ran: the baseline snapshot's effective value where it has one (``how: baseline``), else the engine's previous
     default from ``knowledge.default_changes`` (``how: knowledge``); each with the flag that pins the old value."""
     view = snap.server_view
     if view is None:
@@ -215,11 +215,13 @@ def default_changed(snap: Snapshot, fx: FactsInput) -> list[dict[str, Any]]:
             if flag is None or flag in flags or flag in bflags:
                 continue   # not a setting a flag pins, or one given on the command line (a flag's change, not a default's)
             out.append({"setting": c.path, "flag": flag, "before": c.before, "after": c.after, "how": "baseline",
-                        "source": view.effective.sources.get(c.path, ""), "why": "", "since": None})
+                        "source": view.effective.sources.get(c.path, ""), "why": "", "since": None,
+                        "logged": c.path in view.defaulted})
         return out
     for k in known:
         setting, flag = str(k.get("setting")), str(k.get("flag") or "")
-        if k.get("engine") not in (None, view.engine) or setting not in view.defaulted or not flag or flag in flags:
+        # no flag sets it, so the engine chose it: the start-up log says so where it was read (``logged``)
+        if k.get("engine") not in (None, view.engine) or not flag or flag in flags:
             continue
         if str(cur.get(setting)) != str(k.get("now")) or str(k.get("before")) == str(k.get("now")):
             continue
@@ -228,7 +230,7 @@ def default_changed(snap: Snapshot, fx: FactsInput) -> list[dict[str, Any]]:
             continue
         out.append({"setting": setting, "flag": flag, "before": k.get("before"), "after": cur.get(setting),
                     "how": "knowledge", "source": view.effective.sources.get(setting, ""), "why": k.get("why") or "",
-                    "since": since})
+                    "since": since, "logged": setting in view.defaulted})
     return out
 
 

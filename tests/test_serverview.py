@@ -127,9 +127,9 @@ def _snap(view: ServerView | None, flags: dict[str, str | bool] | None = None) -
     return Snapshot(host="h", server=server, server_view=view)
 
 
-def _view(backend: str, defaulted: bool = True, version: str = "0.5.6") -> ServerView:
-    return ServerView(engine="sglang", defaulted=["attention_backend"] if defaulted else [],
-                      effective=EffectiveConfig(engine="sglang", version=version, attention_backend=backend,
+def _view(backend: str, defaulted: bool = True, version: str = "0.5.6", engine: str = "sglang") -> ServerView:
+    return ServerView(engine=engine, defaulted=["attention_backend"] if defaulted else [],
+                      effective=EffectiveConfig(engine=engine, version=version, attention_backend=backend,  # type: ignore[arg-type]
                                                 sources={"attention_backend": "server_info.internal_states"}))
 
 
@@ -160,6 +160,12 @@ def test_default_changed_against_the_baseline_and_from_knowledge():
     assert default_changed(_snap(_view("flashinfer")), FactsInput(baseline=None, knowledge=KNOWLEDGE, so_far={})) == []
     unlogged = default_changed(_snap(_view("fa3", defaulted=False)), FactsInput(baseline=None, knowledge=KNOWLEDGE, so_far={}))
     assert [(d["after"], d["logged"]) for d in unlogged] == [("fa3", False)]   # no log read, and no flag sets it
+    # vLLM 0.18.2 on ROCm: TRITON_ATTN where ROCM_ATTN was chosen (vllm-project/vllm#39965); not before that version
+    rocm = default_changed(_snap(_view("TRITON_ATTN", version="0.18.2", engine="vllm")),
+                           FactsInput(baseline=None, knowledge=KNOWLEDGE, so_far={}))
+    assert [(d["before"], d["flag"], d["since"]) for d in rocm] == [("ROCM_ATTN", "attention-backend", "0.18.2")]
+    assert default_changed(_snap(_view("TRITON_ATTN", version="0.18.1", engine="vllm")),
+                           FactsInput(baseline=None, knowledge=KNOWLEDGE, so_far={})) == []
     assert default_changed(_snap(None), FactsInput(baseline=good, knowledge=KNOWLEDGE, so_far={})) == []
 
 

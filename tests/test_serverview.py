@@ -277,3 +277,18 @@ def test_unsealed_simulated_servers_on_one_loopback_each_answer_for_themselves(t
             b.close()
     finally:
         a.close()
+
+
+def test_a_log_appended_across_restarts_is_read_from_its_last_start(tmp_path):
+    """A log the server appends to at every start holds each start-up: the view reads the last one (what runs now),
+    not the first (what ran before the upgrade)."""
+    old = ("[t] INFO server_args.py:1970: Attention backend not specified. Use flashinfer backend by default.\n"
+           "[t] INFO engine.py:157: server_args=ServerArgs(model_path='m', attention_backend='flashinfer', tp_size=1)\n"
+           + "[t] INFO: 127.0.0.1 - \"POST /generate HTTP/1.1\" 200\n" * 50)
+    log = tmp_path / "server.log"
+    log.write_text(old + (V / "sglang_startup.log").read_text())
+    with _closed_port() as port:
+        o = call(ServerViewInput(python="python3", port=port, engine="sglang", endpoints=ENDPOINTS["sglang"],
+                                 logs=[str(log)]))
+    assert o.ok and o.output.effective.attention_backend == "fa3" and o.output.effective.tp_size == 2
+    assert o.output.notes and all("no answer" in n for n in o.output.notes)   # the disagreeing old start is not read

@@ -32,8 +32,10 @@ if TYPE_CHECKING:
     from ..snapshot import Snapshot
 
 # one GET per endpoint (a `|` separates a fallback, asked only when the first answers 404), then the first
-# readable log; the answer is one JSON object. Histogram buckets are dropped from /metrics (the parser reads
-# the gauges and info labels, and a vLLM exposition is mostly buckets).
+# readable log, of which only the last start-up (a log appended across restarts holds every start: a new one begins
+# at an engine's first start-up line more than 5 lines after the last); the answer is one JSON object. Histogram
+# buckets are dropped from /metrics (the parser reads the gauges and info labels, and a vLLM exposition is mostly
+# buckets).
 SCRIPT = r"""import json,os,sys,urllib.request as u
 h,port,specs,logs=sys.argv[1],int(sys.argv[2]),sys.argv[3],sys.argv[4:]
 op=u.build_opener(u.ProxyHandler({}))
@@ -52,11 +54,24 @@ for spec in filter(None,specs.split(",")):
         out["endpoints"][path]={"status":st,"body":b[:262144].decode("utf-8","replace")}
         if st!=404:
             break
+M=(b"Attention backend not",b"server_args=ServerArgs(",b"vLLM API server version",b"non-default args:")
 for p in logs:
     try:
         if os.path.isfile(p):
+            block,n,age=[],0,99
             with open(p,"rb") as f:
-                out["log"]=f.read(1048576).decode("utf-8","replace")
+                for line in f:
+                    n+=len(line)
+                    if n>268435456:
+                        break
+                    age+=1
+                    if any(m in line for m in M):
+                        if age>5:
+                            block=[]
+                        age=0
+                    if len(block)<20000:
+                        block.append(line[:65536])
+            out["log"]=b"".join(block)[:2097152].decode("utf-8","replace")
             out["log_path"]=p
             break
     except OSError:
@@ -70,7 +85,7 @@ ENDPOINTS: dict[str, list[str]] = {
     "unknown": ["/server_info|/get_server_info", "/version", "/metrics"],
 }
 DEFAULT_PORT = {"sglang": 30000, "vllm": 8000}
-LOG_FLAGS = ("log-file", "log_file", "log-path", "output-file")
+LOG_FLAGS = ("log-file", "log_file", "log-path")
 
 
 class ServerViewInput(BaseModel):

@@ -196,6 +196,10 @@ def test_simulated_servers_serve_the_engines_endpoints_and_log_lines(sim_host, t
     assert v.defaulted == ["attention_backend"] and v.effective.attention_backend == "fa3"
     assert v.effective.version == "0.5.6" and v.effective.model == "Qwen/Qwen3-8B" and v.effective.tp_size == 1
     assert good.server_view.effective.attention_backend == "flashinfer" and good.server_view.effective.version == "0.5.5"
+    # the engine's own report (python -m sglang.check_env): versions as installed, the driver nvidia-smi reports; a
+    # version change the packages' diff reports already is not reported twice
+    assert v.effective.sources["versions"] == "sglang.check_env" and v.effective.versions["driver"] == "580.159.04"
+    assert (good.server_view.effective.versions["sglang"], v.effective.versions["sglang"]) == ("0.5.5", "0.5.6")
     assert {c.path for c in diff(good, bad)} == {"packages.sglang.version", "server_view.attention_backend"}
     import subprocess
     import sys
@@ -206,9 +210,10 @@ def test_simulated_servers_serve_the_engines_endpoints_and_log_lines(sim_host, t
     r = subprocess.run([sys.executable, "-m", "debugagent.agent.cli", "diff", str(tmp_path / "good.json"),
                         str(tmp_path / "bad.json")], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "changed_default\n  server_view.attention_backend: 'flashinfer' -> 'fa3'" in r.stdout
-    vl = collect(Runner(sim_host("sim:vllm-console-worker")), probes=["server_view"]).server_view
+    vl = collect(Runner(sim_host("sim:vllm-console-worker")), probes=["server_view", "server_env"]).server_view
     assert vl is not None and vl.engine == "vllm" and vl.endpoints["/version"] == 200 and vl.metrics == "on"
     assert vl.effective.version == "0.11.0"
+    assert vl.effective.versions["vllm"] == "0.11.0" and vl.effective.sources["versions"] == "collect_env"
 
 
 @pytest.mark.parametrize("baseline", ["numbers", "snapshot"])

@@ -5,7 +5,10 @@ HTTP GETs on the server's port (short timeouts, no proxy) — SGLang ``/server_i
 deprecated ``/get_server_info``) and ``/model_info`` (``/get_model_info``); vLLM ``/version`` and
 ``/server_info?config_format=json``; ``/metrics`` for both (a 404 is "metrics off", not an error) — and the
 start-up log: the server's stdout through ``/proc/PID/fd/1`` where that is a regular file, or a log file its
-command line names. ``tools.serverinfo`` parses them into one effective configuration.
+command line names. ``tools.serverinfo`` parses them into one effective configuration. ``server_env`` (optional,
+which no hypothesis of the default playbook checks, so ``debugagent snapshot`` sends it and a run does not unless a
+playbook asks) adds the versions and environment block of the engine's own report, ``python -m sglang.check_env``
+or ``python -m vllm.collect_env``.
 
 Snapshot field ``server_view``; difference paths ``server_view.NAME``, ``server_view.versions.NAME`` and
 ``server_view.env.VAR`` (what the server runs with, measurements left out); facts ``server_view``,
@@ -105,6 +108,25 @@ class ServerViewInput(BaseModel):
         return f"{q(self.python)} -I -c {q(SCRIPT)} {args}"
 
 
+ENV_MODULE = {"sglang": "sglang.check_env", "vllm": "vllm.collect_env"}
+
+
+class ServerEnvInput(BaseModel):
+    """Input of ``server_env``: the engine's own environment report with the server's interpreter
+    (``python -m sglang.check_env``, ``python -m vllm.collect_env``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    python: str
+    engine: Literal["sglang", "vllm"]
+
+    def command(self) -> str:
+        return f"timeout 100 {q(self.python)} -m {ENV_MODULE[self.engine]}"
+
+
+def parse_server_env(inp: ServerEnvInput, r: CommandResult) -> si.EnvReport:
+    return si.parse_check_env(r.stdout) if inp.engine == "sglang" else si.parse_collect_env(r.stdout)
+
+
 class ServerView(BaseModel):
     """What the server said about itself: the answer of each endpoint (0: no answer), whether metrics are on,
     where the log came from, the settings its log says it chose by default, the effective configuration."""
@@ -185,24 +207,45 @@ def _second(g: Gathering) -> list[Call]:
     logs += [str(s.flags[f]) for f in LOG_FLAGS if isinstance(s.flags.get(f), str)]
     logs += [a for a in s.argv if re.fullmatch(r"/\S+\.log", a) and a not in logs]
     python = g.python or s.python or "python3"
-    return [("server_view", ServerViewInput(python=python, port=port, address=address, engine=kind,
-                                            endpoints=ENDPOINTS[kind], logs=logs),
-             "what the server says it runs with: its endpoints and its start-up log")]
+    calls: list[Call] = [("server_view", ServerViewInput(python=python, port=port, address=address, engine=kind,
+                                                         endpoints=ENDPOINTS[kind], logs=logs),
+                          "what the server says it runs with: its endpoints and its start-up log")]
+    if kind in ENV_MODULE:
+        calls.append(("server_env", ServerEnvInput(python=python, engine=kind),  # type: ignore[arg-type]
+                      f"the versions the engine's own report names (python -m {ENV_MODULE[kind]})"))
+    return calls
 
 
 def _fill(g: Gathering) -> dict[str, Any]:
-    return {"server_view": g.output("server_view")}
+    view: ServerView | None = g.output("server_view")
+    env: si.EnvReport | None = g.output("server_env")
+    if view is not None and env is not None:   # the versions and environment block of the engine's own report
+        eff = view.effective.model_copy(update={"versions": dict(env.versions), "env": dict(env.env),
+                                                "sources": {**view.effective.sources, "versions": env.tool}})
+        view = view.model_copy(update={"effective": eff})
+    return {"server_view": view}
 
 
 def _diff(a: Snapshot, b: Snapshot, add: Add) -> None:
     if a.server_view is None or b.server_view is None:
         return
     engine = b.server_view.engine or ""
-    pa, pb = (a.packages.get(engine) if a.packages else None), (b.packages.get(engine) if b.packages else None)
     for c in si.diff_configs(a.server_view.effective, b.server_view.effective):
-        if c.path == "version" and pa is not None and pb is not None and (pa.version, pb.version) == (c.before, c.after):
-            continue   # the engine's own version change, which packages.NAME.version reports
+        name = engine if c.path == "version" else c.path[len("versions."):] if c.path.startswith("versions.") else None
+        if name and (_pkg_version(a, name), _pkg_version(b, name)) == (c.before, c.after):
+            continue   # a version change that packages.NAME.version (or driver.version) reports already
         add(f"server_view.{c.path}", c.before, c.after, note=b.server_view.effective.sources.get(c.path.split(".")[0], ""))
+
+
+def _pkg_version(snap: Snapshot, name: str) -> str | None:
+    """The version of the distribution a report names ``name`` (``flashinfer`` is ``flashinfer-python``), or of
+    the driver, as the snapshot's own probes read them."""
+    if name == "driver":
+        return snap.driver.get("version") or None
+    if not name or snap.packages is None:
+        return None
+    p = snap.packages.get(name) or snap.packages.get(f"{name}-python")
+    return p.version if p is not None else None
 
 
 def _version(v: Any) -> tuple[int, ...]:
@@ -271,10 +314,22 @@ def _summary(ev: dict[str, Any]) -> list[str] | None:
     return lines + [f"Note: {n}" for n in out.get("notes") or []] + collapsed(ev.get("stdout") or "", "the answers in full")
 
 
+def _env_summary(ev: dict[str, Any]) -> list[str] | None:
+    out = ev.get("output")
+    if not out:
+        return None
+    versions = "; ".join(f"{k} {code(str(v))}" for k, v in (out.get("versions") or {}).items()) or "none read"
+    return [f"Output: versions {versions}" + (f"; not installed: {', '.join(out['missing'])}" if out.get("missing") else ""),
+            *collapsed(ev.get("stdout") or "", "the report in full")]
+
+
 PROBE = Probe(
     "server_view",
     tools=(Tool("server_view", ServerViewInput, parse_server_view, timeout=30.0, summary=_summary, optional=True,
-                wave=2, check=True),),
+                wave=2, check=True),
+           Tool("server_env", ServerEnvInput, parse_server_env, timeout=120.0, summary=_env_summary, optional=True,
+                wave=2, check=True)),
     second=_second, fill=_fill, diff=_diff, facts=_facts,
+    quiet=("No module named", "exit 124"),   # an engine without its report module, or one too slow to answer
     diff_paths=("server_view.NAME", "server_view.versions.NAME", "server_view.env.VAR"),
 )

@@ -616,6 +616,15 @@ class SimHost:
                 (d / "__init__.py").write_text("")
         (d / f"{parts[-1]}.py").write_text(self.server_code())
 
+    def _write_env_report(self, base: Path, top: str) -> None:
+        """The engine's own environment report (``python -m sglang.check_env``, ``python -m vllm.collect_env``): the
+        versions installed now, as the engine's prints them, and the driver nvidia-smi reports."""
+        name = {"sglang": "check_env", "vllm": "collect_env"}.get(top)
+        if name is None or not (base / top).is_dir():
+            return
+        (base / top / f"{name}.py").write_text((GUEST / "envreport.py").read_text().replace(
+            'STYLE = ""', f"STYLE = {name!r}", 1))
+
     def _write_script(self, script: str) -> None:
         p = self.path(script)
         if p.is_dir():
@@ -642,6 +651,7 @@ class SimHost:
             if self.state.get("repo") and what.split(".")[0] == self.repo_package()[0]:
                 return  # committed in the repository
             self._write_server_module(self._package_base(what.split(".")[0]), what)
+            self._write_env_report(self._package_base(what.split(".")[0]), what.split(".")[0])
         elif kind == "script":
             script = self._script() or what
             if not self._in_repo(script):
@@ -649,6 +659,7 @@ class SimHost:
         else:
             module = f"{what.replace('-', '_')}.entrypoints.cli.main"
             self._write_server_module(self._package_base(what.replace("-", "_")), module)
+            self._write_env_report(self._package_base(what.replace("-", "_")), what.replace("-", "_"))
             launcher = self.path(self.state["server"]["cmd"].split()[0])
             launcher.parent.mkdir(parents=True, exist_ok=True)
             launcher.write_text(f"#!{self.inside(self.state['python'])}\nimport sys\nfrom {module} import main\n"

@@ -297,3 +297,35 @@ def test_a_log_appended_across_restarts_is_read_from_its_last_start(tmp_path):
                                  logs=[str(log)]))
     assert o.ok and o.output.effective.attention_backend == "fa3" and o.output.effective.tp_size == 2
     assert o.output.notes and all("no answer" in n for n in o.output.notes)   # the disagreeing old start is not read
+
+
+def test_a_server_bound_to_ipv6_loopback_is_asked_there():
+    """`--host ::1`: the GETs go to [::1], where the server listens."""
+    import socket
+
+    class V6(http.server.ThreadingHTTPServer):
+        address_family = socket.AF_INET6
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b'{"version": "0.11.0"}' if self.path == "/version" else b""
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format, *args) -> None:  # noqa: A002
+            pass
+
+    try:
+        httpd = V6(("::1", 0), H)
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        o = call(ServerViewInput(python="python3", port=httpd.server_address[1], address="::1", engine="vllm",
+                                 endpoints=ENDPOINTS["vllm"]))
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert o.ok and o.output.endpoints["/version"] == 200 and o.output.effective.version == "0.11.0"

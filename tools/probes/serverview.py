@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 # buckets).
 SCRIPT = r"""import json,os,sys,urllib.request as u
 h,port,specs,logs=sys.argv[1],int(sys.argv[2]),sys.argv[3],sys.argv[4:]
+h="[%s]"%h if ":" in h else h
 op=u.build_opener(u.ProxyHandler({}))
 out={"endpoints":{},"log":None,"log_path":None}
 for spec in filter(None,specs.split(",")):

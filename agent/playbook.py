@@ -34,6 +34,7 @@ from typing import Any, Literal
 import yaml
 from debugagent.tools.errors import PlaybookError
 from debugagent.tools.gpu import EVENT_REASON_BITS
+from debugagent.tools.probes import checks
 from debugagent.tools.snapshot import Change
 from debugagent.tools.yamlfile import load_yaml_mapping, read_yaml_file, resolve_yaml_ref
 from jinja2 import StrictUndefined, TemplateError, Undefined
@@ -49,8 +50,7 @@ __all__ = ["EDITABLE", "OTHER", "Experiment", "FixTemplate", "Hypothesis", "Play
            "evidence_matches", "glob_matches_some_path", "load_playbook", "parse_playbook", "render_fix", "restored"]
 
 Verdict = Literal["ruled_out", "confirmed", "suspect", "inconclusive"]
-CHECKS = ("host_info", "gpu_query", "gpu_q", "gpu_processes", "gpu_sample_under_load", "find_servers", "process_table",
-          "server_details", "python_packages", "git_state", "driver_files")
+CHECKS = checks()   # the tools a hypothesis's `checks` may name: the probes' own (tools.probes)
 
 
 OTHER = "other"          # where a change goes that no hypothesis claims as evidence

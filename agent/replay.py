@@ -61,7 +61,13 @@ def replay_events(events: list[Event], *, playbook: str | None, out: Path, file:
     conclusion = conclusion_of(state)
     a = outcome(recorded.model_dump(mode="json", by_alias=True) if recorded is not None else {})
     b = outcome(conclusion)
+    # a hypothesis the playbook gained since the recording, left inconclusive since the recording never gathered
+    # its evidence (an optional probe it lacks is not sent: tools.probes.plan), changes no conclusion
+    gained = sorted(h for h, v in b["verdicts"].items() if a["verdicts"] and h not in a["verdicts"] and v == "inconclusive")
+    for h in gained:
+        del b["verdicts"][h]
     return {"same": a == b and recorded is not None, "recorded": a, "replayed": b, "diff": verdict_diff(a, b),
+            "gained": gained,
             "commands": ctx.commands, "replay_s": round(time.monotonic() - t0, 3),
             "recorded_s": max((e.t for e in events), default=0), "conclusion": conclusion,
             "unused_results": transport.unused, "transcript": str(out), "events": len(events)}

@@ -28,12 +28,13 @@ hypotheses:
 
 
 def test_default_playbook_follows_the_seeds_order():
-    """The default playbook holds every hypothesis id docs/verdicts.md lists, code revert first, then clocks and PCIe, then flags."""
+    """The default playbook holds every hypothesis id docs/verdicts.md lists, code revert first, then clocks and PCIe, then
+    flags, then the defaults the engine chose behind equal flags."""
     pb = load_playbook(None)
     order = pb.order()
-    assert set(order) == {"code_change", "gpu_clocks", "pcie_link", "gpu_contention", "serving_config",
+    assert set(order) == {"code_change", "gpu_clocks", "pcie_link", "gpu_contention", "serving_config", "changed_default",
                           "compiled_dependency", "driver_cuda", "env_var", "host_cpu"}
-    assert order[:5] == ["code_change", "gpu_clocks", "pcie_link", "serving_config", "compiled_dependency"]
+    assert order[:6] == ["code_change", "gpu_clocks", "pcie_link", "serving_config", "changed_default", "compiled_dependency"]
 
 
 def test_unknown_key_is_refused_with_field():
@@ -110,7 +111,7 @@ def test_cli_validate_and_show(tmp_path):
     """`playbook validate` exits 0 on the default and 2 on a broken file; `show` prints the tree."""
     cli = [sys.executable, "-m", "debugagent.agent.cli", "playbook"]
     r = subprocess.run(cli + ["validate", "gpu-inference-regression"], capture_output=True, text=True)
-    assert r.returncode == 0 and "9 hypotheses" in r.stdout
+    assert r.returncode == 0 and "10 hypotheses" in r.stdout
     p = tmp_path / "bad.yaml"
     p.write_text(MINI.replace("[git_state]", "[gpu_clock]"))
     r = subprocess.run(cli + ["validate", str(p)], capture_output=True, text=True)

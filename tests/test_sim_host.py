@@ -269,6 +269,8 @@ def test_schema_lists_the_format():
     host = schema["$defs"]["Host"]["properties"]
     assert {"profile", "environment", "wheelhouse", "gpu_processes"} <= set(host)
     assert "worker" in schema["$defs"]["Server"]["properties"] and "args" in schema["$defs"]["BenchSpec"]["properties"]
+    server = schema["$defs"]["Server"]["properties"]
+    assert {"engine", "port", "defaults"} <= set(server) and "attention_backend" in server["defaults"]["description"]
     assert schema["$defs"]["Host"]["additionalProperties"] is False
 
 

@@ -80,6 +80,7 @@ DOCUMENTED = {
     "gpus.0.event_reasons": "gpu_clocks", "gpus.1.name": "gpu_clocks", "gpus.0.temperature": "gpu_clocks",
     "gpus.0.pcie_gen": "pcie_link", "gpus.7.pcie_width_max": "pcie_link", "gpu_processes": "gpu_contention",
     "cpu.governor": "host_cpu", "driver.version": "driver_cuda", "driver.cuda": "driver_cuda",
+    "server_view.attention_backend": "changed_default", "server_view.versions.flashinfer": "changed_default",
 }
 
 

@@ -139,6 +139,8 @@ class ReplayTransport(BaseTransport):
             self._queues.setdefault(redact_text(legacy_command(ev["command"])), deque()).append(ev)
             self._order.append(ev)
         self._used: set[int] = set()
+        # an optional probe added since the recording was made is left out of its replay (tools.probes.plan)
+        self.recorded_tools = frozenset(str(ev.get("tool")) for ev in self._order if ev.get("tool")) or None
         self.step = 0
         self._lock = threading.Lock()
 

@@ -111,6 +111,8 @@ class BaseTransport:
     sandbox: bool = False
     instance: str = ""
     live: bool = True
+    # the tools a recording holds calls of (a replay); None: a host, which answers every tool
+    recorded_tools: frozenset[str] | None = None
 
     @property
     def on_event(self) -> EventSink:

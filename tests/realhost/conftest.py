@@ -1,7 +1,8 @@
 """A real host on 127.0.0.1 for the experiments: no simulator.
 
 A small HTTP inference server (stdlib) whose per-request cost comes from its code
-(``infer/model.py``, a git history), its flags (``--disable-cuda-graph``), its environment
+(``infer/model.py``, a git history), its flags (``--disable-cuda-graph``, ``--attention-backend``, whose default
+its engine version chooses and reports as SGLang does: its endpoints and start-up lines), its environment
 (``CUDA_LAUNCH_BLOCKING``) and a compiled extension (``fastmod``, two builds of one
 version, wheels assembled here from gcc output); a benchmark client; ``debugagent run
 --host local`` as a subprocess; and a record of everything a run must leave as found.
@@ -30,8 +31,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PATTERN = r"-m infer\.serve"   # every test's server; a run is given its own server's (``Host.pattern``)
 
-SERVE = '''"""A tiny inference server: each /generate request costs what its code, flags, environment and extension say."""
-import argparse, os, sys, time
+SERVE = '''"""A tiny inference server: each /generate request costs what its code, flags, environment and extension say.
+
+It answers as SGLang does about itself: /server_info (and the deprecated /get_server_info) with the attention
+backend it runs, /model_info (/get_model_info), /health, no /metrics (404: metrics off); and it logs SGLang's start-up
+lines: the backend it chose when --attention-backend is not given, its ServerArgs."""
+import argparse, json, os, sys, time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 from infer import model
@@ -40,8 +45,20 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--port", type=int, required=True)
 ap.add_argument("--tag", default="")
 ap.add_argument("--disable-cuda-graph", action="store_true")
+ap.add_argument("--attention-backend", default=None)
 a = ap.parse_args()
+backend = a.attention_backend or getattr(model, "DEFAULT_BACKEND", "flashinfer")
 cost_ms = model.step_ms() + (getattr(model, "FLAG_MS", 20.0) if a.disable_cuda_graph else 0.0) + (20.0 if os.environ.get("CUDA_LAUNCH_BLOCKING") == "1" else 0.0)
+cost_ms += getattr(model, "BACKEND_MS", {}).get(backend, 0.0)
+stamp = time.strftime("[%Y-%m-%d %H:%M:%S]")
+if a.attention_backend is None:
+    print(f"{stamp} INFO server_args.py:1970: Attention backend not specified. Use {backend} backend by default.", flush=True)
+ARGS = {"model_path": "infer", "port": a.port, "tp_size": 1, "attention_backend": backend,
+        "disable_cuda_graph": a.disable_cuda_graph, "enable_metrics": False}
+print(f"{stamp} INFO engine.py:157: server_args=ServerArgs(" + ", ".join(f"{k}={v!r}" for k, v in ARGS.items()) + ")",
+      flush=True)
+INFO = {**ARGS, "version": getattr(model, "VERSION", "0.0.0"),
+        "internal_states": [{"attention_backend": backend, "last_gen_throughput": 0.0}]}
 try:
     import fastmod
     kernel = fastmod.step
@@ -62,6 +79,15 @@ class H(BaseHTTPRequestHandler):
             time.sleep((cost_ms + (12.0 if slow_after and served > slow_after else 0.0)) / 1000.0)
             kernel()
         body = b"ok"
+        if self.path in ("/server_info", "/get_server_info"):
+            body = json.dumps(INFO).encode()
+        elif self.path in ("/model_info", "/get_model_info"):
+            body = json.dumps({"model_path": "infer", "is_generation": True}).encode()
+        elif self.path not in ("/generate", "/health", "/"):
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -100,6 +126,9 @@ EXTRA_MS = {extra}
 SLOW_AFTER = {slow_after}
 FLAG_MS = {flag_ms}
 START_S = {start_s}
+DEFAULT_BACKEND = {default_backend!r}   # the attention backend this engine chooses when no flag sets it
+BACKEND_MS = {backend_ms!r}             # what a request costs more with a backend
+VERSION = {version!r}
 
 
 def step_ms():
@@ -233,12 +262,15 @@ class Host:
         return f"{sys.executable} {self.dir / 'bench.py'} {self.port}"
 
     def write_code(self, folder: Path, step: float = 10.0, extra: float = 0.0, slow_after: int = 0,
-                   flag_ms: float = 20.0, start_s: float = 0.0) -> None:
+                   flag_ms: float = 20.0, start_s: float = 0.0, default_backend: str = "flashinfer",
+                   backend_ms: dict[str, float] | None = None, version: str = "0.5.5") -> None:
         (folder / "infer").mkdir(parents=True, exist_ok=True)
         (folder / "infer" / "__init__.py").write_text("")
         (folder / "infer" / "serve.py").write_text(SERVE)
         (folder / "infer" / "model.py").write_text(MODEL.format(step=step, extra=extra, slow_after=slow_after,
-                                                                          flag_ms=flag_ms, start_s=start_s))
+                                                                          flag_ms=flag_ms, start_s=start_s,
+                                                                          default_backend=default_backend,
+                                                                          backend_ms=backend_ms or {}, version=version))
 
     def start(self) -> None:
         (self.dir / "bench.py").write_text(BENCH)

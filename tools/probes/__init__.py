@@ -12,17 +12,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import bench, control, driver, git, gpu, host, packages, server
+from . import bench, control, driver, git, gpu, host, packages, server, serverview
 from .base import Call, FactsInput, Gathering, Probe, Tool
 from .text import plain, tail
 
 # The order is the order of a snapshot's calls in each wave, of the differences ``diff`` reports and of
 # ``DIFF_PATHS``.
-PROBES: tuple[Probe, ...] = (packages.PROBE, git.PROBE, server.PROBE, gpu.PROBE, host.PROBE, driver.PROBE,
-                             bench.PROBE, control.PROBE)
+PROBES: tuple[Probe, ...] = (packages.PROBE, git.PROBE, server.PROBE, serverview.PROBE, gpu.PROBE, host.PROBE,
+                             driver.PROBE, bench.PROBE, control.PROBE)
 
 
-class Fields(driver.FileFields, bench.Fields, host.Fields, git.Fields, packages.Fields, server.Fields, gpu.Fields,
+class Fields(driver.FileFields, bench.Fields, host.Fields, git.Fields, packages.Fields, serverview.Fields, server.Fields, gpu.Fields,
              driver.Fields):
     """Every probe's snapshot fields; pydantic orders them from the last base to the first."""
 
@@ -50,14 +50,16 @@ def diff_paths() -> tuple[str, ...]:
 
 def plan(g: Gathering, wave: int) -> list[Call]:
     """The calls of a snapshot's ``wave`` (1: with discovery, 2: after it), every probe's in order; an
-    optional tool only where ``g`` wants it."""
+    optional tool only where ``g`` wants it, and, replaying a recording, only where the recording made its calls
+    (a probe added since must not break the replay of a run recorded before it)."""
     table = tools()
+    recorded = getattr(getattr(g.runner, "transport", None), "recorded_tools", None)
     out: list[Call] = []
     for p in PROBES:
         hook = p.first if wave == 1 else p.second
         for call in hook(g) if hook else []:
             t = table[call[0]]
-            if not t.optional or g.want(t.name):
+            if not t.optional or (g.want(t.name) and (recorded is None or t.name in recorded)):
                 out.append(call)
     return out
 

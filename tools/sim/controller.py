@@ -225,6 +225,10 @@ class Controller:
             return parse_flags(srv.argv(self.strip)[1:], dashes=False).get(parts[2])
         if parts[0] == "server" and parts[1] == "env":
             return (worker or srv).env().get(parts[2])
+        if parts[0] == "server_view":
+            # the value the running server uses: its flag of that name where one is given, else the engine's default
+            given = parse_flags(srv.argv(self.strip)[1:]).get(parts[1].replace("_", "-"))
+            return given if given is not None else (self.host["server"].get("defaults") or {}).get(parts[1])
         if parts[0] == "gpus":
             return self.gpu(int(parts[1])).get(parts[2])
         if path == "gpu_processes":

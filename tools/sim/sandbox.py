@@ -598,8 +598,13 @@ class SimHost:
             if not spec.get("editable") and not (self.state.get("repo") and module == self.repo_package()[0]):
                 deps.append(module)
         worker = self.state["server"].get("worker")
+        srv = self.state["server"]
+        engine = srv.get("engine") or next((e for e in ("sglang", "vllm") if e in srv["cmd"]), None)
+        pkg = self.state["packages"].get(engine or "")
         config = {"deps": deps, "code": self._code, "code_dir": self._code_dir,
-                  "log": self.state["server"].get("log") or [], "worker": (worker or {}).get("env") if worker else None}
+                  "log": srv.get("log") or [], "worker": (worker or {}).get("env") if worker else None,
+                  "engine": engine, "version": (pkg or {}).get("version"), "port": srv.get("port"),
+                  "defaults": dict(srv.get("defaults") or {})}
         text = (GUEST / "server.py").read_text()
         return text.replace("CONFIG: dict = {}", f"CONFIG: dict = {config!r}", 1)
 
@@ -612,6 +617,15 @@ class SimHost:
             if not (d / "__init__.py").exists():
                 (d / "__init__.py").write_text("")
         (d / f"{parts[-1]}.py").write_text(self.server_code())
+
+    def _write_env_report(self, base: Path, top: str) -> None:
+        """The engine's own environment report (``python -m sglang.check_env``, ``python -m vllm.collect_env``): the
+        versions installed now, as the engine's prints them, and the driver nvidia-smi reports."""
+        name = {"sglang": "check_env", "vllm": "collect_env"}.get(top)
+        if name is None or not (base / top).is_dir():
+            return
+        (base / top / f"{name}.py").write_text((GUEST / "envreport.py").read_text().replace(
+            'STYLE = ""', f"STYLE = {name!r}", 1))
 
     def _write_script(self, script: str) -> None:
         p = self.path(script)
@@ -639,6 +653,7 @@ class SimHost:
             if self.state.get("repo") and what.split(".")[0] == self.repo_package()[0]:
                 return  # committed in the repository
             self._write_server_module(self._package_base(what.split(".")[0]), what)
+            self._write_env_report(self._package_base(what.split(".")[0]), what.split(".")[0])
         elif kind == "script":
             script = self._script() or what
             if not self._in_repo(script):
@@ -646,6 +661,7 @@ class SimHost:
         else:
             module = f"{what.replace('-', '_')}.entrypoints.cli.main"
             self._write_server_module(self._package_base(what.replace("-", "_")), module)
+            self._write_env_report(self._package_base(what.replace("-", "_")), what.replace("-", "_"))
             launcher = self.path(self.state["server"]["cmd"].split()[0])
             launcher.parent.mkdir(parents=True, exist_ok=True)
             launcher.write_text(f"#!{self.inside(self.state['python'])}\nimport sys\nfrom {module} import main\n"

@@ -154,6 +154,15 @@ class Server(Strict):
     worker: Worker | None = None
     log: list[str] = Field(default_factory=list)  # printed at start; `{flag:NAME}` / `{env:NAME}` are filled in
     log_file: str = "/tmp/server.log"
+    engine: Literal["sglang", "vllm"] | None = Field(
+        default=None, description="the engine the server answers as (its endpoints and start-up lines); "
+                                  "default: read from `cmd`")
+    port: int | None = Field(default=None, description="where it listens; default: --port, else 30000 (SGLang) or 8000 (vLLM)")
+    defaults: dict[str, Scalar] = Field(
+        default_factory=dict,
+        description="the values the engine chooses when no flag sets them (`attention_backend: fa3`), which its "
+                    "endpoints and start-up log report; a flag of the same name (`-` for `_`) overrides one; factor "
+                    "path `server_view.NAME`")
 
     @field_validator("cmd")
     @classmethod
@@ -262,7 +271,7 @@ class Scenario(Strict):
 
 
 _PATH_RE = re.compile(
-    r"^(packages\.[^.]+\.(version|build)|repo\.head|server\.args\.[^.]+|server\.env\.[^.]+|"
+    r"^(packages\.[^.]+\.(version|build)|repo\.head|server\.args\.[^.]+|server\.env\.[^.]+|server_view\.[a-z_]+|"
     r"gpus\.[0-9]+\.[a-z_]+|gpu_processes|cpu\.governor|driver\.version|bench\.args\.[^.]+)$"
 )
 
@@ -272,6 +281,8 @@ def get_path(host: dict[str, Any], path: str) -> Any:
     if parts[0] == "packages":
         pkg = host["packages"].get(parts[1])
         return None if pkg is None else pkg.get(parts[2])
+    if parts[0] == "server_view":
+        return host["server"]["defaults"].get(parts[1])
     if parts[0] == "server":
         return host["server"][parts[1]].get(parts[2])
     if parts[0] == "gpus":
@@ -293,6 +304,11 @@ def set_path(host: dict[str, Any], path: str, value: Any) -> None:
     parts = path.split(".")
     if parts[0] == "packages":
         host["packages"][parts[1]][parts[2]] = value
+    elif parts[0] == "server_view":
+        if value is None:
+            host["server"]["defaults"].pop(parts[1], None)
+        else:
+            host["server"]["defaults"][parts[1]] = value
     elif parts[0] == "server":
         target = host["server"][parts[1]]
         if value is None:
@@ -324,7 +340,7 @@ def _check_factors(sc: Scenario, file: str) -> None:
         if not _PATH_RE.match(f.path):
             raise ScenarioError(
                 f"path `{f.path}` matches nothing", file=file, field=field,
-                fix="use packages.NAME.version|build, repo.head, server.args.FLAG, server.env.VAR, "
+                fix="use packages.NAME.version|build, repo.head, server.args.FLAG, server.env.VAR, server_view.NAME, "
                     "gpus.N.FIELD, gpu_processes, cpu.governor, driver.version or bench.args.FLAG")
         parts = f.path.split(".")
         if parts[0] == "packages" and parts[1] not in sc.host.packages:

@@ -5,9 +5,16 @@ At start it imports its code and its compiled dependencies, exactly as Python fi
 start-up log, starts its worker process if it has one, tells the host's GPU service what
 it loaded, and serves until it is stopped. What it loaded is fixed from then on: a
 checkout or a reinstall changes nothing until the server is restarted.
+
+As SGLang or vLLM it also answers on its port (``/health``; SGLang ``/server_info``,
+``/get_server_info``, ``/model_info``, ``/get_model_info``, ``/metrics`` with
+``--enable-metrics``; vLLM ``/version``, ``/metrics``, ``/server_info`` with
+``VLLM_SERVER_DEV_MODE=1``) and logs the engines' start-up lines: the settings it chose by
+default (``Attention backend not specified. Use X backend by default.``), its arguments.
 """
 
 import hashlib
+import http.server
 import importlib
 import json
 import multiprocessing
@@ -15,6 +22,7 @@ import os
 import pkgutil
 import socket
 import sys
+import threading
 import time
 
 CONFIG: dict = {}
@@ -108,16 +116,135 @@ def worker(code: int, builds: dict, parent: int) -> None:
         time.sleep(0.2)
 
 
+# flag -> the ServerArgs field it sets, where the names differ
+FIELD = {"tp": "tp_size", "model": "model_path", "dp": "dp_size", "pp": "pp_size"}
+
+
+def value(v: str):
+    """A flag's text as the engine's argument parser types it (numbers, booleans)."""
+    if v == "true":
+        return True
+    for t in (int, float):
+        try:
+            return t(v)
+        except ValueError:
+            pass
+    return v
+
+
+def effective(f: dict) -> tuple:
+    """The server's arguments as its engine resolves them (flags over the engine's defaults), and the names of
+    those it chose by default."""
+    args = {FIELD.get(k, k.replace("-", "_")): value(v) for k, v in f.items()}
+    chose = []
+    for k, v in (CONFIG.get("defaults") or {}).items():
+        if args.get(k) is None:
+            args[k] = v
+            chose.append(k)
+    return args, chose
+
+
+def stamp() -> str:
+    return time.strftime("[%Y-%m-%d %H:%M:%S]")
+
+
+def startup_lines(f: dict, args: dict, chose: list) -> list:
+    """The engine's own start-up lines, in its words."""
+    engine = CONFIG.get("engine")
+    if engine == "sglang":
+        out = []
+        if "attention_backend" in chose:
+            out.append(f"{stamp()} INFO server_args.py:1970: Attention backend not specified. Use "
+                       f"{args['attention_backend']} backend by default.")
+        shown = ", ".join(f"{k}={v!r}" for k, v in args.items())
+        out.append(f"{stamp()} INFO engine.py:157: server_args=ServerArgs({shown})")
+        if args.get("kv_cache_tokens"):
+            out.append(f"{stamp()} TP0] KV Cache is allocated. #tokens: {args['kv_cache_tokens']}, K size: 1.00 GB")
+        return out
+    if engine == "vllm":
+        out = [f"INFO {time.strftime('%m-%d %H:%M:%S')} [api_server.py:1839] vLLM API server version {CONFIG.get('version')}",
+               f"INFO {time.strftime('%m-%d %H:%M:%S')} [utils.py:233] non-default args: "
+               + repr({k.replace("-", "_"): v for k, v in f.items()})]
+        if args.get("attention_backend"):
+            b = args["attention_backend"]
+            out.append(f"INFO {time.strftime('%m-%d %H:%M:%S')} [cuda.py:366] Using {b} attention backend out of "
+                       f"potential backends: [{b!r}]")
+        if args.get("kv_cache_tokens"):
+            out.append(f"INFO {time.strftime('%m-%d %H:%M:%S')} [kv_cache_utils.py:1087] GPU KV cache size: "
+                       f"{int(args['kv_cache_tokens']):,} tokens")
+        return out
+    return []
+
+
+def serve_http(f: dict, args: dict) -> None:
+    """Answer the engine's endpoints on its port, in a thread (on another port when that one is taken: the host
+    is not sealed and shares this machine's loopback; discovery finds the port it listens on)."""
+    engine = CONFIG.get("engine")
+    if engine not in ("sglang", "vllm"):
+        return
+    port = int(CONFIG.get("port") or f.get("port") or (30000 if engine == "sglang" else 8000))
+    version = CONFIG.get("version") or "0.0.0"
+
+    def body(path: str):
+        if path == "/health":
+            return ""
+        if engine == "sglang":
+            if path in ("/server_info", "/get_server_info"):
+                state = {k: args.get(k) for k in ("attention_backend", "prefill_attention_backend",
+                                                  "decode_attention_backend", "sampling_backend") if k in args}
+                state.update({"last_gen_throughput": 0.0, "memory_usage": {"weight": 1.0, "kvcache": 1.0}})
+                return {**args, "version": version, "internal_states": [state]}
+            if path in ("/model_info", "/get_model_info"):
+                return {"model_path": args.get("model_path"), "tokenizer_path": args.get("model_path"),
+                        "is_generation": True}
+            if path == "/metrics" and args.get("enable_metrics") not in (None, False, "false"):
+                return "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{{model_name=\"m\"}} 0.0\n"
+            return None
+        if path == "/version":
+            return {"version": version}
+        if path == "/metrics":
+            return "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 0.0\n"
+        if path == "/server_info" and os.environ.get("VLLM_SERVER_DEV_MODE") == "1":
+            return {"vllm_config": {k: v for k, v in args.items()}}
+        return None
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            b = body(self.path.split("?")[0])
+            if b is None:
+                self.send_response(404)
+                data = b'{"detail":"Not Found"}'
+            else:
+                self.send_response(200)
+                data = (b if isinstance(b, str) else json.dumps(b)).encode()
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format, *args) -> None:  # noqa: A002  (the base class's name)
+            pass
+
+    try:
+        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    except OSError as exc:   # a host that is not sealed shares this machine's loopback: another port, as found
+        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        print(f"{stamp()} WARNING: cannot listen on 127.0.0.1:{port} ({exc}); listening on "
+              f"127.0.0.1:{httpd.server_address[1]}", flush=True)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+
+
 def main() -> None:
     builds = loaded_builds()
     code = loaded_code()
     f = flags(sys.argv[1:])
-    for line in CONFIG.get("log", []):
+    args, chose = effective(f)
+    for line in startup_lines(f, args, chose) + CONFIG.get("log", []):
         for k, v in f.items():
             line = line.replace("{flag:" + k + "}", v)
         for k, v in os.environ.items():
             line = line.replace("{env:" + k + "}", v)
         print(line, flush=True)
+    serve_http(f, args)
     conn = tell_service({"op": "up", "role": "server", "pid": os.getpid(), "code": code, "builds": builds})
     if CONFIG.get("worker") is not None:
         os.environ.update(CONFIG["worker"])

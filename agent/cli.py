@@ -41,6 +41,54 @@ out = Console(highlight=False, soft_wrap=True, emoji=False)
 HOST_HELP = {"host": host_help()}   # the --host forms, from the table of transports (agent/hosts.py)
 
 
+# ---------------------------------------------------------------- conventions: --version, JSON errors
+def package_version() -> str:
+    """The installed distribution's version (its metadata), the source tree's when it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("debugagent")
+    except PackageNotFoundError:
+        from . import __version__
+        return __version__
+
+
+def show_version(value: bool) -> None:
+    if value:
+        print(f"debugagent {package_version()}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def top(version: Annotated[bool, typer.Option("--version", callback=show_version, is_eager=True,
+                                              help="print debugagent's version and exit")] = False) -> None:
+    """Diagnose performance regressions on GPU inference hosts."""
+
+
+ERROR_KIND = {1: "internal", 2: "usage", 4: "host", 5: "replay_differs", 6: "restore", 130: "interrupted"}
+
+
+def wants_json(argv: Sequence[str]) -> bool:
+    """``--json`` among the options (not after ``--``, not as another option's value)."""
+    args = list(argv)
+    if "--" in args:
+        args = args[:args.index("--")]
+    return "--json" in args
+
+
+def json_error(message: str, code: int, fix: str | None = None, left: Sequence[str] = ()) -> None:
+    """Under ``--json``, an error is one JSON object on stdout too (docs/verdicts.md#errors-under---json)."""
+    body: dict[str, Any] = {"kind": ERROR_KIND.get(code, "internal"), "message": redact_text(message), "exit": code}
+    if fix:
+        body["fix"] = redact_text(fix)
+    if left:
+        body["left_to_undo"] = [redact_text(x) for x in left]
+    try:
+        sys.stdout.write(json.dumps({"error": body}, indent=1) + "\n")
+        sys.stdout.flush()
+    except OSError:
+        pass
+
+
 # ---------------------------------------------------------------- options made from the configuration
 def options_of(model: type, only: Iterable[str] | None = None, help: Mapping[str, str] | None = None,
                ) -> list[inspect.Parameter]:
@@ -150,7 +198,7 @@ def report(run_dir: Annotated[str, typer.Argument(metavar="RUN", help="a run fol
 @app.command()
 @with_options(options_of(RunConfig, ("host",), HOST_HELP), options_of(SSHOptions))
 def snapshot(
-    output: Annotated[str, typer.Option("-o", "--output", metavar="FILE", help="where to write the JSON (- for stdout)")],
+    output: Annotated[str, typer.Option("-o", "--out", "--output", metavar="FILE", help="where to write the JSON (- for stdout)")],
     bench: Annotated[str | None, typer.Option("--bench", metavar="CMD", help="benchmark command printing METRIC=VALUE UNIT; run while GPUs are sampled, and --bench-runs times for the snapshot's own numbers")] = None,
     metric: Annotated[str | None, typer.Option("--metric", metavar="NAME", help="the METRIC the benchmark prints (as in --symptom 'METRIC VALUE UNIT'); default: the host profile's")] = None,
     bench_regex: Annotated[str | None, typer.Option("--bench-regex", metavar="REGEX", help="regex whose group 1 is the number in the benchmark's output (instead of --metric)")] = None,
@@ -326,6 +374,7 @@ def command():
 
 
 def main() -> None:
+    as_json = wants_json(sys.argv[1:])
     try:
         rv = command().main(standalone_mode=False, prog_name="debugagent")
         sys.exit(rv if isinstance(rv, int) else 0)
@@ -336,17 +385,24 @@ def main() -> None:
             err.print(f"  left to undo: {redact_text(item)}", markup=False)
         if exc.fix:
             err.print(redact_text(f"  fix: {exc.fix}"), markup=False)
+        if as_json:
+            json_error(exc.message, exc.exit_code, exc.fix, getattr(exc, "left", None) or [])
         sys.exit(exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         err.print("interrupted")
+        if as_json:
+            json_error("interrupted", 130)
         sys.exit(130)
     except Exception as exc:  # the CLI library's own usage errors (typer vendors click)
         names = {c.__name__ for c in type(exc).__mro__}
         if "ClickException" in names:
             exc.show()  # type: ignore[attr-defined]
-            sys.exit(2 if "UsageError" in names else getattr(exc, "exit_code", 1))
+            code = 2 if "UsageError" in names else getattr(exc, "exit_code", 1)
+            if as_json:
+                json_error(exc.format_message(), code)  # type: ignore[attr-defined]
+            sys.exit(code)
         if "Abort" in names:
             sys.exit(130)
         raise

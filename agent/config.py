@@ -90,7 +90,7 @@ class RunConfig(BaseModel):
     allow_mutations: Annotated[bool, flag("--allow-mutations", recorded=True)] = Field(
         default=False, description="run experiments (each undone afterwards) without asking")
     as_json: Annotated[bool, flag("--json")] = Field(default=False, description="print one JSON object on stdout")
-    out: Annotated[str | None, flag("--out", metavar="DIR")] = Field(
+    out: Annotated[str | None, flag("--out", "-o", metavar="DIR")] = Field(
         default=None, description="run folder (default $XDG_STATE_HOME/debugagent/runs/<UTC time>-<slug>/, ~/.local/state "
                           "when unset)")
     llm: Annotated[str | None, flag("--llm", metavar="URL", recorded=bool)] = Field(
@@ -103,7 +103,8 @@ class RunConfig(BaseModel):
     bench_regex: Annotated[str | None, flag("--bench-regex", metavar="REGEX", recorded=True)] = Field(
         default=None, description="regex whose group 1 is the metric in the benchmark's output")
     reproduce_runs: Annotated[int, flag("--reproduce-runs", metavar="N", recorded=True)] = Field(
-        default=REPRODUCE_RUNS, ge=2, description="most benchmark runs to reproduce the regression (3 when clear)")
+        default=REPRODUCE_RUNS, ge=2, description="most benchmark runs to reproduce the regression (3 when clear; no "
+                                          "upper limit: an undecided step names the N it needs)")
     max_runs: Annotated[int | None, flag("--max-runs", metavar="N", recorded=True)] = Field(
         default=None, ge=3, description="most benchmark runs per experiment (default: a budget from the noise and the "
                                 "regression)")

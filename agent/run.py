@@ -314,6 +314,7 @@ def print_human(o: dict[str, Any]) -> None:
         out.print(f"  [yellow]note[/]: {escape(n)}")
     out.print(f"\n{o['commands']} commands, {o.get('bench_runs') or 0} benchmark runs, {o['wall_s']} s. "
               f"Transcript: {o['transcript']}/transcript.md")
+    out.print(f"Report: {o['transcript']}/report.html (`debugagent report {o['transcript']}` opens it in a browser)")
 
 
 def load_run(run_dir: str) -> tuple[RunConfig, str]:

@@ -35,6 +35,8 @@ sim_app = typer.Typer(no_args_is_help=True, help="The built-in simulated GPU hos
 playbook_app = typer.Typer(no_args_is_help=True, help="List, show, validate, test and start playbooks.")
 app.add_typer(sim_app, name="sim")
 app.add_typer(playbook_app, name="playbook")
+runs_app = typer.Typer(no_args_is_help=True, help="List, show and prune the run folders under the state folder.")
+app.add_typer(runs_app, name="runs")
 err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True, emoji=False)
 
@@ -304,6 +306,83 @@ def sim_serve(name: Annotated[str, typer.Argument(metavar="NAME|FILE", help="bui
     """Serve a simulated host behind a real OpenSSH server on 127.0.0.1 (foreground; Ctrl-C stops)."""
     from debugagent.tools.sim.serve import serve
     raise typer.Exit(serve(name + ("@good" if good else ""), port))
+
+
+# ---------------------------------------------------------------- runs
+def _runs_root() -> Path:
+    from .run import state_runs_dir
+    return state_runs_dir()
+
+
+def _run_row(r: Any) -> dict[str, Any]:
+    return {"id": r.id, "folder": str(r.folder), "started": r.started.isoformat(timespec="seconds") if r.started else None,
+            "host": r.host, "symptom": r.symptom, "exit_code": r.exit_code, "verdict": r.verdict, "size": r.size,
+            "live": r.live, "unsettled": r.unsettled or None}
+
+
+@runs_app.command("list")
+def runs_list(as_json: Annotated[bool, typer.Option("--json", help="print one JSON list on stdout")] = False) -> None:
+    """The runs under the state folder, newest first: id, when, host, symptom, exit and verdict, size."""
+    from .runs import human_size, list_runs
+    root = _runs_root()
+    runs = list_runs(root)
+    if as_json:
+        print(json.dumps([_run_row(r) for r in runs], indent=1))
+        return
+    if not runs:
+        out.print(escape(f"no runs in {root}"))
+        return
+    rows = [("RUN", "STARTED (UTC)", "HOST", "SYMPTOM", "EXIT", "VERDICT", "SIZE")]
+    for r in runs:
+        verdict = r.verdict + (" · live" if r.live else "") + (" · undo pending" if r.unsettled else "")
+        rows.append((r.folder.name, r.started.strftime("%Y-%m-%d %H:%M") if r.started else "?", r.host, r.symptom,
+                     "" if r.exit_code is None else str(r.exit_code), verdict, human_size(r.size)))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:   # one line a run, as `ls -l` does: a pipe or a narrow terminal gets no folded columns
+        out.print(escape("  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1]))
+    out.print(escape(f"{len(runs)} run(s) in {root}, {human_size(sum(r.size for r in runs))}; "
+                     "`debugagent runs prune --older-than 7d` or `--keep N` removes old ones"))
+
+
+@runs_app.command("show")
+def runs_show(run_dir: Annotated[str, typer.Argument(metavar="RUN", help="a run's folder, its name under the state folder, or a prefix of it")],
+              as_json: Annotated[bool, typer.Option("--json", help="print one JSON object on stdout")] = False) -> None:
+    """One run: its host, symptom, verdict and summary, its files, whether its undo journal is settled."""
+    from .runs import find_run, human_size, read_run
+    r = read_run(find_run(_runs_root(), run_dir))
+    if as_json:
+        print(json.dumps({**_run_row(r), "summary": r.summary, "notes": r.notes}, indent=1))
+        return
+    rows = [("run", r.id), ("folder", str(r.folder)), ("started", r.started.isoformat(timespec="seconds") if r.started else "?"),
+            ("host", r.host), ("symptom", r.symptom), ("exit", "" if r.exit_code is None else str(r.exit_code)),
+            ("verdict", r.verdict + (" (live: still running)" if r.live else "")),
+            ("undo journal", r.unsettled + f" (`debugagent undo {r.folder}`)" if r.unsettled else "settled"),
+            ("size", human_size(r.size))]
+    for k, v in rows:
+        out.print(escape(f"{k:>13}: {v}"))
+    if r.summary:
+        out.print(escape(f"{'summary':>13}: {r.summary}"))
+    for name in ("transcript.md", "report.html", "events.jsonl"):
+        if (r.folder / name).is_file():
+            out.print(escape(f"{name:>13}: {r.folder / name}"))
+    for n in r.notes:
+        out.print(f"  [yellow]note[/]: {escape(n)}")
+
+
+@runs_app.command("prune")
+def runs_prune(older_than: Annotated[str | None, typer.Option("--older-than", metavar="AGE", help="remove runs started longer ago than AGE (7d, 12h, 30m, 2w)")] = None,
+               keep: Annotated[int | None, typer.Option("--keep", metavar="N", help="keep the N newest runs, remove the others (with --older-than: only the older ones among them)")] = None,
+               dry_run: Annotated[bool, typer.Option("--dry-run", help="say what would go; remove nothing")] = False) -> None:
+    """Remove old runs; never a live one, nor one whose undo journal is not settled (said, with the fix)."""
+    from .runs import human_size, parse_age, prune
+    res = prune(_runs_root(), parse_age(older_than) if older_than is not None else None, keep, dry_run=dry_run)
+    verb = "would remove" if dry_run else "removed"
+    for r in res.removed:
+        out.print(escape(f"{verb} {r.folder.name} ({human_size(r.size)})"))
+    for r in res.kept:
+        err.print(escape(f"kept {r.folder.name}: {r.kept_because}"))
+    out.print(escape(f"{verb} {len(res.removed)} run(s), {human_size(res.freed)}"
+                     + (f"; kept {len(res.kept)} that are live or have changes left to undo" if res.kept else "")))
 
 
 # ---------------------------------------------------------------- playbooks

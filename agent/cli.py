@@ -1,6 +1,7 @@
 """The ``debugagent`` command line.
 
-Exit codes: 0 root cause found (or the command did what it says) · 3 tree exhausted, no
+Exit codes: 0 root cause found (or the command did what it says; ``diff``: the snapshots are the same, 1 they
+differ) · 3 tree exhausted, no
 root cause · 2 bad input · 4 cannot reach or log into the host · 5 replay differs from
 its recording · 6 the host could not be fully restored (``debugagent undo RUN`` retries)
 · 130 interrupted (SIGINT, SIGTERM, SIGHUP), every change undone · 1 internal error.
@@ -261,7 +262,10 @@ def diff_cmd(a: Annotated[str, typer.Argument(metavar="GOOD.json", help="snapsho
              b: Annotated[str, typer.Argument(metavar="BAD.json", help="snapshot of the bad state")],
              as_json: Annotated[bool, typer.Option("--json", help="print one JSON object on stdout")] = False,
              playbook: Annotated[str | None, typer.Option("--playbook", metavar="NAME|FILE", help="the playbook whose hypotheses' evidence files the changes (default: gpu-inference-regression)")] = None) -> None:
-    """What differs between two snapshots, grouped by hypothesis id (as the playbook's `evidence` says)."""
+    """What differs between two snapshots, grouped by hypothesis id (as the playbook's `evidence` says).
+
+    Exit 0 when they are the same, 1 when they differ, 2 on bad input (as diff(1)).
+    """
     from debugagent.tools.snapshot import Snapshot, diff
 
     from .playbook import load_playbook
@@ -269,15 +273,15 @@ def diff_cmd(a: Annotated[str, typer.Argument(metavar="GOOD.json", help="snapsho
     if as_json:
         print(json.dumps({h: [{**c.model_dump(mode="json"), "hypothesis": h} for c in cs] for h, cs in groups.items()},
                          indent=1))
-        return
-    if not groups:
+    elif not groups:
         out.print("no differences")
-        return
-    for hyp, cs in groups.items():
-        out.print(f"[bold]{hyp}[/]")
-        for c in cs:
-            note = f"  ({c.note})" if c.note else ""
-            out.print(escape(f"  {c.path}: {c.a!r} -> {c.b!r}{note}"))
+    else:
+        for hyp, cs in groups.items():
+            out.print(f"[bold]{hyp}[/]")
+            for c in cs:
+                note = f"  ({c.note})" if c.note else ""
+                out.print(escape(f"  {c.path}: {c.a!r} -> {c.b!r}{note}"))
+    raise typer.Exit(1 if groups else 0)   # as diff(1): 0 the same, 1 they differ, 2 bad input
 
 
 # ---------------------------------------------------------------- sim

@@ -111,3 +111,20 @@ def test_the_last_line_names_report_html(tmp_path):
     last = r.stdout.strip().splitlines()[-1]
     assert f"{folder}/report.html" in last
     assert (folder / "report.html").is_file()
+
+
+def test_diff_exits_as_diff_1(tmp_path):
+    """`debugagent diff` exits 0 when the snapshots are the same, 1 when they differ, 2 on bad input; --json too."""
+    from debugagent.tools.snapshot import Snapshot, dump
+    a, b, bad = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "bad.json"
+    a.write_text(dump(Snapshot(host="h", cpu={"governor": "performance"})))
+    b.write_text(dump(Snapshot(host="h", cpu={"governor": "powersave"})))
+    bad.write_text("{not json")
+    for extra in ((), ("--json",)):
+        same = cli("diff", str(a), str(a), *extra)
+        assert same.returncode == 0, same.stderr
+        differ = cli("diff", str(a), str(b), *extra)
+        assert differ.returncode == 1, differ.stderr
+        assert "cpu.governor" in differ.stdout and "Traceback" not in differ.stderr
+        assert cli("diff", str(a), str(bad), *extra).returncode == 2
+    assert json.loads(cli("diff", str(a), str(a), "--json").stdout) == {}

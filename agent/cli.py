@@ -142,7 +142,7 @@ def run(**values: Any) -> None:
         err.print(escape(f"debugagent run: {opts.symptom}" + (f" (was {opts.baseline})" if opts.baseline else "")
                          + f" on {opts.host}"))
     from .run import execute
-    raise typer.Exit(execute(opts))
+    raise typer.Exit(execute(opts, unattended_check=True))
 
 
 RESUME_HELP = {"allow_mutations": "run the remaining experiments (each undone afterwards) without asking",

@@ -87,8 +87,11 @@ class RunConfig(BaseModel):
         default=None, description="the server's git checkout on the host")
     python: Annotated[str | None, flag("--python", metavar="PATH", recorded=True)] = Field(
         default=None, description="the server's Python interpreter on the host")
-    allow_mutations: Annotated[bool, flag("--allow-mutations", recorded=True)] = Field(
-        default=False, description="run experiments (each undone afterwards) without asking")
+    allow_mutations: Annotated[bool, flag("--allow-mutations", "--yes", "-y", recorded=True)] = Field(
+        default=False, description="run experiments (each undone afterwards) without asking (--yes is the same)")
+    read_only: Annotated[bool, flag("--read-only")] = Field(
+        default=False, description="run no experiment, on any host: the suspects are named with the experiment that "
+                          "would decide each (without a terminal to ask, a real host needs this or --allow-mutations)")
     as_json: Annotated[bool, flag("--json")] = Field(default=False, description="print one JSON object on stdout")
     out: Annotated[str | None, flag("--out", "-o", metavar="DIR")] = Field(
         default=None, description="run folder (default $XDG_STATE_HOME/debugagent/runs/<UTC time>-<slug>/, ~/.local/state "

@@ -64,10 +64,11 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:40] or "run"
 
 
-def execute(opts: RunConfig, *, folder: Path | None = None, resume: bool = False) -> int:
-    """Run (or resume) an investigation, print its result, return the exit code."""
+def execute(opts: RunConfig, *, folder: Path | None = None, resume: bool = False, unattended_check: bool = False) -> int:
+    """Run (or resume) an investigation, print its result, return the exit code. ``unattended_check`` (the
+    command line's ``run``): a real host with no terminal to ask on needs --allow-mutations or --read-only."""
     from . import STARTED
-    output = investigate(opts, folder=folder, resume=resume, since=STARTED)
+    output = investigate(opts, folder=folder, resume=resume, since=STARTED, unattended_check=unattended_check)
     if "interrupted" in output:
         return 130
     if opts.as_json:
@@ -78,13 +79,16 @@ def execute(opts: RunConfig, *, folder: Path | None = None, resume: bool = False
 
 
 def investigate(opts: RunConfig, *, folder: Path | None = None, resume: bool = False,
-                transport: Any = None, since: float | None = None) -> dict[str, Any]:
+                transport: Any = None, since: float | None = None, unattended_check: bool = False) -> dict[str, Any]:
     """The investigation itself; returns the ``--json`` object.
 
     ``transport`` lets a caller (a test, a notebook) pass an open transport; it is then
     left open. ``since`` (a ``time.monotonic()`` value) is where the live view's elapsed time starts.
     """
     inputs = inputs_from_options(opts)
+    if unattended_check:
+        from .consent import check_unattended
+        check_unattended(opts)
     if folder is None:   # decided and checked now; nothing is written until the host is open
         folder = new_run_folder(opts, inputs.symptom.metric)
     view = make_view(inputs, opts, folder, resume, since)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import statistics
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -234,8 +236,11 @@ class View:
         self._lock = threading.Lock()
         self.live: Live | None = None
         if self.console.is_terminal and not quiet:
-            self.live = Live(self, console=self.console, refresh_per_second=4, transient=False,
-                             redirect_stdout=False, redirect_stderr=False)
+            self.live = self._new_live()
+
+    def _new_live(self) -> Live:
+        return Live(self, console=self.console, refresh_per_second=4, transient=False, redirect_stdout=False,
+                    redirect_stderr=False)
 
     # ------------------------------------------------------------ feeding
     def load(self, events: list[Any]) -> None:
@@ -286,6 +291,31 @@ class View:
         if s.result:
             parts.append(Text(clip(s.result, width * 3), style="bold"))
         return Group(*parts)
+
+    # ------------------------------------------------------------ a question to the person watching
+    def experiment_estimate(self) -> tuple[float | None, int]:
+        """About how long one experiment takes (the benchmark's measured time a run × the runs an experiment may
+        take, None before any run) and those runs."""
+        with self._lock:
+            runs = self.state.max_runs
+            each = statistics.fmean(self.state.bench_ms) / 1000 if self.state.bench_ms else None
+        return (each * runs if each is not None else None), runs
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No redraw while a question is on the screen (the consent prompt): the live panel is stopped, its last
+        frame left in place, and started again below the answer."""
+        live = self.live
+        if live is None or not live.is_started:
+            yield
+            return
+        live.refresh()
+        live.stop()
+        try:
+            yield
+        finally:   # a new panel below the answer (the stopped one would move up over the question to redraw)
+            self.live = self._new_live()
+            self.live.start(refresh=True)
 
     # ------------------------------------------------------------ lifetime
     def __enter__(self) -> View:

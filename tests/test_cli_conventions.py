@@ -54,7 +54,7 @@ def test_out_and_o_on_run_and_snapshot(tmp_path):
      "usage", "--reproduce-runs"),
     (("diff", "missing-a.json", "missing-b.json", "--json"), 2, "usage", "missing-a.json"),
     (("run", "--host", "root@127.0.0.1:1", "--symptom", "decode 74 tok/s", "--baseline", "decode 89 tok/s", "--json",
-      "--connect-timeout", "3"), 4, "host", "127.0.0.1"),
+      "--connect-timeout", "3", "--read-only"), 4, "host", "127.0.0.1"),
 ])
 def test_an_input_error_under_json_is_one_json_object_on_stdout(args, code, kind, words, tmp_path):
     """Under --json a script reads the error from stdout: one object, the same exit code, the human lines on stderr."""

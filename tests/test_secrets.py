@@ -210,7 +210,7 @@ def test_no_planted_secret_in_a_local_run_or_its_json(tmp_path, env):
                                    "MY_PASS": LOCAL_MY_PASS, "MAX_SESSION_TOKENS": "8192"})
     try:
         time.sleep(0.2)
-        r = cli("run", "--host", "local", "--symptom", "verify 30ms", "--baseline", "verify 20ms", "--json",
+        r = cli("run", "--host", "local", "--symptom", "verify 30ms", "--baseline", "verify 20ms", "--json", "--read-only",
                 "--server-pattern", "sglang_launch_server", "--repo", str(repo), "--reproduce-runs", "2",
                 "--bench", f"BENCH_API_TOKEN={BENCH_SECRET} echo verify=30 ms", env=env)
     finally:

@@ -35,7 +35,6 @@ from .session import RunOptions, Session, inputs_from_options, make_view, open_r
 from .signals import Interrupted, Signals
 from .state import RunState, conclusion_of, to_jsonable
 from .transcript import Transcript, write_markdown
-from .view import clip
 
 __all__ = ["RunConfig", "RunOptions", "execute", "investigate", "resume_run", "undo_run"]
 
@@ -304,16 +303,14 @@ def found_line(journal: Journal) -> str:
 
 
 def print_human(o: dict[str, Any]) -> None:
+    """The answer once: the headline (at most ~160 characters), the evidence as a short list, the notes, the
+    counts, and where the transcript and the report are (agent/answer.py)."""
+    from .answer import evidence_lines, headline
     out = Console(highlight=False, soft_wrap=True, emoji=False)
     out.print()
-    out.print(f"[bold]{escape(o['summary'])}[/]")
-    for s in o.get("suspects") or []:
-        nxt = f" (to decide: {s['next']})" if s.get("next") else ""
-        out.print(f"  suspect {s['hypothesis']}: {escape(clip(s['because'], 300))}{escape(nxt)}")
-    for s in o.get("inconclusive") or []:
-        out.print(f"  [yellow]not decided[/] {s['hypothesis']}: {escape(clip(s['because'], 200))}")
-    for r in o.get("ruled_out") or []:
-        out.print(f"  [dim]ruled out {r['hypothesis']}: {escape(clip(r['because'], 200))}[/]")
+    out.print(f"[bold]{escape(headline(o))}[/]")
+    for line in evidence_lines(o):
+        out.print(escape("  " + line))
     for n in o.get("notes") or []:
         out.print(f"  [yellow]note[/]: {escape(n)}")
     out.print(f"\n{o['commands']} commands, {o.get('bench_runs') or 0} benchmark runs, {o['wall_s']} s. "

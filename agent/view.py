@@ -23,6 +23,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from .answer import headline
 from .config import REPRODUCE_RUNS
 from .events import (
     Conclusion,
@@ -197,10 +198,7 @@ class ViewState:
                 if row.id not in self.status:
                     self.order.append(row.id)
                 self.status[row.id] = row.status
-            causes = ev.root_causes
-            self.result = ("Root cause: " + "; ".join(
-                f"{c.hypothesis} ({'explains ' + pct(c.explains) if c.explains is not None else 'share not measured'})"
-                f": {c.summary}" for c in causes)) if causes else (ev.summary or "no root cause")
+            self.result = headline(ev.model_dump(mode="json", by_alias=True))
             self.command = ""
             self.set_phase("done")
             self._say(f"[result] {self.result}")
@@ -288,8 +286,7 @@ class View:
         parts.append(t)
         if s.command:
             parts.append(Text("$ " + clip(s.command, width - 2), style="dim"))
-        if s.result:
-            parts.append(Text(clip(s.result, width * 3), style="bold"))
+        # the answer is not in the panel: the command prints it once, in full, under the panel's last frame
         return Group(*parts)
 
     # ------------------------------------------------------------ a question to the person watching

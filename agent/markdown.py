@@ -466,7 +466,19 @@ def render(events: list[Event]) -> str:
     render_items(doc, f.epilogue, f)
     render_conclusion(doc, f)
     render_fixes(doc, fixes_for(f))
+    render_changes(doc, events)
     return "\n".join(tighten(doc.lines)).rstrip() + "\n"
+
+
+def render_changes(doc: Doc, events: list[Event]) -> None:
+    """Each change the run made on the host, when, and its undo (agent/changes.py)."""
+    from . import changes
+    body, _ = changes.rows(events)
+    doc.add(f"## {changes.SECTION}", "", changes.summary(events), "")
+    if body:
+        doc.add("<details><summary>each change, when, and its undo</summary>", "",
+                *table(["when", "experiment", "what changed", "undone by"], [[c, code(h), w, u] for c, h, w, u in body]),
+                "", "</details>", "")
 
 
 def _kind(line: str) -> str:

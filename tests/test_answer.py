@@ -51,3 +51,28 @@ def test_the_evidence_does_not_repeat_the_headline():
         tail = h.split(": ", 2)[-1]   # after "Root cause: X (share), shown by Y: " or "Top suspect: X: "
         for ln in evidence_lines(c):
             assert tail not in ln, (run.name, ln)
+
+
+@pytest.mark.parametrize("run", KEPT, ids=[r.name for r in KEPT])
+def test_changed_and_undone_section_in_transcript_and_report(run):
+    """transcript.md and report.html each say what the run changed on the host, when, and its undo: every
+    journalled undo step of the events, and whether it ran."""
+    import html
+
+    from debugagent.agent import changes
+    from debugagent.agent.markdown import render
+    from debugagent.agent.report import render_html
+    events = read_events(run / "events.jsonl")
+    md, page = render(events), html.unescape(render_html(events))
+    recorded = [e for e in events if e.event == "experiment" and e.phase == "undo_recorded"]
+    made, _, _ = changes.changes_made(events)
+    assert sum(len(c.steps) for c in made) == len(recorded)
+    for text in (md, page):
+        assert changes.SECTION in text
+        assert changes.summary(events) in text
+        for c in made:
+            assert c.what in text and c.hypothesis in text
+    if not recorded:
+        assert "Nothing on the host was changed." in md
+    else:
+        assert f"{sum(1 for c in made if c.undone)} undone" in md

@@ -1,6 +1,7 @@
 """The ``debugagent`` command line.
 
-Exit codes: 0 root cause found (or the command did what it says) · 3 tree exhausted, no
+Exit codes: 0 root cause found (or the command did what it says; ``diff``: the snapshots are the same, 1 they
+differ) · 3 tree exhausted, no
 root cause · 2 bad input · 4 cannot reach or log into the host · 5 replay differs from
 its recording · 6 the host could not be fully restored (``debugagent undo RUN`` retries)
 · 130 interrupted (SIGINT, SIGTERM, SIGHUP), every change undone · 1 internal error.
@@ -37,10 +38,60 @@ app.add_typer(sim_app, name="sim")
 app.add_typer(playbook_app, name="playbook")
 fleet_app = typer.Typer(no_args_is_help=True, help="Many hosts: snapshot a fleet, find the odd host out.")
 app.add_typer(fleet_app, name="fleet")
+runs_app = typer.Typer(no_args_is_help=True, help="List, show and prune the run folders under the state folder.")
+app.add_typer(runs_app, name="runs")
 err = console(stderr=True)
 out = console()
 
 HOST_HELP = {"host": host_help()}   # the --host forms, from the table of transports (agent/hosts.py)
+
+
+# ---------------------------------------------------------------- conventions: --version, JSON errors
+def package_version() -> str:
+    """The installed distribution's version (its metadata), the source tree's when it is not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("debugagent")
+    except PackageNotFoundError:
+        from . import __version__
+        return __version__
+
+
+def show_version(value: bool) -> None:
+    if value:
+        print(f"debugagent {package_version()}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def top(version: Annotated[bool, typer.Option("--version", callback=show_version, is_eager=True,
+                                              help="print debugagent's version and exit")] = False) -> None:
+    """Diagnose performance regressions on GPU inference hosts."""
+
+
+ERROR_KIND = {1: "internal", 2: "usage", 4: "host", 5: "replay_differs", 6: "restore", 130: "interrupted"}
+
+
+def wants_json(argv: Sequence[str]) -> bool:
+    """``--json`` among the options (not after ``--``, not as another option's value)."""
+    args = list(argv)
+    if "--" in args:
+        args = args[:args.index("--")]
+    return "--json" in args
+
+
+def json_error(message: str, code: int, fix: str | None = None, left: Sequence[str] = ()) -> None:
+    """Under ``--json``, an error is one JSON object on stdout too (docs/verdicts.md#errors-under---json)."""
+    body: dict[str, Any] = {"kind": ERROR_KIND.get(code, "internal"), "message": redact_text(message), "exit": code}
+    if fix:
+        body["fix"] = redact_text(fix)
+    if left:
+        body["left_to_undo"] = [redact_text(x) for x in left]
+    try:
+        sys.stdout.write(json.dumps({"error": body}, indent=1) + "\n")
+        sys.stdout.flush()
+    except OSError:
+        pass
 
 
 # ---------------------------------------------------------------- options made from the configuration
@@ -93,7 +144,7 @@ def run(**values: Any) -> None:
         err.print(escape(f"debugagent run: {opts.symptom}" + (f" (was {opts.baseline})" if opts.baseline else "")
                          + f" on {opts.host}"))
     from .run import execute
-    raise typer.Exit(execute(opts))
+    raise typer.Exit(execute(opts, unattended_check=True))
 
 
 RESUME_HELP = {"allow_mutations": "run the remaining experiments (each undone afterwards) without asking",
@@ -152,7 +203,7 @@ def report(run_dir: Annotated[str, typer.Argument(metavar="RUN", help="a run fol
 @app.command()
 @with_options(options_of(RunConfig, ("host",), HOST_HELP), options_of(SSHOptions))
 def snapshot(
-    output: Annotated[str, typer.Option("-o", "--output", metavar="FILE", help="where to write the JSON (- for stdout)")],
+    output: Annotated[str, typer.Option("-o", "--out", "--output", metavar="FILE", help="where to write the JSON (- for stdout)")],
     bench: Annotated[str | None, typer.Option("--bench", metavar="CMD", help="benchmark command printing METRIC=VALUE UNIT; run while GPUs are sampled, and --bench-runs times for the snapshot's own numbers")] = None,
     metric: Annotated[str | None, typer.Option("--metric", metavar="NAME", help="the METRIC the benchmark prints (as in --symptom 'METRIC VALUE UNIT'); default: the host profile's")] = None,
     bench_regex: Annotated[str | None, typer.Option("--bench-regex", metavar="REGEX", help="regex whose group 1 is the number in the benchmark's output (instead of --metric)")] = None,
@@ -213,7 +264,10 @@ def diff_cmd(a: Annotated[str, typer.Argument(metavar="GOOD.json", help="snapsho
              b: Annotated[str, typer.Argument(metavar="BAD.json", help="snapshot of the bad state")],
              as_json: Annotated[bool, typer.Option("--json", help="print one JSON object on stdout")] = False,
              playbook: Annotated[str | None, typer.Option("--playbook", metavar="NAME|FILE", help="the playbook whose hypotheses' evidence files the changes (default: gpu-inference-regression)")] = None) -> None:
-    """What differs between two snapshots, grouped by hypothesis id (as the playbook's `evidence` says)."""
+    """What differs between two snapshots, grouped by hypothesis id (as the playbook's `evidence` says).
+
+    Exit 0 when they are the same, 1 when they differ, 2 on bad input (as diff(1)).
+    """
     from debugagent.tools.snapshot import Snapshot, diff
 
     from .playbook import load_playbook
@@ -221,15 +275,15 @@ def diff_cmd(a: Annotated[str, typer.Argument(metavar="GOOD.json", help="snapsho
     if as_json:
         print(json.dumps({h: [{**c.model_dump(mode="json"), "hypothesis": h} for c in cs] for h, cs in groups.items()},
                          indent=1))
-        return
-    if not groups:
+    elif not groups:
         out.print("no differences")
-        return
-    for hyp, cs in groups.items():
-        out.print(f"[bold]{hyp}[/]")
-        for c in cs:
-            note = f"  ({c.note})" if c.note else ""
-            out.print(escape(f"  {c.path}: {c.a!r} -> {c.b!r}{note}"))
+    else:
+        for hyp, cs in groups.items():
+            out.print(f"[bold]{hyp}[/]")
+            for c in cs:
+                note = f"  ({c.note})" if c.note else ""
+                out.print(escape(f"  {c.path}: {c.a!r} -> {c.b!r}{note}"))
+    raise typer.Exit(1 if groups else 0)   # as diff(1): 0 the same, 1 they differ, 2 bad input
 
 
 # ---------------------------------------------------------------- sim
@@ -296,6 +350,83 @@ def sim_serve(name: Annotated[str, typer.Argument(metavar="NAME|FILE", help="bui
     """Serve a simulated host behind a real OpenSSH server on 127.0.0.1 (foreground; Ctrl-C stops)."""
     from debugagent.tools.sim.serve import serve
     raise typer.Exit(serve(name + ("@good" if good else ""), port))
+
+
+# ---------------------------------------------------------------- runs
+def _runs_root() -> Path:
+    from .run import state_runs_dir
+    return state_runs_dir()
+
+
+def _run_row(r: Any) -> dict[str, Any]:
+    return {"id": r.id, "folder": str(r.folder), "started": r.started.isoformat(timespec="seconds") if r.started else None,
+            "host": r.host, "symptom": r.symptom, "exit_code": r.exit_code, "verdict": r.verdict, "size": r.size,
+            "live": r.live, "unsettled": r.unsettled or None}
+
+
+@runs_app.command("list")
+def runs_list(as_json: Annotated[bool, typer.Option("--json", help="print one JSON list on stdout")] = False) -> None:
+    """The runs under the state folder, newest first: id, when, host, symptom, exit and verdict, size."""
+    from .runs import human_size, list_runs
+    root = _runs_root()
+    runs = list_runs(root)
+    if as_json:
+        print(json.dumps([_run_row(r) for r in runs], indent=1))
+        return
+    if not runs:
+        out.print(escape(f"no runs in {root}"))
+        return
+    rows = [("RUN", "STARTED (UTC)", "HOST", "SYMPTOM", "EXIT", "VERDICT", "SIZE")]
+    for r in runs:
+        verdict = r.verdict + (" · live" if r.live else "") + (" · undo pending" if r.unsettled else "")
+        rows.append((r.folder.name, r.started.strftime("%Y-%m-%d %H:%M") if r.started else "?", r.host, r.symptom,
+                     "" if r.exit_code is None else str(r.exit_code), verdict, human_size(r.size)))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:   # one line a run, as `ls -l` does: a pipe or a narrow terminal gets no folded columns
+        out.print(escape("  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1]))
+    out.print(escape(f"{len(runs)} run(s) in {root}, {human_size(sum(r.size for r in runs))}; "
+                     "`debugagent runs prune --older-than 7d` or `--keep N` removes old ones"))
+
+
+@runs_app.command("show")
+def runs_show(run_dir: Annotated[str, typer.Argument(metavar="RUN", help="a run's folder, its name under the state folder, or a prefix of it")],
+              as_json: Annotated[bool, typer.Option("--json", help="print one JSON object on stdout")] = False) -> None:
+    """One run: its host, symptom, verdict and summary, its files, whether its undo journal is settled."""
+    from .runs import find_run, human_size, read_run
+    r = read_run(find_run(_runs_root(), run_dir))
+    if as_json:
+        print(json.dumps({**_run_row(r), "summary": r.summary, "notes": r.notes}, indent=1))
+        return
+    rows = [("run", r.id), ("folder", str(r.folder)), ("started", r.started.isoformat(timespec="seconds") if r.started else "?"),
+            ("host", r.host), ("symptom", r.symptom), ("exit", "" if r.exit_code is None else str(r.exit_code)),
+            ("verdict", r.verdict + (" (live: still running)" if r.live else "")),
+            ("undo journal", r.unsettled + f" (`debugagent undo {r.folder}`)" if r.unsettled else "settled"),
+            ("size", human_size(r.size))]
+    for k, v in rows:
+        out.print(escape(f"{k:>13}: {v}"))
+    if r.summary:
+        out.print(escape(f"{'summary':>13}: {r.summary}"))
+    for name in ("transcript.md", "report.html", "events.jsonl"):
+        if (r.folder / name).is_file():
+            out.print(escape(f"{name:>13}: {r.folder / name}"))
+    for n in r.notes:
+        out.print(f"  [yellow]note[/]: {escape(n)}")
+
+
+@runs_app.command("prune")
+def runs_prune(older_than: Annotated[str | None, typer.Option("--older-than", metavar="AGE", help="remove runs started longer ago than AGE (7d, 12h, 30m, 2w)")] = None,
+               keep: Annotated[int | None, typer.Option("--keep", metavar="N", help="keep the N newest runs, remove the others (with --older-than: only the older ones among them)")] = None,
+               dry_run: Annotated[bool, typer.Option("--dry-run", help="say what would go; remove nothing")] = False) -> None:
+    """Remove old runs; never a live one, nor one whose undo journal is not settled (said, with the fix)."""
+    from .runs import human_size, parse_age, prune
+    res = prune(_runs_root(), parse_age(older_than) if older_than is not None else None, keep, dry_run=dry_run)
+    verb = "would remove" if dry_run else "removed"
+    for r in res.removed:
+        out.print(escape(f"{verb} {r.folder.name} ({human_size(r.size)})"))
+    for r in res.kept:
+        err.print(escape(f"kept {r.folder.name}: {r.kept_because}"))
+    out.print(escape(f"{verb} {len(res.removed)} run(s), {human_size(res.freed)}"
+                     + (f"; kept {len(res.kept)} that are live or have changes left to undo" if res.kept else "")))
 
 
 # ---------------------------------------------------------------- playbooks
@@ -488,6 +619,7 @@ def command():
 
 
 def main() -> None:
+    as_json = wants_json(sys.argv[1:])
     try:
         rv = command().main(standalone_mode=False, prog_name="debugagent")
         sys.exit(rv if isinstance(rv, int) else 0)
@@ -498,17 +630,24 @@ def main() -> None:
             err.print(f"  left to undo: {redact_text(item)}", markup=False)
         if exc.fix:
             err.print(redact_text(f"  fix: {exc.fix}"), markup=False)
+        if as_json:
+            json_error(exc.message, exc.exit_code, exc.fix, getattr(exc, "left", None) or [])
         sys.exit(exc.exit_code)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         err.print("interrupted")
+        if as_json:
+            json_error("interrupted", 130)
         sys.exit(130)
     except Exception as exc:  # the CLI library's own usage errors (typer vendors click)
         names = {c.__name__ for c in type(exc).__mro__}
         if "ClickException" in names:
             exc.show()  # type: ignore[attr-defined]
-            sys.exit(2 if "UsageError" in names else getattr(exc, "exit_code", 1))
+            code = 2 if "UsageError" in names else getattr(exc, "exit_code", 1)
+            if as_json:
+                json_error(exc.format_message(), code)  # type: ignore[attr-defined]
+            sys.exit(code)
         if "Abort" in names:
             sys.exit(130)
         raise

@@ -90,10 +90,13 @@ class RunConfig(BaseModel):
         default=None, description="the server's git checkout on the host")
     python: Annotated[str | None, flag("--python", metavar="PATH", recorded=True)] = Field(
         default=None, description="the server's Python interpreter on the host")
-    allow_mutations: Annotated[bool, flag("--allow-mutations", recorded=True)] = Field(
-        default=False, description="run experiments (each undone afterwards) without asking")
+    allow_mutations: Annotated[bool, flag("--allow-mutations", "--yes", "-y", recorded=True)] = Field(
+        default=False, description="run experiments (each undone afterwards) without asking (--yes is the same)")
+    read_only: Annotated[bool, flag("--read-only")] = Field(
+        default=False, description="run no experiment, on any host: the suspects are named with the experiment that "
+                          "would decide each (without a terminal to ask, a real host needs this or --allow-mutations)")
     as_json: Annotated[bool, flag("--json")] = Field(default=False, description="print one JSON object on stdout")
-    out: Annotated[str | None, flag("--out", metavar="DIR")] = Field(
+    out: Annotated[str | None, flag("--out", "-o", metavar="DIR")] = Field(
         default=None, description="run folder (default $XDG_STATE_HOME/debugagent/runs/<UTC time>-<slug>/, ~/.local/state "
                           "when unset)")
     llm: Annotated[str | None, flag("--llm", metavar="URL", recorded=bool)] = Field(
@@ -106,7 +109,8 @@ class RunConfig(BaseModel):
     bench_regex: Annotated[str | None, flag("--bench-regex", metavar="REGEX", recorded=True)] = Field(
         default=None, description="regex whose group 1 is the metric in the benchmark's output")
     reproduce_runs: Annotated[int, flag("--reproduce-runs", metavar="N", recorded=True)] = Field(
-        default=REPRODUCE_RUNS, ge=2, description="most benchmark runs to reproduce the regression (3 when clear)")
+        default=REPRODUCE_RUNS, ge=2, description="most benchmark runs to reproduce the regression (3 when clear; no "
+                                          "upper limit: an undecided step names the N it needs)")
     max_runs: Annotated[int | None, flag("--max-runs", metavar="N", recorded=True)] = Field(
         default=None, ge=3, description="most benchmark runs per experiment (default: a budget from the noise and the "
                                 "regression)")

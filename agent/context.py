@@ -77,7 +77,7 @@ class Ctx:
     baseline: Symptom | None = None
     baseline_snapshot: Snapshot | None = None
     allow_mutations: bool = False
-    confirm: Callable[[str], bool] | None = None
+    confirm: Callable[..., bool] | None = None   # (title, hypothesis=, spec=) -> yes (agent/consent.py)
     advisor: Any = None
     on_status: Callable[[str, dict[str, Any]], None] = lambda kind, data: None
     overrides: Overrides = field(default_factory=Overrides)

@@ -46,6 +46,7 @@ class HostScheme:
     open: Opener
     check: Callable[[str], None] = no_check
     bare: bool = False
+    sandbox: bool = False    # a simulated host: experiments need no consent (docs/security.md)
 
 
 SCHEMES: dict[str, HostScheme] = {}
@@ -129,4 +130,4 @@ def _check_sim(rest: str) -> None:
 
 register(HostScheme(DEFAULT, "user@host[:port], an ~/.ssh/config alias", _open_ssh, _check_ssh))
 register(HostScheme("local", "`local`", lambda rest, o: LocalTransport(), bare=True))
-register(HostScheme("sim", "sim:NAME[@good] / sim:PATH.yaml", _open_sim, _check_sim))
+register(HostScheme("sim", "sim:NAME[@good] / sim:PATH.yaml", _open_sim, _check_sim, sandbox=True))

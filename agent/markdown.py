@@ -470,6 +470,7 @@ def render(events: list[Event]) -> str:
     render_fixes(doc, fixes_for(f))
     # every host's string in it is made safe for a Markdown renderer at once: no raw HTML, no code span a backtick
     # from the host can open or close, no control character (tools/escape.py)
+    render_changes(doc, events)
     return safe_markdown("\n".join(tighten(own_lines(doc.lines)))).rstrip() + "\n"
 
 
@@ -483,6 +484,17 @@ def own_lines(elements: list[str]) -> list[str]:
         out.append(first)
         out.extend("\\" + ln if OWN_HTML.fullmatch(ln) else ln for ln in rest)
     return out
+
+
+def render_changes(doc: Doc, events: list[Event]) -> None:
+    """Each change the run made on the host, when, and its undo (agent/changes.py)."""
+    from . import changes
+    body, _ = changes.rows(events)
+    doc.add(f"## {changes.SECTION}", "", changes.summary(events), "")
+    if body:
+        doc.add("<details><summary>each change, when, and its undo</summary>", "",
+                *table(["when", "experiment", "what changed", "undone by"], [[c, code(h), w, u] for c, h, w, u in body]),
+                "", "</details>", "")
 
 
 def _kind(line: str) -> str:

@@ -128,7 +128,11 @@ def context(f: RunFacts) -> dict[str, Any]:
 
 
 def render_html(events: list[Event]) -> str:
-    page = environment().from_string(template_text("report.html.j2")).render(**context(gather(events)))
+    from . import changes
+    body, _ = changes.rows(events)
+    page = environment().from_string(template_text("report.html.j2")).render(
+        **context(gather(events)), changes_title=changes.SECTION, changes_summary=changes.summary(events),
+        changes=body)
     return page.rstrip("\n") + "\n"
 
 

@@ -42,7 +42,6 @@ from .signals import Interrupted, Signals
 from .sinks import console
 from .state import RunState, conclusion_of, to_jsonable
 from .transcript import Transcript
-from .view import clip
 
 __all__ = ["RunConfig", "RunOptions", "execute", "investigate", "resume_run", "undo_run"]
 
@@ -72,10 +71,11 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:40] or "run"
 
 
-def execute(opts: RunConfig, *, folder: Path | None = None, resume: bool = False) -> int:
-    """Run (or resume) an investigation, print its result, return the exit code."""
+def execute(opts: RunConfig, *, folder: Path | None = None, resume: bool = False, unattended_check: bool = False) -> int:
+    """Run (or resume) an investigation, print its result, return the exit code. ``unattended_check`` (the
+    command line's ``run``): a real host with no terminal to ask on needs --allow-mutations or --read-only."""
     from . import STARTED
-    output = investigate(opts, folder=folder, resume=resume, since=STARTED)
+    output = investigate(opts, folder=folder, resume=resume, since=STARTED, unattended_check=unattended_check)
     if "interrupted" in output:
         return 130
     if opts.as_json:
@@ -86,7 +86,7 @@ def execute(opts: RunConfig, *, folder: Path | None = None, resume: bool = False
 
 
 def investigate(opts: RunConfig, *, folder: Path | None = None, resume: bool = False,
-                transport: Any = None, since: float | None = None) -> dict[str, Any]:
+                transport: Any = None, since: float | None = None, unattended_check: bool = False) -> dict[str, Any]:
     """The investigation itself; returns the ``--json`` object.
 
     ``transport`` lets a caller (a test, a notebook) pass an open transport; it is then
@@ -95,6 +95,9 @@ def investigate(opts: RunConfig, *, folder: Path | None = None, resume: bool = F
     if opts.peer and not opts.baseline_snapshot:
         opts = opts.model_copy(update={"baseline_snapshot": str(peer_snapshot(opts))})
     inputs = inputs_from_options(opts)
+    if unattended_check:
+        from .consent import check_unattended
+        check_unattended(opts)
     if folder is None:   # decided and checked now; nothing is written until the host is open
         folder = new_run_folder(opts, inputs.symptom.metric)
     view = make_view(inputs, opts, folder, resume, since)
@@ -376,20 +379,19 @@ def found_line(journal: Journal) -> str:
 
 
 def print_human(o: dict[str, Any]) -> None:
+    """The answer once: the headline (at most ~160 characters), the evidence as a short list, the notes, the
+    counts, and where the transcript and the report are (agent/answer.py)."""
+    from .answer import evidence_lines, headline
     out = console()
     out.print()
-    out.print(f"[bold]{escape(o['summary'])}[/]")
-    for s in o.get("suspects") or []:
-        nxt = f" (to decide: {s['next']})" if s.get("next") else ""
-        out.print(f"  suspect {s['hypothesis']}: {escape(clip(s['because'], 300))}{escape(nxt)}")
-    for s in o.get("inconclusive") or []:
-        out.print(f"  [yellow]not decided[/] {s['hypothesis']}: {escape(clip(s['because'], 200))}")
-    for r in o.get("ruled_out") or []:
-        out.print(f"  [dim]ruled out {r['hypothesis']}: {escape(clip(r['because'], 200))}[/]")
+    out.print(f"[bold]{escape(headline(o))}[/]")
+    for line in evidence_lines(o):
+        out.print(escape("  " + line))
     for n in o.get("notes") or []:
         out.print(f"  [yellow]note[/]: {escape(n)}")
     out.print(f"\n{o['commands']} commands, {o.get('bench_runs') or 0} benchmark runs, {o['wall_s']} s. "
               f"Transcript: {o['transcript']}/transcript.md")
+    out.print(f"Report: {o['transcript']}/report.html (`debugagent report {o['transcript']}` opens it in a browser)")
 
 
 def load_run(run_dir: str) -> tuple[RunConfig, str]:

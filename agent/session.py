@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -31,10 +30,10 @@ from debugagent.tools.replay import ReplayTransport
 from debugagent.tools.snapshot import Snapshot
 from debugagent.tools.transport import q
 from pydantic import BaseModel, ConfigDict
-from rich.markup import escape
 
 from . import __version__
 from .config import RunConfig
+from .consent import make_ask
 from .context import Ctx, Overrides
 from .discovery import DiscoveryInput, check_input
 from .events import Event, EventBase
@@ -64,6 +63,7 @@ class Inputs(BaseModel):
     playbook: Playbook
     overrides: Overrides
     allow_mutations: bool = False
+    read_only: bool = False    # --read-only: no experiment, even on a simulated host
 
 
 def overrides_of(d: Mapping[str, Any]) -> Overrides:
@@ -102,7 +102,7 @@ def inputs_from_options(opts: RunConfig) -> Inputs:
                                bench=opts.bench, bench_regex=opts.bench_regex, metric=symptom.metric))
     return Inputs(host=opts.host, symptom=symptom, baseline=baseline, baseline_snapshot=snap,
                   playbook=load_playbook(opts.playbook), overrides=overrides_of(opts.recorded_inputs()),
-                  allow_mutations=opts.allow_mutations)
+                  allow_mutations=opts.allow_mutations, read_only=opts.read_only)
 
 
 def inputs_from_recording(head: EventBase | dict[str, Any], playbook: str | None, file: str) -> Inputs:
@@ -123,7 +123,8 @@ def make_ctx(inputs: Inputs, transport: Any, transcript: Transcript, undo: Journ
              advisor: Any = None, confirm: Any = None) -> Ctx:
     return Ctx(transport=transport, transcript=transcript, playbook=inputs.playbook, run_id=run_id, undo=undo,
                symptom=inputs.symptom, baseline=inputs.baseline, baseline_snapshot=inputs.baseline_snapshot,
-               allow_mutations=inputs.allow_mutations or transport.sandbox, confirm=confirm, advisor=advisor,
+               allow_mutations=not inputs.read_only and (inputs.allow_mutations or transport.sandbox),
+               confirm=None if inputs.read_only else confirm, advisor=advisor,
                overrides=inputs.overrides)
 
 
@@ -150,19 +151,6 @@ def start_folder(folder: Path, opts: RunConfig, resume: bool) -> str:
     run_id = f"{folder.name}-{secrets.token_hex(3)}"
     redacted_dump(folder / "run.json", opts.saved(run_id))
     return run_id
-
-
-def make_confirm():
-    if not sys.stdin.isatty():
-        return None
-
-    def confirm(question: str) -> bool:
-        err.print(f"[bold]Experiment[/]: {escape(question)}. Run it? \\[y/N] ", end="")
-        try:
-            return input().strip().lower() in ("y", "yes")
-        except EOFError:
-            return False
-    return confirm
 
 
 def make_view(inputs: Inputs, opts: RunConfig, folder: Path, resume: bool, since: float | None) -> View:
@@ -264,7 +252,7 @@ def open_run(opts: RunConfig, inputs: Inputs, folder: Path, *, resume: bool, tra
         transcript.emit("run_started", **header(opts, inputs.playbook, run_id, inputs.baseline_snapshot))
     lock = _locked(HostLock(remote, run_id), opts, transcript, folder, transport, owned)
     transport.on_event = lambda kind, text: transcript.emit("error", kind=kind, message=text)
-    ctx = make_ctx(inputs, transport, transcript, undo, run_id, advisor=advisor_for(opts), confirm=make_confirm())
+    ctx = make_ctx(inputs, transport, transcript, undo, run_id, advisor=advisor_for(opts), confirm=make_ask(view))
     return Session(ctx=ctx, folder=folder, lock=lock, owned=owned)
 
 

@@ -237,7 +237,7 @@ def ask(ctx: Ctx, s: RunState, hyps: dict[str, vd.Hyp], cands: list[tuple[str, d
     notes, done = list(s.notes), list(s.done)
     for hid, spec in cands:
         title = spec.get("title") or spec["kind"]
-        if ctx.allow_mutations or (ctx.confirm is not None and ctx.confirm(f"{title} (to test {hid}; undone afterwards)")):
+        if ctx.allow_mutations or (ctx.confirm is not None and ctx.confirm(title, hypothesis=hid, spec=spec)):
             ctx.say(f"Next: {title}, to test {hid} ({hyps[hid].because[0]}).", hid)
             return {"current": Current(hyp=hid, spec=spec), "hyps": hyps, "done": done, "notes": notes}
         note = f"{hid}: experiment \"{title}\" not run (it changes the host: give --allow-mutations or answer yes)"

@@ -67,9 +67,36 @@ def as_direction(value: object) -> Direction | None:
     return "higher" if value == "higher" else "lower" if value == "lower" else None
 
 
+_NUMBER = r"([0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)"
+_NO_METRIC = re.compile(rf"^\s*{_NUMBER}\s*([A-Za-zµ/%_]+)\s*$")        # `1200 tok/s`, `3.1 it/s`
+_UNIT_FIRST = re.compile(rf"^\s*([A-Za-zµ/%_]+)\s*[:=]?\s*{_NUMBER}\s*$")  # `TFLOPS 410`
+METRIC_EXAMPLE = {"tok/s": "decode", "ms": "verify", "us": "verify", "s": "ttft", "it/s": "step", "req/s": "serve",
+                  "tflops": "matmul", "gb/s": "copy"}
+
+
+def metric_missing(text: str) -> str | None:
+    """``1200 tok/s`` or ``TFLOPS 410``: a value and a unit debugagent knows, no metric name; the symptom written
+    with one (``decode 1200 tok/s``), else None."""
+    m = _NO_METRIC.match(text or "")
+    value, unit = (m.group(1), m.group(2)) if m else (None, None)
+    if not m:
+        m = _UNIT_FIRST.match(text or "")
+        value, unit = (m.group(2), m.group(1)) if m else (None, None)
+    if value is None or unit is None or unit_kind(normalise_unit(unit)) is None:
+        return None
+    u = normalise_unit(unit)
+    name = METRIC_EXAMPLE.get(u) or ("verify" if unit_kind(u) == "time" else "throughput")
+    return f"{name} {value} {unit}"
+
+
 def parse_symptom(text: str, flag: str = "--symptom", direction: Direction | None = None) -> Symptom:
     m = _RE.match(text or "")
     if not m or not m.group(3) and direction is None:
+        hint = metric_missing(text)
+        if hint:
+            raise UsageError(f"{flag} {text!r} has no metric name: it is `METRIC VALUE UNIT`, METRIC being the name "
+                             "the benchmark prints before the number", fix=f"did you mean `{hint}`? (with your "
+                             f"benchmark's own metric name: {flag} '{hint}')")
         raise UsageError(f"{flag} {text!r} is not `METRIC VALUE UNIT`", fix=f"write it as {EXAMPLE}")
     metric, value, unit = m.group(1), float(m.group(2)), m.group(3)
     if not 0 < value < float("inf"):

@@ -13,6 +13,8 @@ from __future__ import annotations
 import statistics
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import sinks
+from .answer import headline
 from .config import REPRODUCE_RUNS
 from .events import (
     Conclusion,
@@ -196,10 +199,7 @@ class ViewState:
                 if row.id not in self.status:
                     self.order.append(row.id)
                 self.status[row.id] = row.status
-            causes = ev.root_causes
-            self.result = ("Root cause: " + "; ".join(
-                f"{c.hypothesis} ({'explains ' + pct(c.explains) if c.explains is not None else 'share not measured'})"
-                f": {c.summary}" for c in causes)) if causes else (ev.summary or "no root cause")
+            self.result = headline(ev.model_dump(mode="json", by_alias=True))
             self.command = ""
             self.set_phase("done")
             self._say(f"[result] {self.result}")
@@ -235,8 +235,11 @@ class View:
         self._lock = threading.Lock()
         self.live: Live | None = None
         if self.console.is_terminal and not quiet:
-            self.live = Live(self, console=self.console, refresh_per_second=4, transient=False,
-                             redirect_stdout=False, redirect_stderr=False)
+            self.live = self._new_live()
+
+    def _new_live(self) -> Live:
+        return Live(self, console=self.console, refresh_per_second=4, transient=False, redirect_stdout=False,
+                    redirect_stderr=False)
 
     # ------------------------------------------------------------ feeding
     def load(self, events: list[Any]) -> None:
@@ -284,9 +287,33 @@ class View:
         parts.append(t)
         if s.command:
             parts.append(Text("$ " + clip(s.command, width - 2), style="dim"))
-        if s.result:
-            parts.append(Text(clip(s.result, width * 3), style="bold"))
+        # the answer is not in the panel: the command prints it once, in full, under the panel's last frame
         return Group(*parts)
+
+    # ------------------------------------------------------------ a question to the person watching
+    def experiment_estimate(self) -> tuple[float | None, int]:
+        """About how long one experiment takes (the benchmark's measured time a run × the runs an experiment may
+        take, None before any run) and those runs."""
+        with self._lock:
+            runs = self.state.max_runs
+            each = statistics.fmean(self.state.bench_ms) / 1000 if self.state.bench_ms else None
+        return (each * runs if each is not None else None), runs
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No redraw while a question is on the screen (the consent prompt): the live panel is stopped, its last
+        frame left in place, and started again below the answer."""
+        live = self.live
+        if live is None or not live.is_started:
+            yield
+            return
+        live.refresh()
+        live.stop()
+        try:
+            yield
+        finally:   # a new panel below the answer (the stopped one would move up over the question to redraw)
+            self.live = self._new_live()
+            self.live.start(refresh=True)
 
     # ------------------------------------------------------------ lifetime
     def __enter__(self) -> View:

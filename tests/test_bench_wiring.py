@@ -180,7 +180,7 @@ def test_run_local_reads_the_metric_from_an_output_file(server, tmp_path):
     out = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "debugagent.agent.cli", "run", "--host", "local", "--server-pattern", token,
                         "--bench", bench, "--symptom", "median_ttft_ms 180ms", "--baseline", "median_ttft_ms 180ms",
-                        "--reproduce-runs", "3", "--out", str(out), "--json"],
+                        "--reproduce-runs", "3", "--out", str(out), "--json", "--read-only"],
                        capture_output=True, text=True, timeout=300, cwd=ROOT, stdin=subprocess.DEVNULL)
     assert r.returncode == 3, r.stderr[-2000:]
     events = [json.loads(ln) for ln in (out / "events.jsonl").read_text().splitlines()]

@@ -153,7 +153,8 @@ def test_no_planted_secret_in_any_artifact_of_a_simulated_run(tmp_path, env):
     assert r.returncode in (0, 3), r.stderr[-2000:]      # 3 where a loaded machine leaves the GPU sample undecided
     # the console's plain lines carry the reasoning (phases, verdicts) and readable flag names, never their secrets
     assert "[phase] experiment on" in r.stderr and "[verdict]" in r.stderr and "restart the server" in r.stderr
-    assert "--max-num-batched-tokens" in r.stderr and "commands" in r.stdout
+    # (the flag's name is in the answer's list on stdout: the [result] line is the short headline)
+    assert "--max-num-batched-tokens" in r.stdout + r.stderr and "commands" in r.stdout
     assert leaks((r.stdout + r.stderr).encode(), secrets) == []
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().split("\n") if line]
     kinds = {e["event"] for e in events}
@@ -210,7 +211,7 @@ def test_no_planted_secret_in_a_local_run_or_its_json(tmp_path, env):
                                    "MY_PASS": LOCAL_MY_PASS, "MAX_SESSION_TOKENS": "8192"})
     try:
         time.sleep(0.2)
-        r = cli("run", "--host", "local", "--symptom", "verify 30ms", "--baseline", "verify 20ms", "--json",
+        r = cli("run", "--host", "local", "--symptom", "verify 30ms", "--baseline", "verify 20ms", "--json", "--read-only",
                 "--server-pattern", "sglang_launch_server", "--repo", str(repo), "--reproduce-runs", "2",
                 "--bench", f"BENCH_API_TOKEN={BENCH_SECRET} echo verify=30 ms", env=env)
     finally:

@@ -175,6 +175,6 @@ def test_cli_snapshot_and_diff(tmp_path):
     assert run_cli("snapshot", "--host", f"sim:{SEED}@good", "-o", str(a)).returncode == 0
     assert run_cli("snapshot", "--host", f"sim:{SEED}", "-o", str(b)).returncode == 0
     r = run_cli("diff", str(a), str(b))
-    assert r.returncode == 0
+    assert r.returncode == 1   # as diff(1): they differ
     assert "compiled_dependency" in r.stdout and "same version 0.5.3, different build" in r.stdout
     assert "hf_live_secret_value" not in a.read_text() + b.read_text()

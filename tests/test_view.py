@@ -94,6 +94,8 @@ def test_live_view_in_tmux(tmp_path):
             caps.append((time.monotonic() - t0, pane))
             if "__EXIT__" in pane:
                 break
+        joined = subprocess.run([*tmux, "capture-pane", "-p", "-J", "-S", "-200", "-t", "v"], capture_output=True,
+                                text=True).stdout   # wrapped lines joined: the lines as printed
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True)
         Path(f"{os.environ.get('TMUX_TMPDIR', '/tmp')}/tmux-{os.getuid()}/{sock}").unlink(missing_ok=True)
@@ -108,6 +110,14 @@ def test_live_view_in_tmux(tmp_path):
     last = caps[-1][1]
     final = last[last.index("debugagent done"):last.index("__EXIT__")]
     assert "Top suspect: compiled_dependency" in final and "Root cause:" not in final
+    # the answer once, whole: the headline of the run's own conclusion, at most ~160 characters, not a copy cut at
+    # the terminal's width above it
+    from debugagent.agent.answer import HEADLINE_MAX, headline
+    from debugagent.agent.transcript import read_events
+    concl = next(e for e in read_events(tmp_path / "run" / "events.jsonl") if e.event == "conclusion")
+    said = headline(concl.model_dump(mode="json", by_alias=True))
+    assert len(said) <= HEADLINE_MAX and said in joined.splitlines(), joined[-3000:]
+    assert joined.count("Top suspect: compiled_dependency") == 1, joined[-3000:]
     table = final[:final.index("No confirmed root cause")]
     assert re.search(r"compiled_dependency\s+suspect", table)   # the table's rows are final: no stale "pending"
     assert not re.search(r"\bpending\b", table) and "$ ssh" not in final

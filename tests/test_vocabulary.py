@@ -227,6 +227,13 @@ def test_unknown_thermal_reason_is_refused():
         parse_playbook(bad, "t.yaml")
 
 
+def differ(argv: list[str]) -> str:
+    """`debugagent diff`'s stdout, checking it exits 1 (the snapshots differ, as diff(1))."""
+    r = subprocess.run(argv, capture_output=True, text=True)
+    assert r.returncode == 1, r.stderr
+    return r.stdout
+
+
 def test_cli_diff_groups_by_the_given_playbook(tmp_path):
     """`debugagent diff --playbook` files each change under that playbook's hypotheses; no playbook claim: `other`."""
     from debugagent.tools.snapshot import Snapshot, dump
@@ -237,8 +244,8 @@ def test_cli_diff_groups_by_the_given_playbook(tmp_path):
     pb.write_text("version: 1\nname: cpu-only\nhypotheses:\n  - id: cpu_clocks\n    title: CPU\n"
                   "    evidence: [cpu.governor]\n    rules: [{when: 'true', verdict: ruled_out, because: fine}]\n")
     run = [sys.executable, "-m", "debugagent.agent.cli", "diff", str(a), str(b), "--json"]
-    mine = yaml.safe_load(subprocess.run(run + ["--playbook", str(pb)], capture_output=True, text=True, check=True).stdout)
+    mine = yaml.safe_load(differ(run + ["--playbook", str(pb)]))
     assert [c["path"] for c in mine["cpu_clocks"]] == ["cpu.governor"] and [c["path"] for c in mine[OTHER]] == ["driver.version"]
-    default = yaml.safe_load(subprocess.run(run, capture_output=True, text=True, check=True).stdout)
+    default = yaml.safe_load(differ(run))
     assert set(default) == {"host_cpu", "driver_cuda"} and default["host_cpu"][0]["b"] == "powersave"
     assert default["host_cpu"][0]["hypothesis"] == "host_cpu"  # each change still names its group, as before

@@ -1,0 +1,114 @@
+"""The answer as a person reads it on the console: a headline of at most ``HEADLINE_MAX`` characters (the cause,
+its share with the interval, how it was shown), then the evidence as a short list.
+
+Both are made from the conclusion's typed fields (the ``conclusion`` event, whose dump is the ``--json``
+object's source): the share and its interval are ``explains`` and ``explains_ci``, never re-read from a sentence.
+``summary`` (the long sentence in ``--json``, the transcript and the report) is left as it is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+HEADLINE_MAX = 160
+ITEM_MAX = 220
+
+
+def _pct(share: float) -> str:
+    return f"{math.floor(share * 100 + 0.5):.0f}%"   # as runfacts.pct: half up
+
+
+def clip(text: str, n: int) -> str:
+    text = " ".join(str(text).split())
+    if len(text) <= n:
+        return text
+    cut = text[:max(1, n - 2)].rsplit(" ", 1)[0].rstrip(",;:")
+    return cut + " …"
+
+
+def _share(c: Mapping[str, Any]) -> str:
+    if c.get("explains") is None:
+        return f"{c['hypothesis']} (share not measured)"
+    ci = c.get("explains_ci")
+    return f"{c['hypothesis']} (explains {_pct(c['explains'])})" + (
+        f", 95% CI {_pct(ci[0])} to {_pct(ci[1])}" if ci else "")
+
+
+def _what(c: Mapping[str, Any]) -> str:
+    """What the cause is, in the words of its own result: the text before its numbers (``with GPU 0 power limit
+    450 -> 700 W``), or its first piece of evidence."""
+    text = str(c.get("summary") or (c.get("evidence") or [""])[0])
+    head = text.split(": mean ", 1)[0]
+    return head if head != text or len(text) < 100 else text.split(": ", 1)[0]
+
+
+def headline(c: Mapping[str, Any]) -> str:
+    """At most ``HEADLINE_MAX`` characters: the cause(s) with share and interval and how shown, the top suspect, or
+    why nothing is blamed."""
+    causes: Sequence[Mapping[str, Any]] = c.get("root_causes") or []
+    suspects: Sequence[Mapping[str, Any]] = c.get("suspects") or []
+    if causes:
+        how = sorted({str(x.get("how") or "evidence") for x in causes})
+        by = f"shown by {' and '.join(how)}"
+        if len(causes) == 1:
+            head = f"Root cause: {_share(causes[0])}, {by}"
+            what = _what(causes[0])
+            room = HEADLINE_MAX - len(head) - 2
+            return f"{head}: {clip(what, room)}" if what and room > 20 else clip(head, HEADLINE_MAX)
+        return clip("Root causes: " + "; ".join(_share(x) for x in causes) + f"; {by}", HEADLINE_MAX)
+    if suspects:
+        top = suspects[0]
+        head = f"No confirmed root cause. Top suspect: {top['hypothesis']}"
+        because = str(top.get("because") or "")
+        room = HEADLINE_MAX - len(head) - 2
+        return f"{head}: {clip(because, room)}" if because and room > 20 else head
+    summary = str(c.get("summary") or "No confirmed root cause.")
+    first = summary.split(". ", 1)[0].rstrip(".") + "."
+    return clip(first, HEADLINE_MAX)
+
+
+def _names(rows: Sequence[Mapping[str, Any]]) -> str:
+    return ", ".join(str(r.get("hypothesis")) for r in rows)
+
+
+def evidence_lines(o: Mapping[str, Any]) -> list[str]:
+    """The evidence under the headline, one short item a line: each cause's evidence and fix, each suspect with
+    what would decide it, the undecided and ruled out by name (the transcript has the why of each)."""
+    out: list[str] = []
+    causes = o.get("root_causes") or []
+    for c in causes:
+        what = _what(c) if len(causes) == 1 else ""
+        for e in (c.get("evidence") or [])[:3]:
+            if what and e.strip() == what.strip():   # the headline said it whole
+                continue
+            if what and e.startswith(what + ": "):   # the headline said what changed: here its numbers
+                e = "measured " + e[len(what) + 2:]
+            out.append(f"- {c['hypothesis']}: {clip(e, ITEM_MAX)}")
+        if c.get("culprit"):
+            cul = c["culprit"]
+            conf = f" (confidence {_pct(cul['confidence'])})" if isinstance(cul.get("confidence"), int | float) else ""
+            subject = f' "{cul["subject"]}"' if cul.get("subject") else ""
+            out.append(f"- first bad commit: {clip(str(cul.get('short') or cul.get('sha') or '?') + subject, ITEM_MAX)}{conf}")
+        if c.get("fix"):
+            out.append(f"- fix: {c['fix']}")
+    for i, s in enumerate(o.get("suspects") or []):
+        because = str(s.get("because") or "")
+        if i == 0 and not causes:   # the headline began it: the rest of the why, a piece a line
+            pieces = [p for p in because.split("; ") if p.strip()]
+            for p in pieces[1:4]:
+                out.append(f"- {clip(p, ITEM_MAX)}")
+        else:
+            out.append(f"- suspect {s['hypothesis']}: {clip(because, ITEM_MAX)}")
+        if s.get("next"):
+            out.append(f"  to decide it: {clip(s['next'], ITEM_MAX)}")
+    if o.get("inconclusive"):
+        out.append(f"- not decided: {_names(o['inconclusive'])}")
+    if o.get("ruled_out"):
+        out.append(f"- ruled out: {_names(o['ruled_out'])}")
+    nj = o.get("not_judged") or {}
+    judged = [f"--{f}" for f in nj.get("flags") or []] + list(nj.get("env") or [])
+    if judged:
+        out.append(f"- not judged (no knowledge list names them): {', '.join(judged)}")
+    return out

@@ -1,0 +1,78 @@
+"""The answer on the console, for every kept recording: a headline of at most ~160 characters naming the cause,
+its share with the interval (the typed fields' numbers) and how it was shown, then the evidence as a short list."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from debugagent.agent.answer import HEADLINE_MAX, ITEM_MAX, evidence_lines, headline
+from debugagent.agent.runfacts import pct
+from debugagent.agent.transcript import read_events
+
+ROOT = Path(__file__).resolve().parents[1]
+KEPT = sorted(p.parent for p in (ROOT / "transcripts").glob("*/events.jsonl"))
+
+
+def conclusion(run: Path) -> dict:
+    ev = [e for e in read_events(run / "events.jsonl") if e.event == "conclusion"][-1]
+    return ev.model_dump(mode="json", by_alias=True)
+
+
+@pytest.mark.parametrize("run", KEPT, ids=[r.name for r in KEPT])
+def test_headline_is_short_and_says_cause_share_and_how(run):
+    c = conclusion(run)
+    h = headline(c)
+    assert len(h) <= HEADLINE_MAX, (len(h), h)
+    if c["root_causes"]:
+        for cause in c["root_causes"]:
+            assert cause["hypothesis"] in h
+            if cause["explains"] is not None:
+                assert f"{cause['hypothesis']} (explains {pct(cause['explains'])})" in h
+                lo, hi = cause["explains_ci"]
+                assert f"95% CI {pct(lo)} to {pct(hi)}" in h
+        assert "shown by experiment" in h or "shown by evidence" in h
+    elif c["suspects"]:
+        assert h.startswith(f"No confirmed root cause. Top suspect: {c['suspects'][0]['hypothesis']}")
+    else:
+        assert h.startswith(("No reproducible regression", "No regression", "Regression smaller", "No confirmed"))
+    lines = evidence_lines(c)
+    assert h not in lines                     # said once
+    for ln in lines:
+        assert ln.startswith(("- ", "  to decide it: "))
+        assert ln.startswith("- fix: ") or len(ln) <= ITEM_MAX + 60, ln
+
+
+def test_the_evidence_does_not_repeat_the_headline():
+    """What the headline says (the change, the top suspect's first reason) is not said again word for word under it."""
+    for run in KEPT:
+        c = conclusion(run)
+        h = headline(c).rstrip(" …")
+        tail = h.split(": ", 2)[-1]   # after "Root cause: X (share), shown by Y: " or "Top suspect: X: "
+        for ln in evidence_lines(c):
+            assert tail not in ln, (run.name, ln)
+
+
+@pytest.mark.parametrize("run", KEPT, ids=[r.name for r in KEPT])
+def test_changed_and_undone_section_in_transcript_and_report(run):
+    """transcript.md and report.html each say what the run changed on the host, when, and its undo: every
+    journalled undo step of the events, and whether it ran."""
+    import html
+
+    from debugagent.agent import changes
+    from debugagent.agent.markdown import render
+    from debugagent.agent.report import render_html
+    events = read_events(run / "events.jsonl")
+    md, page = render(events), html.unescape(render_html(events))
+    recorded = [e for e in events if e.event == "experiment" and e.phase == "undo_recorded"]
+    made, _, _ = changes.changes_made(events)
+    assert sum(len(c.steps) for c in made) == len(recorded)
+    for text in (md, page):
+        assert changes.SECTION in text
+        assert changes.summary(events) in text
+        for c in made:
+            assert c.what in text and c.hypothesis in text
+    if not recorded:
+        assert "Nothing on the host was changed." in md
+    else:
+        assert f"{sum(1 for c in made if c.undone)} undone" in md

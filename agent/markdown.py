@@ -492,7 +492,7 @@ def render_changes(doc: Doc, events: list[Event]) -> None:
     body, _ = changes.rows(events)
     doc.add(f"## {changes.SECTION}", "", changes.summary(events), "")
     if body:
-        doc.add("<details><summary>each change, when, and its undo</summary>", "",
+        doc.add("<details><summary>each change and its undo</summary>", "",
                 *table(["when", "experiment", "what changed", "undone by"], [[c, code(h), w, u] for c, h, w, u in body]),
                 "", "</details>", "")
 

@@ -63,4 +63,4 @@ def test_branch_commit_and_file_names_with_shell_syntax_never_run(realhost, tmp_
     assert tmp_leftovers(o["run_id"]) == []
     fix = (tmp_path / "run" / "transcript.md").read_text()
     now = fix.split("## What to do now", 1)[-1][:1500]
-    assert "revert --no-edit" in now and "    assert "git revert" in now, nowlt;details" not in fix, now
+    assert "revert --no-edit" in now and "&lt;details" not in fix, now

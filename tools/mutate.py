@@ -79,14 +79,17 @@ LIMITS = {"Max cpu time": "cpu", "Max file size": "fsize", "Max data size": "dat
           "Max pending signals": "sigpending", "Max msgqueue size": "msgqueue", "Max nice priority": "nice",
           "Max realtime priority": "rtprio", "Max realtime timeout": "rttime"}
 LIMIT_VALUE = r"^(unlimited|[0-9]{1,20})$"
-IDENTITY_FIELDS = ("uid", "gid", "groups", "nice", "umask")
+IDENTITY_FIELDS = ("uid", "gid", "groups", "nice", "umask", "cgroup")
+# a cgroup as /proc/PID/cgroup names it, less its hierarchy number: `CONTROLLERS:PATH` (`:/x` for cgroup v2)
+CGROUP = r"^[a-z0-9_=,]*:/[A-Za-z0-9._@:=+,/-]*$"
 
 
 def identity_lines(proc: str) -> str:
     """Shell that prints who the process of the folder ``proc`` (``$p``, ``/proc/$$``) runs as: its ``Uid:``,
     ``Gid:``, ``Groups:`` and ``Umask:`` lines, ``Nice: N`` (``/proc/PID/stat``'s field 19) and its limits."""
     return (f"grep -E '^(Uid|Gid|Groups|Umask):' {proc}/status 2>/dev/null; s=$(cat {proc}/stat 2>/dev/null); "
-            f"s=${{s##*) }}; set -- $s; echo \"Nice: ${{17}}\"; cat {proc}/limits 2>/dev/null; ")
+            f"s=${{s##*) }}; set -- $s; echo \"Nice: ${{17}}\"; cat {proc}/limits 2>/dev/null; "
+            f"sed 's/^/Cgroup: /' {proc}/cgroup 2>/dev/null; ")
 
 
 class Identity(BaseModel):
@@ -99,6 +102,7 @@ class Identity(BaseModel):
     umask: str | None = None
     nice: int | None = None
     limits: dict[str, list[str]] = Field(default_factory=dict)
+    cgroup: list[str] | None = None   # `CONTROLLERS:PATH` per hierarchy (None: not read, an older journal)
 
     def value(self, field: str) -> Any:
         """``uid``, ``gid``, ``groups``, ``umask``, ``nice``, or a limit (``limit:nofile``: [soft, hard]). The groups
@@ -106,6 +110,8 @@ class Identity(BaseModel):
         shell has group 0, a server started by a program often none)."""
         if field == "groups":
             return self.extra_groups()
+        if field == "cgroup":
+            return sorted(self.cgroup) if self.cgroup is not None else None
         return self.limits.get(field[6:]) if field.startswith("limit:") else getattr(self, field, None)
 
     def extra_groups(self) -> list[int]:
@@ -114,6 +120,8 @@ class Identity(BaseModel):
     def differs(self, other: Identity, fields: set[str] | None = None) -> set[str]:
         """The fields (all where None) in which ``other`` differs from this."""
         names = fields if fields is not None else {*IDENTITY_FIELDS, *(f"limit:{k}" for k in {*self.limits, *other.limits})}
+        if self.cgroup is None or other.cgroup is None:   # one side read before cgroups were: nothing to compare
+            names = set(names) - {"cgroup"}
         return {f for f in names if self.value(f) != other.value(f)}
 
     def describe(self, fields: set[str] | None = None) -> str:
@@ -132,7 +140,13 @@ def parse_identity(lines: list[str]) -> Identity | None:
     """The lines :func:`identity_lines` printed; None without ``Uid:`` and ``Gid:`` (nothing read)."""
     ids: dict[str, list[str]] = {}
     limits: dict[str, list[str]] = {}
+    cgroups: list[str] = []
     for ln in lines:
+        if ln.startswith("Cgroup: "):   # `N:CONTROLLERS:PATH`
+            parts = ln[8:].strip().split(":", 2)
+            if len(parts) == 3 and re.fullmatch(CGROUP, f"{parts[1]}:{parts[2]}"):
+                cgroups.append(f"{parts[1]}:{parts[2]}")
+            continue
         key, colon, rest = ln.partition(":")
         if colon and key in ("Uid", "Gid", "Groups", "Umask", "Nice"):
             ids[key] = rest.split()
@@ -149,7 +163,8 @@ def parse_identity(lines: list[str]) -> Identity | None:
     umask = (ids.get("Umask") or [None])[0]
     nice = (ids.get("Nice") or [None])[0]
     return Identity(uid=uid, gid=gid, groups=groups, umask=umask if umask and re.fullmatch(r"[0-7]{3,4}", umask) else None,
-                    nice=int(nice) if nice and re.fullmatch(r"-?[0-9]{1,2}", nice) else None, limits=limits)
+                    nice=int(nice) if nice and re.fullmatch(r"-?[0-9]{1,2}", nice) else None, limits=limits,
+                    cgroup=sorted(cgroups) if cgroups else None)
 
 
 class RunAs(BaseModel):
@@ -165,6 +180,7 @@ class RunAs(BaseModel):
     nice: int | None = Field(default=None, ge=-20, le=19)
     limits: dict[Literal[tuple(LIMITS.values())], Annotated[list[Annotated[str, Field(pattern=LIMIT_VALUE)]],  # type: ignore[valid-type]
                                                           Field(min_length=2, max_length=2)]] = Field(default_factory=dict)
+    cgroup: list[Annotated[str, Field(pattern=CGROUP)]] | None = None   # the found server's cgroups the shell is not in
 
     @classmethod
     def of(cls, found: Identity | None, shell: Identity | None) -> RunAs | None:
@@ -176,7 +192,9 @@ class RunAs(BaseModel):
         ra = cls(uid=found.uid if ids else None, gid=found.gid if ids else None, groups=found.groups if ids else None,
                  umask=found.umask if found.umask and found.umask != shell.umask else None,
                  nice=found.nice if found.nice is not None and shell.nice is not None and found.nice != shell.nice else None,
-                 limits={k: v for k, v in found.limits.items() if shell.limits.get(k) != v})
+                 limits={k: v for k, v in found.limits.items() if shell.limits.get(k) != v},
+                 cgroup=[c for c in found.cgroup if c not in shell.cgroup] or None
+                 if found.cgroup is not None and shell.cgroup is not None else None)
         return ra if ra.fields() else None
 
     def fields(self) -> set[str]:
@@ -189,6 +207,8 @@ class RunAs(BaseModel):
         if shell.uid == 0:
             return []
         out = [f"uid {self.uid}"] if self.uid is not None and self.uid != shell.uid else []
+        if self.cgroup:
+            out.append(f"cgroup {', '.join(self.cgroup)}")
         if self.groups is not None and (self.gid != shell.gid or set(self.groups) - set(shell.groups)):
             out.append(f"gid {self.gid}, groups {','.join(map(str, self.groups)) or 'none'}")
         if self.nice is not None and shell.nice is not None and self.nice < shell.nice:
@@ -212,9 +232,17 @@ class RunAs(BaseModel):
             groups = f"--groups={','.join(str(int(g)) for g in self.groups)}" if self.groups else "--clear-groups"
             pre += f"setpriv --reuid={int(self.uid)} --regid={int(self.gid)} {groups} -- "
         mask = f"umask {self.umask}; " if self.umask else ""
-        return f"( {mask}{pre}{start} )"
+        join = "".join(f"cg_join {q(c.split(':', 1)[0])} {q(c.split(':', 1)[1])} || exit 97; " for c in self.cgroup or [])
+        return f"( {CG_JOIN if join else ''}{join}{mask}{pre}{start} )"
 
 
+# joins this subshell ($BASHPID: the pid that becomes the server) to the cgroup CONTROLLERS:PATH, found under the
+# mount of its hierarchy in /proc/self/mountinfo (cgroup2 for no controllers, else the cgroup mount holding them all)
+CG_JOIN = ("cg_join() { local d; d=$(awk -v c=\"$1\" '{ for (i = 7; i <= NF && $i != \"-\"; i++); fs = $(i + 1); "
+           "n = split($(i + 3), o, \",\"); if (c == \"\" && fs == \"cgroup2\") { print $5; exit } if (c == \"\" || fs != \"cgroup\") next; "
+           "k = split(c, w, \",\"); ok = 1; for (j = 1; j <= k; j++) { f = 0; for (m = 1; m <= n; m++) if (o[m] == w[j]) f = 1; "
+           "if (!f) ok = 0 } if (ok) { print $5; exit } }' /proc/self/mountinfo); "
+           "[ -n \"$d\" ] && echo $BASHPID > \"$d$2/cgroup.procs\" || { echo \"cannot join the cgroup $1:$2\" >&2; return 1; }; }; ")
 NICE = "nic() { local s; read -r s < /proc/$1/stat 2>/dev/null || return 1; s=${s##*) }; set -- $s; echo \"${17}\"; }; "
 
 

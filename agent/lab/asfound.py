@@ -103,7 +103,7 @@ def server_command(pattern: str) -> str:
         "echo \"== pid ${p#/proc/}\"; echo \"argv $(base64 -w0 < $p/cmdline)\"; "
         "echo \"env $(base64 -w0 < $p/environ 2>/dev/null)\"; echo \"cwd $(readlink $p/cwd 2>/dev/null | base64 -w0)\"; "
         "echo \"nice ${17}\"; echo \"status $(grep -E '^(Uid|Gid|Groups|Umask):' $p/status 2>/dev/null | base64 -w0)\"; "
-        "echo \"limits $(base64 -w0 < $p/limits 2>/dev/null)\"; "
+        "echo \"limits $(base64 -w0 < $p/limits 2>/dev/null)\"; echo \"cgroup $(base64 -w0 < $p/cgroup 2>/dev/null)\"; "
         "for l in $(find $p/fd -lname 'socket:*' -printf '%l\\n' 2>/dev/null); do i=${l#socket:[}; i=${i%]}; "
         "[ -n \"${port[$i]}\" ] && echo \"port ${port[$i]}\"; done; done; echo '== end'"
     )
@@ -145,6 +145,8 @@ def parse_server(text: str, digest: Callable[[bytes], str]) -> dict[str, Any] | 
             cur["cwd"] = _b64(val).decode(errors="replace").strip()
         elif cur is not None and key in ("status", "limits"):
             cur["ident"] += _b64(val).decode(errors="replace").splitlines()
+        elif cur is not None and key == "cgroup":
+            cur["ident"] += ["Cgroup: " + ln for ln in _b64(val).decode(errors="replace").splitlines() if ln.strip()]
         elif cur is not None and key == "nice":
             cur["ident"].append(f"Nice: {val.strip()}")
         elif cur is not None and key == "port" and val.strip().isdigit():

@@ -33,12 +33,33 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv")
                                 reason="starts a server as nobody: needs root, setpriv, prlimit and /usr/bin/python3")
 
 
+def own_cgroup() -> tuple[str, Path] | None:
+    """A cgroup of the test's own (``CONTROLLERS:PATH`` and its folder): cgroup v1's pids hierarchy, or v2's; None
+    where this machine lets none be made."""
+    for ctrl, mnt in (("pids", Path("/sys/fs/cgroup/pids")), ("", Path("/sys/fs/cgroup/unified")),
+                      ("", Path("/sys/fs/cgroup"))):
+        if not (mnt / "cgroup.procs").exists():
+            continue
+        d = mnt / f"debugagent-test-{os.getpid()}"
+        try:
+            d.mkdir(exist_ok=True)
+        except OSError:
+            continue
+        return f"{ctrl}:/{d.name}", d
+    return None
+
+
 class NobodyHost(Host):
-    """The test's server as ``nobody``, with nice 5, umask 027 and NOFILE 4096:4096 (none of them the test's own)."""
+    """The test's server as ``nobody``, with nice 5, umask 027 and NOFILE 4096:4096 (none of them the test's own),
+    in a cgroup of its own where one can be made."""
+
+    cgroup: tuple[str, Path] | None = None
 
     def start(self) -> None:
         (self.dir / "bench.py").write_text(BENCH)
-        as_nobody = ["prlimit", "--nofile=4096:4096", "--", "nice", "-n", "5", "setpriv", f"--reuid={NOBODY}",
+        join = f"echo $$ > {self.cgroup[1]}/cgroup.procs; " if self.cgroup else ""
+        as_nobody = ["sh", "-c", join + 'exec "$@"', "sh",
+                     "prlimit", "--nofile=4096:4096", "--", "nice", "-n", "5", "setpriv", f"--reuid={NOBODY}",
                      f"--regid={NOBODY}", "--init-groups", "--", "sh", "-c", 'umask 027; exec "$@"', "sh"]
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen([*as_nobody, *self.argv()], cwd=self.cwd, env=self.server_env(), stdout=log,
@@ -61,9 +82,18 @@ def nobody_host():
     h.log.touch()
     h.log.chmod(0o666)
     h.env = {"IDLOG": str(ids)}
+    h.cgroup = own_cgroup()
     yield h
     h.stop()
     shutil.rmtree(d, ignore_errors=True)
+    if h.cgroup:
+        for _ in range(50):   # a cgroup is removed once its last process has gone
+            try:
+                h.cgroup[1].rmdir()
+                break
+            except OSError:
+                import time
+                time.sleep(0.1)
 
 
 def started(h: Host) -> list[dict]:
@@ -113,6 +143,10 @@ def test_a_restarted_and_a_restored_server_keep_the_found_uid_nice_umask_and_lim
     restarts = [e["input"] for e in o["events"] if e["event"] == "tool_call" and e["tool"] == "restart_server"]
     assert restarts and all(i["run_as"]["uid"] == NOBODY and i["run_as"]["nice"] == 5 and i["run_as"]["umask"] == "0027"
                             and i["run_as"]["limits"]["nofile"] == ["4096", "4096"] for i in restarts)
+    if h.cgroup:   # the restarted and the restored server joined the cgroup the server was found in
+        assert all(i["run_as"]["cgroup"] == [h.cgroup[0]] for i in restarts), restarts
+        assert h.cgroup[0] in [ln.split(":", 1)[1] for ln in Path(f"/proc/{pid}/cgroup").read_text().splitlines()]
+        assert all(str(r["pid"]) in (h.cgroup[1] / "cgroup.procs").read_text().split() for r in runs[-1:])
     assert not [n for n in os.listdir("/tmp") if o["run_id"] in n]
 
 

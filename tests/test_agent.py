@@ -149,7 +149,7 @@ def test_seed_transcript_reads_like_the_seeds(tmp_path):
     assert "[msg 1] [assistant]" in md
     assert "[assistant] [bash] `ssh root@gpu-node-3 \"nvidia-smi --query-gpu=" in md
     assert "Output:" in md
-    assert "git -C /root/sglang worktree add --detach" in md and "worktree remove" in md
+    assert "-C /root/sglang worktree add --detach" in md and "worktree remove" in md
     for h in ["code_change", "gpu_clocks", "pcie_link", "serving_config", "compiled_dependency", "driver_cuda",
               "env_var", "gpu_contention", "host_cpu"]:
         assert f"| {h} |" in md

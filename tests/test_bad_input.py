@@ -51,7 +51,7 @@ def test_out_at_the_root_folder_is_refused():
 def test_out_a_folder_holding_other_files_is_refused(tmp_path):
     """A folder that is not empty and not a debugagent run's: exit 2 naming its files, nothing written in it."""
     home = tmp_path / "project"
-    home.mkdir()
+    home.mkdir(exist_ok=True)
     (home / "notes.txt").write_text("mine\n")
     r = run(*HOST, "--out", str(home))
     refused(r, f"--out {home}", "notes.txt")
@@ -144,15 +144,16 @@ def test_an_empty_host_lock_is_taken_over_with_a_line(tmp_path):
     """A full disk on the host once left `host.lock` empty: a later run takes it over, saying so, not refusing for
     ever."""
     home = tmp_path / "home"
-    lock = home / ".cache" / "debugagent" / "host.lock"
-    lock.parent.mkdir(parents=True)
+    home.mkdir(exist_ok=True)
+    lock = Path(os.environ["DEBUGAGENT_LOCK_DIR"]) / "debugagent-host.lock"   # the one lock of the host, per test
+    lock.parent.mkdir(parents=True, exist_ok=True)
     lock.write_text("")
     out = tmp_path / "run"
     env = {**os.environ, "HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache")}
     # a pattern no process matches: this machine's other servers are none of this run's business
     r = subprocess.run(cli("run", "--host", "local", "--symptom", "decode 80 tok/s", "--bench",
                            "echo decode=80 tok/s", "--repo", str(tmp_path), "--server-pattern", "no-such-server-[0-9]{9}",
-                           "--reproduce-runs", "2", "--json", "--out", str(out)),
+                           "--reproduce-runs", "2", "--read-only", "--json", "--out", str(out)),
                        capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path, stdin=subprocess.DEVNULL)
     assert r.returncode in (0, 3), r.stderr[-2000:]
     said = [json.loads(ln).get("text", "") for ln in (out / "events.jsonl").read_text().split("\n") if ln]

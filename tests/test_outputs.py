@@ -41,14 +41,15 @@ def quick(tmp_path_factory, quick_state):
 
 def outside_details(md: str) -> str:
     """The transcript less its collapsed blocks, each with the blank line that must end its HTML block."""
-    return re.sub(r"<details>.*?</details>\n(?=\n)", "", md, flags=re.S)
+    return re.sub(r"<details>.*?</details>\n(?=\n|\Z)", "", md, flags=re.S)
 
 
 # ---------------------------------------------------------------- transcript.md
 def test_quick_start_reads_short(quick):
-    """The quick start's transcript has under 150 lines outside its collapsed blocks."""
+    """The quick start's transcript has under 160 lines outside its collapsed blocks (150 before the tenth
+    hypothesis, changed_default, and the section of what was changed and undone)."""
     _, md, _ = quick
-    assert len(outside_details(md).splitlines()) < 150
+    assert len(outside_details(md).splitlines()) < 160
 
 
 def test_each_hypothesis_is_a_section_holding_its_experiment(quick):
@@ -56,7 +57,7 @@ def test_each_hypothesis_is_a_section_holding_its_experiment(quick):
     _, md, _ = quick
     heads = [md.index(f"### {h}:") for h in HYPS]
     assert heads == sorted(heads)
-    worktree = md.index("git -C /root/sglang worktree add --detach")
+    worktree = md.index("-C /root/sglang worktree add --detach")   # git without the repository's hooks
     assert heads[0] < worktree < heads[1]
     restart = md.index("--speculative-attention-mode decode")
     assert heads[3] < restart < heads[4]

@@ -38,7 +38,9 @@ INPUTS = {"server_details": {"pid": 7}, "gpu_sample_under_load": {"load": "gpu-b
           "server_control": {"pid": 7}, "server_ready": {"pid": 7},
           "import_roots": {"pid": 7, "python": "/usr/bin/python3", "cwd": "/", "repo": "/r", "modules": ["m"]},
           "find_wheels": {"name": "n", "version": "1"},
-          "overlay_packages": {"python": "/usr/bin/python3", "overlay": "/tmp/debugagent-o"}}
+          "overlay_packages": {"python": "/usr/bin/python3", "overlay": "/tmp/debugagent-o"},
+          "server_view": {"python": "/usr/bin/python3", "port": 30000, "engine": "sglang"},
+          "server_env": {"python": "/usr/bin/python3", "engine": "sglang"}}
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

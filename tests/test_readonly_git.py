@@ -51,7 +51,7 @@ def test_a_run_without_mutations_leaves_the_checkout_and_its_index_as_they_were(
     cli = Path(sys.executable).parent / "debugagent"
     env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
     r = subprocess.run([str(cli), "run", "--host", "local", "--repo", str(repo), "--server-pattern", "no-such-server-zq9",
-                        "--symptom", "latency 30ms", "--baseline", "latency 20ms", "--json", "--out", str(tmp_path / "run")],
+                        "--symptom", "latency 30ms", "--baseline", "latency 20ms", "--read-only", "--json", "--out", str(tmp_path / "run")],
                        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, cwd=tmp_path, env=env)
     assert r.returncode == 3, r.stderr[-2000:]
     calls = (tmp_path / "run" / "events.jsonl").read_text()

@@ -209,7 +209,7 @@ def test_simulated_servers_serve_the_engines_endpoints_and_log_lines(sim_host, t
     (tmp_path / "bad.json").write_text(dump(bad))
     r = subprocess.run([sys.executable, "-m", "debugagent.agent.cli", "diff", str(tmp_path / "good.json"),
                         str(tmp_path / "bad.json")], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and "changed_default\n  server_view.attention_backend: 'flashinfer' -> 'fa3'" in r.stdout
+    assert r.returncode == 1 and "changed_default\n  server_view.attention_backend: 'flashinfer' -> 'fa3'" in r.stdout   # 1: they differ, as diff(1)
     vl = collect(Runner(sim_host("sim:vllm-console-worker")), probes=["server_view", "server_env"]).server_view
     assert vl is not None and vl.engine == "vllm" and vl.endpoints["/version"] == 200 and vl.metrics == "on"
     assert vl.effective.version == "0.11.0"

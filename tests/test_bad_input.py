@@ -162,12 +162,25 @@ def test_an_empty_host_lock_is_taken_over_with_a_line(tmp_path):
 
 
 # ---------------------------------------------------------------- signals and the end of a run
+def caught(pid: int, sig: signal.Signals) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` (its /proc status SigCgt mask)."""
+    try:
+        line = next(ln for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ln.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(int(line.split()[1], 16) >> (int(sig) - 1) & 1)
+
+
 @pytest.mark.skipif(not SCRIPT.exists(), reason="needs the installed `debugagent` command")
 def test_sigterm_while_starting_exits_130(tmp_path):
     """SIGTERM before the run's own handlers are set (the imports, connecting): exit 130, as Ctrl-C, not -15."""
     p = subprocess.Popen([str(SCRIPT), "run", *HOST, "--out", str(tmp_path / "run")], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
-    time.sleep(0.3)
+    # at once after the entry point's handler is set (SigCgt holds SIGTERM): the interpreter's own start-up, before
+    # any line of debugagent runs, is the one moment no handler can exist; a fixed sleep lost that race on a loaded machine
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not caught(p.pid, signal.SIGTERM):
+        time.sleep(0.002)
     p.send_signal(signal.SIGTERM)
     _, err = p.communicate(timeout=120)
     assert p.returncode == 130, (p.returncode, err[-2000:])

@@ -115,20 +115,30 @@ def openssh_answer(sshd, kh: Path, mode: str) -> str:
                         "-o", "UpdateHostKeys=no", "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=20",
                         "-i", str(sshd.identity), "-p", str(sshd.port), f"{getpass.getuser()}@127.0.0.1", "true"],
                        capture_output=True, text=True, timeout=60)
+    return ssh_verdict(r, ("Host key verification failed",))
+
+
+def ssh_verdict(r: subprocess.CompletedProcess[str], unknown: tuple[str, ...]) -> str:
+    """ok, revoked or changed from what `ssh` printed; unknown only where it printed one of ``unknown``."""
     if r.returncode == 0:
         return "ok"
     if "REVOKED" in r.stderr or "revoked" in r.stderr:
         return "revoked"
     if "HAS CHANGED" in r.stderr:
         return "changed"
-    assert "Host key verification failed" in r.stderr, r.stderr
+    assert any(u in r.stderr for u in unknown), r.stderr
     return "unknown"
 
 
 def debugagent_answer(sshd, kh: Path, accept_new: bool) -> str:
+    return our_verdict(f"{getpass.getuser()}@127.0.0.1:{sshd.port}", identity_file=str(sshd.identity),
+                       known_hosts=str(kh), accept_new=accept_new)
+
+
+def our_verdict(spec: str, **kw) -> str:
+    """ok, unknown, changed or revoked: what debugagent's transport decides for ``spec``."""
     try:
-        SSHTransport.from_spec(f"{getpass.getuser()}@127.0.0.1:{sshd.port}", identity_file=str(sshd.identity),
-                               known_hosts=str(kh), accept_new=accept_new, connect_timeout=20).close()
+        SSHTransport.from_spec(spec, connect_timeout=20, **kw).close()
     except HostKeyError as exc:
         assert exc.exit_code == 4
         msg = str(exc)
@@ -259,23 +269,11 @@ def _config_case(sshd, tmp_path: Path, case: str) -> tuple[Path, dict[str, Path]
 def _ssh_with_config(cfg: Path, mode: str) -> str:
     r = subprocess.run(["ssh", "-F", str(cfg), "-o", "BatchMode=yes", "-o", f"StrictHostKeyChecking={mode}",
                         "-o", "ConnectTimeout=20", "box", "true"], capture_output=True, text=True, timeout=60)
-    if r.returncode == 0:
-        return "ok"
-    if "REVOKED" in r.stderr or "revoked" in r.stderr:
-        return "revoked"
-    if "HAS CHANGED" in r.stderr:
-        return "changed"
-    assert "Host key verification failed" in r.stderr or "No ED25519 host key is known" in r.stderr, r.stderr
-    return "unknown"
+    return ssh_verdict(r, ("Host key verification failed", "No ED25519 host key is known"))
 
 
 def _ours_with_config(accept_new: bool) -> str:
-    try:
-        SSHTransport.from_spec("box", accept_new=accept_new, connect_timeout=20).close()
-    except HostKeyError as exc:
-        msg = str(exc)
-        return "revoked" if "REVOKED" in msg else "changed" if "CHANGED" in msg else "unknown"
-    return "ok"
+    return our_verdict("box", accept_new=accept_new)
 
 
 @pytest.mark.parametrize("case", sorted(CONFIG_CASES))

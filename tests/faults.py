@@ -131,6 +131,16 @@ def wait_for(pred, proc: subprocess.Popen, what: str, timeout: float = 120.0) ->
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def freeze_sshd_while_measuring(s, name: str, out: Path) -> tuple[subprocess.Popen[str], list[int]]:
+    """Start `debugagent run` (``--connect-timeout 3``) on served host ``s`` and, once the restarted server is being
+    measured, stop sshd's whole tree (SIGSTOP): the run and the stopped pids, for ``thaw``."""
+    from tests.procs import freeze_tree
+    p = subprocess.Popen(run_args(s, name, out, "--connect-timeout", "3"), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: phase_reached(out, "restart_server", "measuring"), p, "measuring")
+    return p, freeze_tree(s.proc.pid)
+
+
 def kill_then_restore(name: str, sig: signal.Signals, phase: str, tmp_path: Path) -> None:
     tool = KINDS[name]
     with start(name) as s:

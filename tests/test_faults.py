@@ -18,6 +18,7 @@ from tests.faults import (
     assert_as_found,
     cli,
     events,
+    freeze_sshd_while_measuring,
     journal_steps,
     kill_then_restore,
     phase_reached,
@@ -26,7 +27,7 @@ from tests.faults import (
     state,
     wait_for,
 )
-from tests.procs import descendants, freeze_tree, signal_if_alive, thaw
+from tests.procs import descendants, signal_if_alive, thaw
 
 pytestmark = [pytest.mark.ssh, SKIP]
 
@@ -167,10 +168,7 @@ def test_hung_peer_is_reported_within_30s_and_undo_restores(tmp_path):
     with start(name) as s:
         before = state(s)
         out = tmp_path / "run"
-        p = subprocess.Popen(run_args(s, name, out, "--connect-timeout", "3"), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-        wait_for(lambda: phase_reached(out, "restart_server", "measuring"), p, "measuring")
-        stopped = freeze_tree(s.proc.pid)
+        p, stopped = freeze_sshd_while_measuring(s, name, out)
         t0 = time.monotonic()
         try:
             wait_for(lambda: any(e.get("kind") == "hung" for e in events(out)), p, "the hung peer", timeout=60)

@@ -16,13 +16,11 @@ from tests.faults import (
     assert_as_found,
     cli,
     events,
+    freeze_sshd_while_measuring,
     journal_steps,
-    phase_reached,
-    run_args,
     state,
-    wait_for,
 )
-from tests.procs import freeze_tree, thaw
+from tests.procs import thaw
 
 pytestmark = [pytest.mark.ssh, SKIP]
 
@@ -37,10 +35,7 @@ def test_a_peer_hung_for_good_ends_the_run_in_bounded_time_without_a_traceback(t
     with start(name) as s:
         before = state(s)
         out = tmp_path / "run"
-        p = subprocess.Popen(run_args(s, name, out, "--connect-timeout", "3"), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-        wait_for(lambda: phase_reached(out, "restart_server", "measuring"), p, "measuring")
-        stopped = freeze_tree(s.proc.pid)
+        p, stopped = freeze_sshd_while_measuring(s, name, out)
         t0 = time.monotonic()
         try:
             try:

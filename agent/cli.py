@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 import typer
 from debugagent.tools.errors import DebugAgentError, UsageError
-from debugagent.tools.redact import redact_text, write_private
+from debugagent.tools.redact import redact, redact_text, write_private
 from pydantic import ValidationError
 from rich.markup import escape
 
@@ -591,16 +591,11 @@ def fleet_diff_cmd(
         except OSError as exc:
             raise UsageError(f"--html {html}: cannot write it ({exc.strerror})", fix="give a file in a folder you can write to") from None
     if as_json:
-        print(json.dumps(redact_json(fd.model_dump(mode="json")), indent=1))
+        print(json.dumps(redact(fd.model_dump(mode="json")), indent=1))
     else:
         for line in render_text(fd):
             out.print(redact_text(line), markup=False)
     raise typer.Exit(1 if fd.splits or (fd.bench and fd.bench.outliers) else 0)
-
-
-def redact_json(obj: Any) -> Any:
-    from debugagent.tools.redact import redact
-    return redact(obj)
 
 
 def command():

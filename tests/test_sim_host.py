@@ -103,7 +103,10 @@ def test_console_script_server_and_worker_environment(sim_host):
     r = Runner(t)
     procs = r.call("find_servers").output.processes
     assert len(procs) == 1 and procs[0].argv[:3] == ["/opt/venv/bin/python3", "/opt/venv/bin/vllm", "serve"]
-    ps = t.run("ps -eo args").stdout
+    import time
+    deadline = time.monotonic() + 60   # the server spawns its worker after it starts: wait for it, on a loaded machine too
+    while "multiprocessing.spawn" not in (ps := t.run("ps -eo args").stdout) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert "multiprocessing.spawn" in ps
     worker_env = t.run("for p in /proc/[0-9]*; do grep -qa multiprocessing $p/cmdline && tr '\\0' '\\n' < $p/environ; done").stdout
     assert "CUDA_VISIBLE_DEVICES=0" in worker_env and "CUDA_LAUNCH_BLOCKING=1" in worker_env
@@ -115,7 +118,6 @@ def test_console_script_server_and_worker_environment(sim_host):
     before = max((w.seq for w in ctl.live("worker")), default=0)
     assert r.call("restart_server", {"pid": pid, "argv": d.argv, "cwd": d.cwd, "env_file": f"/tmp/e-{pid}",
                                      "unset": ["CUDA_LAUNCH_BLOCKING"], "save_env": True}).ok
-    import time
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not any(w.seq > before for w in ctl.live("worker")):
         time.sleep(0.05)   # the new server's worker (the old one may still be registered for a moment)

@@ -243,6 +243,33 @@ CG_JOIN = ("cg_join() { local d; d=$(awk -v c=\"$1\" '{ for (i = 7; i <= NF && $
            "k = split(c, w, \",\"); ok = 1; for (j = 1; j <= k; j++) { f = 0; for (m = 1; m <= n; m++) if (o[m] == w[j]) f = 1; "
            "if (!f) ok = 0 } if (ok) { print $5; exit } }' /proc/self/mountinfo); "
            "[ -n \"$d\" ] && echo $BASHPID > \"$d$2/cgroup.procs\" || { echo \"cannot join the cgroup $1:$2\" >&2; return 1; }; }; ")
+# the server's whole process tree (an API process and its workers): ``kids PID`` lists every descendant as
+# ``PID:START`` (start ticks: a pid reused meanwhile is never signalled); ``reap PID:START …`` stops those still
+# running (TERM, up to 10 s, then KILL). Workers a SIGTERM'd parent leaves behind would keep its GPU memory and port.
+TREE = ("kids() { local r=$1 all=() s d e q=\" $1 \" n=1; for d in /proc/[0-9]*; do read -r s < $d/stat 2>/dev/null || continue; "
+        "s=${s##*) }; set -- $s; all+=(\"${d#/proc/} $2\"); done; while [ $n = 1 ]; do n=0; for e in \"${all[@]}\"; do "
+        "[[ $q == *\" ${e#* } \"* && $q != *\" ${e% *} \"* ]] && { q=\"$q${e% *} \"; n=1; }; done; done; "
+        "for e in ${q# $r }; do echo \"$e:$(ticks $e)\"; done; }; "
+        "alive() { local e l=; for e in \"$@\"; do [ \"$(ticks ${e%%:*})\" = \"${e#*:}\" ] && l=\"$l ${e%%:*}\"; done; echo $l; }; "
+        "reap() { local k i; [ $# -gt 0 ] || return 0; for k in $(alive \"$@\"); do kill $k 2>/dev/null; done; "
+        "for i in $(seq 1 100); do [ -z \"$(alive \"$@\")\" ] && return 0; sleep 0.1; done; "
+        "for k in $(alive \"$@\"); do kill -9 $k 2>/dev/null; done; echo \"killed the workers left: $(alive \"$@\")\"; }; ")
+KIDS = "K=$(kids $P); "
+REAP = "reap $K; "
+
+
+def port_check(ports: list[int], wait_s: float) -> str:
+    """Shell that waits (up to ``wait_s``) until nothing listens on ``ports`` any more, else ends the script: a
+    server is never started beside a process still holding its port."""
+    if not ports:
+        return ""
+    ps = " ".join(str(int(p)) for p in sorted(set(ports)))
+    busy = "grep -qE \"^ *[0-9]+: [0-9A-F]+$h [0-9A-F]+:[0-9A-F]+ 0A \" /proc/net/tcp /proc/net/tcp6 2>/dev/null"
+    return (f"for pt in {ps}; do h=$(printf ':%04X' $pt); for i in $(seq 1 {int(wait_s * 10)}); do {busy} || break; "
+            f"sleep 0.1; done; {busy} && {{ echo \"port $pt is still in use after the server's process tree was stopped: "
+            "no second server is started beside what holds it\"; exit 1; }; done; : ports; ")
+
+
 NICE = "nic() { local s; read -r s < /proc/$1/stat 2>/dev/null || return 1; s=${s##*) }; set -- $s; echo \"${17}\"; }; "
 
 
@@ -295,6 +322,7 @@ class RestartServer(BaseModel):
     stop_pid: int = 0
     stop_start: int = 0
     run_as: RunAs | None = None   # the found server's uid, groups, umask, nice and limits, where not the shell's
+    ports: list[int] = Field(default_factory=list)   # the server tree's ports: free before anything is started
 
     @property
     def argv_file(self) -> str:
@@ -312,7 +340,7 @@ class RestartServer(BaseModel):
         undo = bool(self.stop_pid_file and self.keep_if_running)
         # a caught (not ignored) HUP/INT/TERM: a dropped connection cannot stop the script half-way, and the
         # server it starts still gets the default handlers; bytes compared as bytes (the C locale)
-        parts = ["trap : HUP INT TERM; export LC_ALL=C; " + SAME]
+        parts = ["trap : HUP INT TERM; export LC_ALL=C; " + SAME, TREE]
         run_as = self.run_as if self.run_as is not None and self.run_as.fields() else None
         if run_as is not None and run_as.nice is not None:
             parts.append(NICE)
@@ -356,9 +384,9 @@ class RestartServer(BaseModel):
         if self.path_first:
             parts.append(f"N+=(\"PYTHONPATH={first}${{OLDPP:+:$OLDPP}}\"); ")
         parts.append(
-            f"if [ $P -gt 0 ] && same $P {want}; then kill $P 2>/dev/null; "
+            f"if [ $P -gt 0 ] && same $P {want}; then {KIDS}kill $P 2>/dev/null; "
             f"for i in $(seq 1 {int(self.wait_s * 10)}); do kill -0 $P 2>/dev/null || break; sleep 0.1; done; "
-            f"kill -0 $P 2>/dev/null && kill -9 $P; echo \"stopped pid=$P\"; else echo 'no process to stop'; fi; "
+            f"kill -0 $P 2>/dev/null && kill -9 $P; {REAP}echo \"stopped pid=$P\"; else echo 'no process to stop'; fi; "
         )
         if undo:
             # a server already running as found (an interrupted undo started it): kept, never started twice
@@ -382,6 +410,7 @@ class RestartServer(BaseModel):
         launch = f"setsid nohup env -i \"${{N[@]}}\" {run_argv}"
         if run_as is not None:
             launch = run_as.wrap(launch)
+        parts.append(port_check(self.ports, max(self.wait_s, 10.0)))
         parts.append(
             f"L={log}; mkdir -p \"$(dirname \"$L\")\"; echo \"log=$L size=$(stat -c %s \"$L\" 2>/dev/null || echo 0)\"; "
             f"{start}cd {q(self.cwd)} && {{ {launch} >> \"$L\" 2>&1 < /dev/null & }}; "

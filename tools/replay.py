@@ -41,6 +41,9 @@ _LEGACY = [
 ]
 
 
+_PORTS = re.compile(r"for pt in [0-9 ]+; do h=.*?: ports; ", re.S)
+
+
 def legacy_command(command: str) -> str:
     """A command as recordings made before it changed hold it: the restart script before its byte-wise matching,
     ``server_control`` before it read who the server runs as, the server's interpreter (``python_packages``,
@@ -67,6 +70,9 @@ def legacy_command(command: str) -> str:
     if not inner.startswith(head):
         return command
     body = inner[len(head):]
+    from .mutate import KIDS, REAP, TREE
+    # before the whole process tree was stopped and its ports checked free
+    body = _PORTS.sub("", body.removeprefix(TREE).replace(KIDS, "", 1).replace(REAP, "", 1))
     for pattern, repl in _LEGACY:
         body = pattern.sub(repl, body)
     return f"bash -c {q(_RESTART + _OLD_SAME + body)}"

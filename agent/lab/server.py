@@ -159,20 +159,22 @@ class Server:
         self.push_undo("remove_file", {"path": env_file}, f"remove the saved environment {env_file}")
         self.push_undo("restart_server", {"stop_pid_file": pid_file, "expect_argv": run.argv, "argv": srv.argv,
                                           "cwd": srv.cwd, "env_file": env_file, "keep_if_running": srv.pid, "log": log,
-                                          **copy.deepcopy(as_found)},
+                                          **({"ports": list(srv.ports)} if srv.ports else {}), **copy.deepcopy(as_found)},
                        "restart the server as it was found (same command line, folder and environment"
                        + (f"; as {ctl.identity.describe(run_as.fields())}" if run_as and ctl.identity else "") + "); the process "
                        f"the experiment started (its pid in {pid_file}, checked against its command line) is stopped first, "
                        f"after any restart still under way there; {pid_file} is removed once the server runs as found")
         o = r.call("restart_server", {"pid": srv.pid, "expect_argv": srv.argv, "argv": run.argv, "cwd": run.cwd,
                                       "env_file": env_file, "unset": run.unset, "set": run.set, "path_first": run.path_first,
-                                      "save_env": True, "pid_file": pid_file, "log": log, **as_found},
+                                      "save_env": True, "pid_file": pid_file, "log": log,
+                                      **({"ports": list(srv.ports)} if srv.ports else {}), **as_found},
                    why=f"restart with {change}; output appended to {log if log != mutate.DEFAULT_LOG else 'its log'}"
                    + (f"; as the server was found ({ctl.identity.describe(run_as.fields())})" if run_as and ctl.identity
                       else ""))
         if not o.ok:
             raise ExperimentError(o.error or "restart failed")
         self.started = {"run": run, "pid_file": pid_file, "env_file": env_file, "log": o.output.log or log,
+                        "ports": list(srv.ports),
                         "change": change, "pid": o.output.pid, "run_as": as_found, "identity": ctl.identity,
                         "as_fields": run_as.fields() if run_as is not None else set()}
         self.on_started(pid_file, o.output.pid, o.output.start)
@@ -208,7 +210,7 @@ class Server:
         o = r.call("restart_server", {"stop_pid_file": st["pid_file"], "expect_argv": run.argv, "argv": run.argv,
                                       "cwd": run.cwd, "env_file": st["env_file"], "unset": run.unset, "set": run.set,
                                       "path_first": run.path_first, "pid_file": st["pid_file"], "log": st["log"],
-                                      **st.get("run_as", {})}, why=why)
+                                      **({"ports": st["ports"]} if st.get("ports") else {}), **st.get("run_as", {})}, why=why)
         if not o.ok:
             raise ExperimentError(o.error or "restart failed")
         st["pid"] = o.output.pid

@@ -45,6 +45,8 @@ def narrate(d: Discovery) -> list[str]:
         lines.append(f"The server is pid {s.pid}: `{s.entry}` run by {s.python or s.argv[0]} in "
                      f"{s.cwd} with {flags or 'no flags'}.")
         lines.append(d.how)
+        if s.shape is not None:
+            lines.append(f"How it runs: {s.shape.describe()}.")
     else:
         lines.append(d.how + " Evidence about the server's flags and environment will be missing.")
     if d.bench:

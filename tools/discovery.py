@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .gpu import GpuProcess
 from .host import SERVER_PATTERN, HostFacts, Proc, ProcTable, ServerInfo
 from .registry import Outcome, Runner
+from .shape import ServerShape
 
 FoundBy = Literal["known", "pattern", "gpu", "port"]
 PORT_RE = re.compile(r"(?::|--port[= ]|-p )([0-9]{2,5})\b")
@@ -274,8 +275,14 @@ def calls(inp: DiscoveryInput, *, host_info: bool = True) -> list[tuple[str, Bas
     return out
 
 
+def shape_wanted(runner: Runner) -> bool:
+    """``server_shape`` is read unless the transport replays a recording made before it existed."""
+    recorded = getattr(runner.transport, "recorded_tools", None)
+    return recorded is None or "server_shape" in recorded
+
+
 def finish(runner: Runner, inp: DiscoveryInput, table_o: Outcome, gpu_o: Outcome,
-           facts: HostFacts | None) -> Discovery:
+           facts: HostFacts | None, *, shape: bool = True) -> Discovery:
     """Select the server from the calls' outcomes, read its details, resolve the overrides."""
     errors = [o.error for o in (table_o, gpu_o) if not o.ok and o.error]
     gpu = list(gpu_o.output.processes) if gpu_o.ok else []
@@ -299,6 +306,8 @@ def finish(runner: Runner, inp: DiscoveryInput, table_o: Outcome, gpu_o: Outcome
         if sd.ok:
             server = sd.output.model_copy(update={"ppid": process.ppid, "workers": process.workers,
                                                   "ports": process.ports, "found_by": process.found_by})
+            if shape and shape_wanted(runner):
+                server.shape = read_shape(runner, server)
         else:
             errors.append(sd.error or "server_details failed")
     values = resolve(inp, facts, server)
@@ -311,6 +320,19 @@ def finish(runner: Runner, inp: DiscoveryInput, table_o: Outcome, gpu_o: Outcome
                      how=how, errors=errors, **{k: v for k, (v, _) in values.items()})
 
 
+def read_shape(runner: Runner, server: ServerInfo) -> ServerShape | None:
+    """How ``server`` is run (``tools.shape``); None when it could not be read (the transcript says why)."""
+    o = runner.call("server_shape", {"pid": server.pid, "python": server.python, "cwd": server.cwd},
+                    why="how the server is run: its launcher, where its engine is imported from, what supervises it, "
+                        "whether it runs in a container")
+    if not o.ok:
+        return None
+    got: ServerShape = o.output
+    if not server.python:
+        got.launcher, got.command = "binary", server.argv[0].rsplit("/", 1)[-1]
+    return got
+
+
 def discover(runner: Runner, inp: DiscoveryInput | None = None, *, host_info: bool = True) -> Discovery:
     """Find the server on the host behind ``runner`` (concurrent calls, then its details).
 
@@ -321,7 +343,7 @@ def discover(runner: Runner, inp: DiscoveryInput | None = None, *, host_info: bo
     host_o = outs[0] if host_info else None
     table_o, gpu_o = outs[-2:]
     facts = host_o.output if host_o is not None and host_o.ok else None
-    d = finish(runner, inp, table_o, gpu_o, facts)
+    d = finish(runner, inp, table_o, gpu_o, facts, shape=host_info)
     if host_o is not None and not host_o.ok and host_o.error:
         d.errors.insert(0, host_o.error)
     return d

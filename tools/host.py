@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler
 from . import benchfmt
 from .errors import ParseError, parser
 from .redact import redact_env, redact_flags
+from .shape import ServerShape
 from .transport import q, split_lines
 
 SERVER_PATTERN = r"sglang\.launch_server|sglang\.srt\.|vllm\.entrypoints|vllm serve|text-generation-launcher|trtllm-serve"
@@ -288,6 +289,7 @@ class ServerInfo(BaseModel):
     workers: list[int] = Field(default_factory=list)  # every descendant: the API process's workers
     ports: list[int] = Field(default_factory=list)
     found_by: str = ""
+    shape: ServerShape | None = None   # how it is run: launcher, engine origin, supervisor, container (tools.shape)
 
 
 @parser("flags")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from .. import host
+from .. import host, shape
 from .base import Add, Gathering, Probe, Tool
 from .text import code, plural, table
 
@@ -89,6 +89,13 @@ def _server_details(ev: dict[str, Any]) -> list[str] | None:
             f"environment {code(env or '(empty)')}"]
 
 
+def _server_shape(ev: dict[str, Any]) -> list[str] | None:
+    parsed = ev.get("output") or {}
+    if not parsed.get("launcher"):
+        return None
+    return ["Output: " + shape.ServerShape.model_validate(parsed).describe()]
+
+
 def _fill(g: Gathering) -> dict[str, Any]:
     return {"server": g.discovery.server if g.discovery else None}
 
@@ -113,7 +120,9 @@ PROBE = Probe(
            Tool("process_table", host.ProcessTableInput, lambda i, r: host.parse_process_table(r.stdout),
                 summary=_process_table, check=True),
            Tool("server_details", host.ServerDetails, lambda i, r: host.parse_server_details(i.pid, r.stdout),
-                summary=_server_details, check=True)),
+                summary=_server_details, check=True),
+           Tool("server_shape", shape.ServerShapeInput, lambda i, r: shape.parse_server_shape(i.pid, r.stdout),
+                summary=_server_shape, timeout=60.0)),
     fill=_fill, diff_paths=("server.args.FLAG", "server.env.VAR"), diff=_diff,
     facts=lambda snap, fx: {"server": snap.server.model_dump() if snap.server else None},
 )

@@ -63,6 +63,30 @@ def _restart_call(x: ExperimentView) -> dict[str, Any] | None:
     return next((c.get("input") or {} for c, _ in x.calls if c.get("tool") == "restart_server"), None)
 
 
+def _supervised_call(x: ExperimentView) -> dict[str, Any] | None:
+    """The input of the experiment's restart through the server's supervisor (``supervisor_apply`` or
+    ``systemd_dropin``), with ``tool`` naming which."""
+    return next(({**(c.get("input") or {}), "tool": c.get("tool")} for c, _ in x.calls
+                 if c.get("tool") in ("supervisor_apply", "systemd_dropin")), None)
+
+
+def supervised_fix(sv: dict[str, Any]) -> tuple[str, list[str]]:
+    """The change made permanent in the supervisor's own terms: supervisord's program section and
+    ``supervisorctl update``, or the unit's drop-in, ``daemon-reload`` and a restart."""
+    if sv.get("tool") == "systemd_dropin":
+        unit = str(sv.get("unit"))
+        body = "".join(ln + "\n" for ln in str(sv.get("content") or "").splitlines() if not ln.startswith("#"))
+        d = f"/etc/systemd/system/{unit}.d"
+        return (f"make the change permanent with a drop-in of the unit {unit} (as the experiment's), then reload and "
+                "restart it:", [f"mkdir -p {shlex.quote(d)} && printf %s {shlex.quote(body)} > {shlex.quote(d + '/override.conf')}"
+                                f" && systemctl daemon-reload && systemctl restart {shlex.quote(unit)}"])
+    ctl = " ".join(shlex.quote(a) for a in sv.get("ctl") or ["supervisorctl"])
+    lines = "; ".join(f"`{k}={v}`" for k, v in (sv.get("values") or {}).items())
+    return (f"make the change permanent in supervisord's config: in {sv.get('file')}, set in [program:{sv.get('program')}] "
+            f"{lines}; then apply it (supervisord restarts the program):",
+            [f"{ctl} reread && {ctl} update {shlex.quote(str(sv.get('group')))}"])
+
+
 def _decisive(f: RunFacts, hid: str) -> ExperimentView | None:
     h = f.hyps.get(hid)
     if not h:
@@ -133,6 +157,11 @@ def templates(pb: Playbook | None, f: RunFacts, hid: str) -> list[tuple[str, Fix
 
 def fix_of(f: RunFacts, pb: Playbook | None, cause: dict[str, Any]) -> Fix:
     hid = cause["hypothesis"]
+    x = _decisive(f, hid)
+    sv = _supervised_call(x) if x is not None else None
+    if sv is not None:   # restarted through its supervisor: the fix is made there, never a kill and a start by hand
+        text, commands = supervised_fix(sv)
+        return Fix(hypothesis=hid, text=f"{x.title if x else hid}: {text}", commands=[on_host(f, c) for c in commands])
     ctx = context(f, hid, cause)
     for where, t in templates(pb, f, hid):
         text, commands = render_fix(t, ctx, where, pb.source if pb else "")

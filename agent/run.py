@@ -26,7 +26,7 @@ from debugagent.tools.errors import (
     UsageError,
     write_problem,
 )
-from debugagent.tools.redact import private_file, redact, redact_text
+from debugagent.tools.redact import private_file, redact, redact_argv, redact_text
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
@@ -168,8 +168,26 @@ def output_of(conclusion: dict[str, Any], folder: Path, wall: float) -> dict[str
         regression = {**regression, "runs": reproduce_runs(folder)}
     output.update(transcript=str(folder), exit_code=conclusion.get("exit_code", 3), summary=conclusion.get("summary"),
                   bench_runs=conclusion.get("bench_runs"), regression=regression,
-                  notes=conclusion.get("notes"), wall_s=round(wall, 2))
+                  notes=conclusion.get("notes"), wall_s=round(wall, 2), server=server_of(folder))
     return output
+
+
+def server_of(folder: Path) -> dict[str, Any] | None:
+    """The server as discovery described it (added to schema 2): pid, command line, folder, interpreter, and its
+    shape (launcher, engine origin, process tree, supervisor, container); None when none was found."""
+    from .runfacts import gather
+    from .transcript import read_events
+    path = folder / "events.jsonl"
+    if not path.is_file():
+        return None
+    outs = gather(read_events(path)).outputs
+    srv = outs.get("server_details")
+    if not srv:
+        return None
+    shape = outs.get("server_shape")
+    return {"pid": srv.get("pid"), "argv": redact_argv(srv.get("argv") or []), "cwd": srv.get("cwd"),
+            "python": srv.get("python"), "entry": srv.get("entry"),
+            "workers": [w.get("pid") for w in (shape or {}).get("tree") or []], "shape": shape}
 
 
 def reproduce_runs(folder: Path) -> int | None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from . import mutate, probes
+from . import mutate, probes, supervise
 from .errors import ParseError
 from .probes.base import Parser, Tool
 from .transport import CommandResult, Transport
@@ -51,6 +51,14 @@ MUTATIONS: tuple[Tool, ...] = (
     Tool("overlay_install", mutate.OverlayInstall, _done(), timeout=300.0, mutates=True),
     Tool("remove_tree", mutate.RemoveTree, _done(), mutates=True),
     Tool("pip_download", mutate.PipDownload, lambda i, r: mutate.parse_wheels(r.stdout), timeout=120.0, mutates=True),
+    Tool("supervisor_apply", supervise.SupervisorApply, lambda i, r: mutate.parse_restart(r.stdout), timeout=300.0,
+         mutates=True),
+    Tool("supervisor_restore", supervise.SupervisorRestore, lambda i, r: mutate.parse_restart(r.stdout), timeout=300.0,
+         mutates=True),
+    Tool("systemd_dropin", supervise.SystemdDropin, lambda i, r: mutate.parse_restart(r.stdout), timeout=300.0,
+         mutates=True),
+    Tool("systemd_dropin_remove", supervise.SystemdDropinRemove, lambda i, r: mutate.parse_restart(r.stdout),
+         timeout=300.0, mutates=True),
 )
 TOOLS: dict[str, Tool] = {**probes.tools(), **{t.name: t for t in MUTATIONS}}
 

@@ -103,6 +103,8 @@ class ServerShapeInput(BaseModel):
 
     def command(self) -> str:
         from .host import as_owner_of
+        from .mutate import SAME, TREE
+        SAME_TICKS = SAME[SAME.index("ticks()"):]  # noqa: N806
         p = f"/proc/{int(self.pid)}"
         shell = (
             f"p={p}; [ -r $p/cmdline ] || {{ echo 'no such process'; exit 1; }}; "
@@ -111,6 +113,9 @@ class ServerShapeInput(BaseModel):
             "[ \"$(readlink $p/ns/mnt 2>/dev/null)\" = \"$(readlink /proc/self/ns/mnt 2>/dev/null)\" ] && echo same-mnt-ns; "
             "echo '== self_cgroup'; cat /proc/self/cgroup 2>/dev/null; "
             "echo '== supervisor_env'; tr '\\0' '\\n' < $p/environ 2>/dev/null | grep -E '^SUPERVISOR_(PROCESS_NAME|GROUP_NAME|ENABLED)=' ; "
+            "echo '== tree'; " + SAME_TICKS + TREE + f"for e in $(kids {int(self.pid)}); do k=${{e%%:*}}; "
+            "s=$(cat /proc/$k/stat 2>/dev/null) || continue; s=${s##*) }; set -- $s; printf '%s\\t%s\\t' \"$k\" \"$2\"; "
+            "tr '\\0' '\\037' < /proc/$k/cmdline 2>/dev/null | head -c 300; echo; done; "
             "echo '== ancestors'; a=$(awk '{print $4}' $p/stat 2>/dev/null); "
             "while [ -n \"$a\" ] && [ \"$a\" -gt 0 ] 2>/dev/null; do printf '%s\\t%s\\t' \"$a\" \"$(cat /proc/$a/comm 2>/dev/null)\"; "
             "tr '\\0' '\\037' < /proc/$a/cmdline 2>/dev/null | head -c 300; echo; [ \"$a\" = 1 ] && break; "
@@ -147,6 +152,14 @@ class Ancestor(BaseModel):
     argv: list[str] = Field(default_factory=list)
 
 
+class Worker(BaseModel):
+    """One process under the server (an engine core, a GPU worker, multiprocessing's resource tracker)."""
+
+    pid: int
+    ppid: int
+    argv: list[str] = Field(default_factory=list)
+
+
 class Supervisor(BaseModel):
     """What restarts the server when it exits: a systemd unit or a supervisord program (or another supervisor)."""
 
@@ -155,6 +168,7 @@ class Supervisor(BaseModel):
     pid: int | None = None           # the supervising process
     name: str = ""                   # its comm
     config: str | None = None        # supervisord: the config it runs with (-c), else the default it would read
+    argv: list[str] = Field(default_factory=list)   # the supervising process's command line
     program: str | None = None       # supervisord: SUPERVISOR_PROCESS_NAME
     group: str | None = None         # supervisord: SUPERVISOR_GROUP_NAME
     evidence: str = ""
@@ -179,6 +193,7 @@ class ServerShape(BaseModel):
     python: str | None = None
     layout: str | None = None        # venv | system | other (None: not a Python server, or not read)
     engine: Engine | None = None
+    tree: list[Worker] = Field(default_factory=list)          # every descendant: what a restart stops with it
     ancestors: list[Ancestor] = Field(default_factory=list)   # parent first, up to pid 1
     supervisor: Supervisor | None = None
     container: Container | None = None
@@ -190,14 +205,17 @@ class ServerShape(BaseModel):
                "module": f"`python -m {self.command}`", "script": f"the script `{self.command}`",
                "binary": f"the program `{self.command}`"}.get(self.launcher, "an unknown launcher")
         parts = [f"launched as {how}"]
+        if self.tree:
+            parts.append(f"a tree of {len(self.tree) + 1} processes (workers: pid "
+                         + ", ".join(str(w.pid) for w in self.tree) + "), stopped and started as one")
         if self.layout:
             parts.append({"venv": "from a virtual environment", "system": "by a system Python"}.get(self.layout, "by a Python")
                          + (f" ({self.python})" if self.python else ""))
         e = self.engine
         if e is not None and (e.root or e.error):
-            what = f"`{e.module}`" if e.module else "its code"
+            what = f"its engine `{e.module}`" if e.module else "its code"
             if e.error:
-                parts.append(f"its engine {what} could not be located ({e.error})")
+                parts.append(f"{what} could not be located ({e.error})")
             else:
                 where = {"site-packages": "site-packages (installed, not editable)",
                          "dist-packages": "dist-packages (a system-Python layout)",
@@ -205,7 +223,7 @@ class ServerShape(BaseModel):
                          "cwd": "its working directory", "PYTHONPATH": "PYTHONPATH",
                          "script": "the script's folder", "stdlib": "the standard library"}.get(e.how, e.how)
                 ver = f" {e.distribution} {e.version}" if e.distribution and e.version else ""
-                parts.append(f"its engine {what}{ver} is imported from {where} ({e.root})")
+                parts.append(f"{what}{ver} is imported from {where} ({e.root})")
         s = self.supervisor
         if s is not None:
             if s.kind == "systemd":
@@ -311,6 +329,11 @@ def parse_server_shape(pid: int, text: str) -> ServerShape:
         f = ln.split("\t", 2)
         if len(f) >= 2 and f[0].isdigit():
             ancestors.append(Ancestor(pid=int(f[0]), comm=f[1], argv=[a for a in (f[2] if len(f) > 2 else "").split("\x1f") if a]))
+    tree = []
+    for ln in sections.get("tree", []):
+        f = ln.split("\t", 2)
+        if len(f) >= 2 and f[0].isdigit() and f[1].isdigit():
+            tree.append(Worker(pid=int(f[0]), ppid=int(f[1]), argv=[a for a in (f[2] if len(f) > 2 else "").split("\x1f") if a]))
     senv = dict(ln.split("=", 1) for ln in sections.get("supervisor_env", []) if "=" in ln)
     mine = {c.split(":", 2)[-1] for c in sections.get("self_cgroup", []) if c.strip()}
     container = container_of(cgroups, marks)
@@ -318,12 +341,12 @@ def parse_server_shape(pid: int, text: str) -> ServerShape:
         own = container_of([c for c in sections.get("self_cgroup", []) if c.strip()], marks)
         container.shared = "same-mnt-ns" in marks and (own is not None and own.id == container.id
                                                        or {c.split(":", 2)[-1] for c in cgroups} <= mine)
-    shape = ServerShape(ancestors=ancestors, container=container)
+    shape = ServerShape(ancestors=ancestors, tree=tree, container=container)
     sup = next((a for a in ancestors if _is_supervisord(a)), None)
     unit = systemd_unit(cgroups)
     if sup is not None:
         shape.supervisor = Supervisor(kind="supervisord", pid=sup.pid, name="supervisord",
-                                      config=supervisord_config(sup.argv), program=senv.get("SUPERVISOR_PROCESS_NAME"),
+                                      config=supervisord_config(sup.argv), argv=sup.argv, program=senv.get("SUPERVISOR_PROCESS_NAME"),
                                       group=senv.get("SUPERVISOR_GROUP_NAME"),
                                       evidence=f"its ancestor pid {sup.pid} runs `{' '.join(sup.argv)[:160]}`")
     elif unit is not None and shape.container is None:

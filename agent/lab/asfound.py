@@ -58,6 +58,13 @@ def areas_of(tool: str, inp: dict[str, Any], run_id: str, pattern: str | None) -
         pat = server_pattern(pattern, list(inp.get("argv") or []))
         if pat:
             out["server"] = {"pattern": pat}
+    if tool in ("supervisor_restore", "systemd_dropin_remove"):
+        pat = server_pattern(pattern, list(inp.get("argv") or []))
+        if pat:
+            out["server"] = {"pattern": pat}
+        path = inp.get("file") or inp.get("path")
+        if path:
+            out[f"file:{path}"] = {"path": path}
     elif tool == "git_worktree_remove" and inp.get("repo"):
         out[f"repo:{inp['repo']}"] = {"repo": inp["repo"]}
     elif tool == "set_power_limit":
@@ -76,6 +83,10 @@ def read_command(area: str, how: dict[str, Any]) -> str:
         return (f"export GIT_OPTIONAL_LOCKS=0; echo \"head=$(git -C {r} rev-parse HEAD 2>/dev/null)\"; "
                 f"echo \"branch=$(git -C {r} symbolic-ref -q HEAD 2>/dev/null)\"; echo '== worktrees'; "
                 f"git -C {r} worktree list --porcelain 2>/dev/null | sed -n 's/^worktree //p'; echo '== end'")
+    if area.startswith("file:"):
+        f = q(how["path"])
+        return (f"if [ -e {f} ]; then echo \"sha=$(sha256sum < {f} | cut -d' ' -f1)\"; "
+                f"echo \"stat=$(stat -c '%a %u %g %s %Y' {f})\"; else echo absent; fi; echo '== end'")
     if area.startswith("gpu:"):
         return (f"printf 'power_limit=%s\\n' \"$(nvidia-smi -i {int(how['gpu'])} --query-gpu=power.limit "
                 "--format=csv,noheader,nounits 2>/dev/null)\"")
@@ -209,6 +220,14 @@ def parse_reading(area: str, text: str, digest: Callable[[bytes], str]) -> dict[
             return None
         return {"head": head.group(1).strip(), "branch": branch.group(1).strip() if branch else "",
                 "worktrees": sorted(w.strip() for w in wts.splitlines() if w.strip())}
+    if area.startswith("file:"):
+        if "== end" not in text:
+            return None
+        if re.search(r"^absent$", text, re.M):
+            return {"exists": False}
+        sha = re.search(r"^sha=([0-9a-f]{64})$", text, re.M)
+        st = re.search(r"^stat=(.*)$", text, re.M)
+        return {"exists": True, "sha": sha.group(1), "stat": st.group(1).strip()} if sha and st else None
     if area.startswith("gpu:"):
         m = re.search(r"^power_limit=\s*([0-9.]+)", text, re.M)
         return {"power_limit": float(m.group(1))} if m else None
@@ -320,6 +339,17 @@ def compare(area: str, before: dict[str, Any], after: dict[str, Any] | None) -> 
         for w in sorted(set(before["worktrees"]) - set(after["worktrees"])):
             out.append(Difference(area=area, text=f"{repo}: the worktree {w} is gone", fix=f"git -C {q(repo)} worktree list"))
         return out
+    if area.startswith("file:"):
+        path = area[5:]
+        if all(after.get(k) == before.get(k) for k in ("exists", "sha", "stat")):
+            return []
+        if not before.get("exists"):
+            return [Difference(area=area, text=f"{path} exists, where it was not found", fix=f"rm -f {q(path)}")]
+        if not after.get("exists"):
+            return [Difference(area=area, text=f"{path} is gone", fix="restore it from a backup")]
+        what = "its bytes differ" if after["sha"] != before["sha"] else f"its mode, owner, size or mtime ({after['stat']}) differ"
+        return [Difference(area=area, text=f"{path}: {what} from the file as found ({before['stat']})",
+                           fix="restore it from the copy the undo step names")]
     if area.startswith("gpu:"):
         g = int(area[4:])
         if abs(after["power_limit"] - before["power_limit"]) > 0.5:
@@ -343,6 +373,8 @@ def describe(area: str) -> str:
         return "the server processes"
     if area.startswith("repo:"):
         return f"the checkout {area[5:]}"
+    if area.startswith("file:"):
+        return f"the file {area[5:]}"
     if area.startswith("gpu:"):
         return f"GPU {area[4:]}'s power limit"
     if area == "governor":

@@ -8,7 +8,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from debugagent.tools import mutate
+from debugagent.tools import mutate, supervise
+from debugagent.tools import shape as supervise_shape
 from debugagent.tools.discovery import DiscoveryInput
 from debugagent.tools.registry import Runner
 from pydantic import BaseModel, ConfigDict, Field
@@ -51,6 +52,9 @@ class ServerRun(BaseModel):
     set: dict[str, str] = Field(default_factory=dict)
     unset: list[str] = Field(default_factory=list)
     path_first: list[str] = Field(default_factory=list)
+    # the flags changed (a supervisor's own command line is edited with them, not replaced by the running one)
+    set_flags: dict[str, str] = Field(default_factory=dict)
+    unset_flags: list[str] = Field(default_factory=list)
 
 
 def edit_argv(argv: list[str], set_flags: dict[str, Any], unset: list[str]) -> list[str]:
@@ -122,7 +126,8 @@ class Server:
     def check_alive(self, r: Runner) -> None:
         """A failing benchmark after a restart: if the server this experiment started has exited, say so now."""
         pid = (self.started or {}).get("pid")
-        if not pid or "hook" in (self.started or {}):  # under a hook, a supervisor may replace it: not ours to judge
+        if not pid or "hook" in (self.started or {}) or "supervised" in (self.started or {}):
+            # under a hook or a supervisor, a supervisor may replace it: not ours to judge
             return
         o = r.call("server_ready", {"pid": pid}, why="is the restarted server still running?")
         if o.ok and o.output.state == "dead":
@@ -139,6 +144,12 @@ class Server:
         if not c.ok:
             raise ExperimentError(c.error or "server_control failed")
         ctl = c.output
+        if ctl.kind in ("supervisor", "systemd"):
+            sup = self._supervisor(r, srv)
+            if sup is not None and sup.kind == "supervisord" and sup.config and sup.program:
+                return self._start_supervisord(r, srv, run, change, sup)
+            if sup is not None and sup.kind == "systemd" and sup.unit:
+                return self._start_systemd(r, srv, run, change, sup.unit)
         if ctl.kind != "plain":
             what = {"systemd": f"the systemd unit {ctl.unit}", "container": "a container",
                     "supervisor": f"a supervisor (`{ctl.parent}`, pid {ctl.parent_pid})"}[ctl.kind]
@@ -183,6 +194,115 @@ class Server:
         self._check_identity(r, o.output.pid)
         return o.output.pid
 
+    # ------------------------------------------------------------ supervised servers
+    def _supervisor(self, r: Runner, srv: Any) -> supervise_shape.Supervisor | None:
+        o = r.call("server_shape", {"pid": srv.pid, "python": None, "cwd": srv.cwd},
+                   why="what supervises the server: a supervisord program (its config) or a systemd unit")
+        return o.output.supervisor if o.ok else None
+
+    def _start_supervisord(self, r: Runner, srv: Any, run: ServerRun, change: str, sup: Any) -> int:
+        """The change written into the program's section of supervisord's config (``command=``, ``environment=``,
+        ``directory=``), applied by ``supervisorctl reread`` / ``update``; the undo puts the file back byte for
+        byte and updates again. Journalled before the file is touched."""
+        prog = r.call("supervisor_program", {"config": sup.config, "program": sup.program},
+                      why=f"the [program:{sup.program}] section of supervisord's config, to change it as the experiment says")
+        if not prog.ok:
+            raise ExperimentError(f"supervisord's config could not be read: {prog.error}")
+        pf: supervise.ProgramFile = prog.output
+        if supervise.sha256_of(pf.text) != pf.sha256:
+            raise ExperimentError(f"{pf.path} does not read back as text byte for byte; debugagent does not edit it")
+        values = self._program_values(pf, sup.program, srv, run)
+        new = supervise.edit_program(pf.text, sup.program, values) if values else pf.text
+        ctl = self._supervisorctl(r, sup)
+        group = sup.group or sup.program
+        spec = sup.program if group == sup.program else f"{group}:{sup.program}"
+        backup = f"/tmp/debugagent-{self.run_id}-supervisor-{sup.program}.conf"
+        self.push_undo("supervisor_restore", {"file": pf.path, "backup": backup, "ctl": ctl, "group": group, "spec": spec,
+                                              "argv": srv.argv},
+                       f"put {pf.path} back byte for byte from {backup}, then `{' '.join(ctl)} reread` and `update "
+                       f"{group}` (supervisord restarts the server as found)")
+        o = r.call("supervisor_apply", {"file": pf.path, "backup": backup, "sha256": pf.sha256, "content": new,
+                                        "new_sha256": supervise.sha256_of(new), "ctl": ctl, "group": group, "spec": spec,
+                                        "values": values, "program": sup.program},
+                   why=f"restart with {change}, through supervisord: [program:{sup.program}] "
+                       + ", ".join(f"{k}={v}" for k, v in values.items()) + f"; `supervisorctl update {group}`")
+        if not o.ok:
+            raise ExperimentError(o.error or "supervisorctl failed")
+        self.started = {"run": run, "supervised": {"file": pf.path, "backup": backup, "sha256": pf.sha256, "ctl": ctl,
+                                                   "group": group, "spec": spec, "values": values},
+                        "change": change, "pid": o.output.pid}
+        self.restarted()
+        self._wait_ready(r, o.output.pid, None, 0)
+        return o.output.pid
+
+    def _program_values(self, pf: Any, program: str, srv: Any, run: ServerRun) -> dict[str, str]:
+        """The section's lines the change writes: ``command=`` (its own words, with the flags changed),
+        ``environment=``, ``directory=``."""
+        import shlex
+        values: dict[str, str] = {}
+        cmd = supervise.program_value(pf.text, program, "command")
+        if cmd is None:
+            raise ExperimentError(f"{pf.path}: [program:{program}] has no command= line")
+        if run.set_flags or run.unset_flags:
+            values["command"] = shlex.join(edit_argv(shlex.split(cmd), run.set_flags, run.unset_flags))
+        elif run.argv != srv.argv:
+            values["command"] = shlex.join(run.argv)
+        env_line = supervise.program_value(pf.text, program, "environment")
+        env = supervise.parse_environment(env_line or "")
+        changed = False
+        for u in run.unset:
+            if u in env:
+                del env[u]
+                changed = True
+            elif u in (srv.env or {}):
+                raise ExperimentError(f"{u} is not set by [program:{program}]'s environment= in {pf.path} but inherited "
+                                      "from supervisord's own environment: change it where supervisord is started")
+        for k, v in run.set.items():
+            env[k] = v
+            changed = True
+        if run.path_first:
+            old = env.get("PYTHONPATH") or (srv.env or {}).get("PYTHONPATH") or ""
+            env["PYTHONPATH"] = ":".join([*run.path_first, *([old] if old else [])])
+            changed = True
+        if changed:
+            values["environment"] = supervise.format_environment(env)
+        if run.cwd != srv.cwd:
+            values["directory"] = run.cwd
+        return values
+
+    def _supervisorctl(self, r: Runner, sup: Any) -> list[str]:
+        """``supervisorctl -c CONFIG`` (beside the supervisord that runs, when it has one there)."""
+        ctl = "supervisorctl"
+        for a in sup.argv[:3]:
+            if a.rsplit("/", 1)[-1] == "supervisord" and a.startswith("/"):
+                ctl = a.rsplit("/", 1)[0] + "/supervisorctl"
+        return [ctl, "-c", str(sup.config)]
+
+    def _start_systemd(self, r: Runner, srv: Any, run: ServerRun, change: str, unit: str) -> int:
+        """The change as a drop-in of the unit (``Environment=``, ``UnsetEnvironment=``, ``ExecStart=``,
+        ``WorkingDirectory=``), ``daemon-reload``, restart; the undo removes it, reloads and restarts."""
+        argv = run.argv if run.argv != srv.argv else None
+        if argv and not argv[0].startswith("/"):
+            raise ExperimentError(f"the unit {unit}'s new ExecStart= needs an absolute path, not {argv[0]!r}")
+        env = dict(run.set)
+        if run.path_first:
+            old = (srv.env or {}).get("PYTHONPATH") or ""
+            env["PYTHONPATH"] = ":".join([*run.path_first, *([old] if old else [])])
+        path = supervise.dropin_path(unit, self.run_id)
+        text = supervise.dropin_text(env, list(run.unset), argv, run.cwd if run.cwd != srv.cwd else None)
+        self.push_undo("systemd_dropin_remove", {"unit": unit, "path": path, "remove_dir": True, "argv": srv.argv},
+                       f"remove the drop-in {path}, `systemctl daemon-reload`, `systemctl restart {unit}` (the server "
+                       "as found)")
+        o = r.call("systemd_dropin", {"unit": unit, "path": path, "content": text},
+                   why=f"restart with {change}, through systemd: the drop-in {path}, daemon-reload, restart {unit}")
+        if not o.ok:
+            raise ExperimentError(o.error or "systemctl failed")
+        self.started = {"run": run, "supervised": {"unit": unit, "path": path, "content": text}, "change": change,
+                        "pid": o.output.pid}
+        self.restarted()
+        self._wait_ready(r, o.output.pid, None, 0)
+        return o.output.pid
+
     def _check_identity(self, r: Runner, pid: int) -> None:
         """The server this experiment started runs as the server was found (where a restart had to set it)."""
         st = self.started or {}
@@ -207,6 +327,20 @@ class Server:
         run: ServerRun = st["run"]
         if "hook" in st:
             return self._start_by_hook(r, None, run, st["change"], again=True)
+        if "supervised" in st:
+            sv = st["supervised"]
+            if "unit" in sv:
+                o = r.call("systemd_dropin", {"unit": sv["unit"], "path": sv["path"], "content": sv["content"]}, why=why)
+            else:
+                o = r.call("supervisor_apply", {"file": sv["file"], "backup": sv["backup"], "sha256": sv["sha256"],
+                                                "ctl": sv["ctl"], "group": sv["group"], "spec": sv["spec"],
+                                                "restart_only": True}, why=why)
+            if not o.ok:
+                raise ExperimentError(o.error or "restart failed")
+            st["pid"] = o.output.pid
+            self.restarted()
+            self._wait_ready(r, o.output.pid, None, 0)
+            return o.output.pid
         o = r.call("restart_server", {"stop_pid_file": st["pid_file"], "expect_argv": run.argv, "argv": run.argv,
                                       "cwd": run.cwd, "env_file": st["env_file"], "unset": run.unset, "set": run.set,
                                       "path_first": run.path_first, "pid_file": st["pid_file"], "log": st["log"],

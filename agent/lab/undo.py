@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from debugagent.tools import mutate
+from debugagent.tools import mutate, supervise
 from debugagent.tools.errors import UsageError
 from debugagent.tools.registry import TOOLS, Runner
 from pydantic import ValidationError
@@ -34,7 +34,8 @@ from .errors import ExperimentError
 UNDO_TOOLS: dict[str, tuple[str, ...]] = {
     "remove_file": ("path",), "remove_tree": ("path",), "git_worktree_remove": ("path",),
     "git_worktree_checkout": ("path",), "restart_server": ("stop_pid_file", "env_file", "pid_file"),
-    "restart_hook": (), "set_power_limit": (), "set_governor": (),
+    "restart_hook": (), "set_power_limit": (), "set_governor": (), "supervisor_restore": ("backup",),
+    "systemd_dropin_remove": (),
 }
 PREFIX = "/tmp/debugagent-"
 STOPPING_S = 30.0   # how long the check waits for a server still stopping (one still loading: the ready timeout)
@@ -118,6 +119,10 @@ class Undo:
         if not j.signed(step):
             return (f"refused step {step.id} ({step.text}): its signature does not match (the journal was edited, or "
                     f"written with another undo key than {j.key_path()})")
+        if step.tool == "systemd_dropin_remove" and step.input.get("path") != supervise.dropin_path(
+                str(step.input.get("unit")), j.data.run_id):
+            return (f"refused step {step.id} ({step.text}): {step.input.get('path')!r} is not the drop-in debugagent "
+                    f"writes for run {j.data.run_id} ({supervise.dropin_path(str(step.input.get('unit')), j.data.run_id)})")
         for name in UNDO_TOOLS[step.tool]:
             path = step.input.get(name)
             if path and not own_path(str(path), j.data.run_id):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import host, mutate
+from .. import host, mutate, supervise
 from .base import Probe, Tool
 from .text import clip_words, code, collapsed
 
@@ -43,6 +43,8 @@ PROBE = Probe(
     tools=(Tool("server_control", mutate.ServerControl, lambda i, r: mutate.parse_server_control(i.pid, r.stdout),
                 summary=_server_control),
            Tool("import_roots", mutate.ImportRoots, lambda i, r: mutate.parse_import_roots(r.stdout), summary=_import_roots),
+           Tool("supervisor_program", supervise.SupervisorProgram,
+                lambda i, r: supervise.parse_supervisor_program(r.stdout)),
            Tool("server_ready", mutate.ServerReady, lambda i, r: mutate.parse_server_ready(r.stdout)),
            Tool("find_wheels", mutate.FindWheels, lambda i, r: mutate.parse_wheels(r.stdout)),
            Tool("overlay_packages", mutate.OverlayPackages, lambda i, r: host.parse_python_packages(r.stdout),

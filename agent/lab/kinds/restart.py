@@ -64,7 +64,9 @@ class ServerRestart(Kind):
         change = "; ".join(filter(None, [
             " ".join(f"--{f} removed" for f in unset_flags), " ".join(f"--{k} {v}" for k, v in set_flags.items()),
             " ".join(f"{v} unset" for v in unset_env), " ".join(f"{k}={v}" for k, v in set_env.items())]))
-        lab.server.start(r, srv, ServerRun(argv=argv, cwd=srv.cwd, set=set_env, unset=unset_env), change)
+        lab.server.start(r, srv, ServerRun(argv=argv, cwd=srv.cwd, set=set_env, unset=unset_env,
+                                           set_flags={k: str(v) for k, v in set_flags.items()}, unset_flags=unset_flags),
+                         change)
         vals, d = lab.sample(r, lab.measure_spec.cwd, bad, regression, why=f"the benchmark with {change}")
         return lab.result(spec, vals, d, f"with {change}: {d.text}", change=change)
 

@@ -233,9 +233,12 @@ class Supervised:
     program: Path
     proc: subprocess.Popen
 
+    @property
+    def ctl_path(self) -> Path:
+        return Path(sys.executable).parent / "supervisorctl"
+
     def ctl(self, *args: str) -> str:
-        tool = Path(sys.executable).parent / "supervisorctl"
-        r = subprocess.run([str(tool), "-c", str(self.conf), *args], capture_output=True, text=True, timeout=60)
+        r = subprocess.run([str(self.ctl_path), "-c", str(self.conf), *args], capture_output=True, text=True, timeout=60)
         return r.stdout
 
     def state(self) -> dict:
@@ -308,8 +311,10 @@ def test_supervisord_program_flag_and_env_through_supervisorctl(realhost, tmp_pa
         # the journal named the restore before the config was touched
         kinds = [(e["event"], e.get("tool")) for e in o["events"] if e.get("tool") in ("supervisor_apply", "supervisor_restore")]
         assert kinds.index(("experiment", "supervisor_restore")) < kinds.index(("tool_call", "supervisor_apply"))
-        fixes = " ".join(f for c in causes.values() for f in [c.get("fix") or ""]) + o["summary"]
-        assert "supervisorctl" in fixes and "update infer" in fixes and "kill " not in fixes, fixes
+        md = (tmp_path / "run" / "transcript.md").read_text()
+        fixes = md.split("## What to do now", 1)[-1].split("\n## ", 1)[0]
+        assert f"{sup.ctl_path} -c {sup.conf} reread && {sup.ctl_path} -c {sup.conf} update infer" in fixes, fixes
+        assert f"in {sup.program}, set in [program:infer]" in fixes and "kill " not in fixes, fixes
         h.wait_ready()
         after = proc_state(h.server_pid())
         assert same_but_pid(before, {"pid": 0, **after}) and "--disable-cuda-graph" in after["argv"]

@@ -245,12 +245,13 @@ CG_JOIN = ("cg_join() { local d; d=$(awk -v c=\"$1\" '{ for (i = 7; i <= NF && $
            "[ -n \"$d\" ] && echo $BASHPID > \"$d$2/cgroup.procs\" || { echo \"cannot join the cgroup $1:$2\" >&2; return 1; }; }; ")
 # the server's whole process tree (an API process and its workers): ``kids PID`` lists every descendant as
 # ``PID:START`` (start ticks: a pid reused meanwhile is never signalled); ``reap PID:START …`` stops those still
-# running (TERM, up to 10 s, then KILL). Workers a SIGTERM'd parent leaves behind would keep its GPU memory and port.
+# running (TERM, up to 10 s, then KILL); a zombie is gone already. Workers a SIGTERM'd parent leaves behind would keep its GPU memory and port.
 TREE = ("kids() { local r=$1 all=() s d e q=\" $1 \" n=1; for d in /proc/[0-9]*; do read -r s < $d/stat 2>/dev/null || continue; "
         "s=${s##*) }; set -- $s; all+=(\"${d#/proc/} $2\"); done; while [ $n = 1 ]; do n=0; for e in \"${all[@]}\"; do "
         "[[ $q == *\" ${e#* } \"* && $q != *\" ${e% *} \"* ]] && { q=\"$q${e% *} \"; n=1; }; done; done; "
         "for e in ${q# $r }; do echo \"$e:$(ticks $e)\"; done; }; "
-        "alive() { local e l=; for e in \"$@\"; do [ \"$(ticks ${e%%:*})\" = \"${e#*:}\" ] && l=\"$l ${e%%:*}\"; done; echo $l; }; "
+        "alive() { local e l= s; for e in \"$@\"; do read -r s < /proc/${e%%:*}/stat 2>/dev/null || continue; s=${s##*) }; "
+        "[ \"${s%% *}\" != Z ] && [ \"$(ticks ${e%%:*})\" = \"${e#*:}\" ] && l=\"$l ${e%%:*}\"; done; echo $l; }; "
         "reap() { local k i; [ $# -gt 0 ] || return 0; for k in $(alive \"$@\"); do kill $k 2>/dev/null; done; "
         "for i in $(seq 1 100); do [ -z \"$(alive \"$@\")\" ] && return 0; sleep 0.1; done; "
         "for k in $(alive \"$@\"); do kill -9 $k 2>/dev/null; done; echo \"killed the workers left: $(alive \"$@\")\"; }; ")
@@ -410,7 +411,7 @@ class RestartServer(BaseModel):
         launch = f"setsid nohup env -i \"${{N[@]}}\" {run_argv}"
         if run_as is not None:
             launch = run_as.wrap(launch)
-        parts.append(port_check(self.ports, max(self.wait_s, 10.0)))
+        parts.append(port_check(self.ports, self.wait_s))
         parts.append(
             f"L={log}; mkdir -p \"$(dirname \"$L\")\"; echo \"log=$L size=$(stat -c %s \"$L\" 2>/dev/null || echo 0)\"; "
             f"{start}cd {q(self.cwd)} && {{ {launch} >> \"$L\" 2>&1 < /dev/null & }}; "

@@ -92,7 +92,7 @@ def test_the_launcher_layout_and_engine_origin_are_described():
     assert [w.pid for w in s.tree] == [813]
     text = s.describe()
     assert "`python -m sglang.launch_server`" in text and "by a system Python" in text
-    assert "sglang 0.5.5 is imported from dist-packages (a system-Python layout)" in text and "workers: pid 813" in text
+    assert "`sglang` (sglang 0.5.5) is imported from dist-packages (a system-Python layout)" in text and "workers: pid 813" in text
     broken = shape.parse_server_shape(812, shape_text(python="Traceback (most recent call last): boom"))
     assert broken.launcher == "unknown" and "could not say how it runs" in broken.errors[0]
 

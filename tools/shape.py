@@ -222,7 +222,7 @@ class ServerShape(BaseModel):
                          "editable": "an editable install" + (f" of {e.editable}" if e.editable else ""),
                          "cwd": "its working directory", "PYTHONPATH": "PYTHONPATH",
                          "script": "the script's folder", "stdlib": "the standard library"}.get(e.how, e.how)
-                ver = f" {e.distribution} {e.version}" if e.distribution and e.version else ""
+                ver = f" ({e.distribution} {e.version})" if e.distribution and e.version else ""
                 parts.append(f"{what}{ver} is imported from {where} ({e.root})")
         s = self.supervisor
         if s is not None:

@@ -54,7 +54,7 @@ from ..transport import (
 from . import seal
 from .controller import Controller
 from .environment import PIP_VERSION, extra_distributions
-from .scenario import Scenario, load_scenario
+from .scenario import Scenario, load_scenario, python_entry
 from .shell import SimShell
 from .standin import so_bytes
 
@@ -104,28 +104,6 @@ GUEST = Path(__file__).resolve().parent / "guest"
 SERVICE_DIR = "/run/nvidia-gpu"
 PYV = f"python{sys.version_info.major}.{sys.version_info.minor}"
 LEGACY_PACKAGE = ("sglang", "python")  # what a repository held before `repo.package` (format 1's first files)
-
-
-def python_entry(argv: list[str]) -> tuple[str, str] | None:
-    """How a python command line reaches its code: ("module", M) for ``-m M``, ("script", PATH) for the first
-    argument that is no interpreter option; None for ``-c`` or no program (the interactive prompt)."""
-    i = 1
-    while i < len(argv):
-        a = argv[i]
-        if a == "-m" and i + 1 < len(argv):
-            return ("module", argv[i + 1])
-        if a.startswith("-m") and len(a) > 2:
-            return ("module", a[2:])
-        if a.startswith("-c"):
-            return None
-        if a in ("-X", "-W", "--check-hash-based-pycs"):
-            i += 2
-            continue
-        if a.startswith("-"):
-            i += 1
-            continue
-        return ("script", a)
-    return None
 
 
 def _ts(value: str) -> float:

@@ -186,6 +186,11 @@ class Server(Strict):
         default=None, description="the engine the server answers as (its endpoints and start-up lines); "
                                   "default: read from `cmd`")
     port: int | None = Field(default=None, description="where it listens; default: --port, else 30000 (SGLang) or 8000 (vLLM)")
+    offline: bool = Field(
+        default=False, description="no server at all: `cmd` with `args` is the workload program itself, the benchmark "
+                                   "(`PYTHON benchmarks/benchmark_throughput.py --input-len 1024`), run as the host "
+                                   "profile names it with `env` before it and in `cwd`; it imports its code when it runs "
+                                   "and prints `METRIC=VALUE UNIT`")
     defaults: dict[str, Scalar] = Field(
         default_factory=dict,
         description="the values the engine chooses when no flag sets them (`attention_backend: fa3`), which its "
@@ -501,6 +506,20 @@ def _check_hostable(sc: Scenario, text: str, file: str) -> None:
         raise ScenarioError(f"the server runs `{program}` but the host's python is `{h.python}`", file=file,
                             field=_at(text, ("host", "server", "cmd")),
                             fix=f"start the command with `{h.python}`, or set host.python to `{program}`")
+    if srv.offline:
+        for key, bad in (("worker", srv.worker is not None), ("engine", srv.engine is not None),
+                         ("port", srv.port is not None), ("defaults", bool(srv.defaults))):
+            if bad:
+                raise ScenarioError(f"an offline workload has no {key}: it is no server", file=file,
+                                    field=_at(text, ("host", "server", key)),
+                                    fix="remove it, or set offline: false for a server")
+        if not is_python:
+            raise ScenarioError("an offline workload is a python program", file=file,
+                                field=_at(text, ("host", "server", "cmd")),
+                                fix="`PYTHON benchmarks/benchmark_throughput.py` or `PYTHON -m MODULE`")
+        if sc.bench.args:
+            raise ScenarioError("an offline workload's flags are `host.server.args`", file=file,
+                                field=_at(text, ("bench", "args")), fix="move them to host.server.args")
     cwd = srv.cwd or (h.repo.path if h.repo else "/root")
     places: list[tuple[tuple[str | int, ...], str | None]] = [
         (("host", "python"), None if h.python.startswith("/usr/bin/") else h.python),

@@ -126,6 +126,13 @@ class RunConfig(BaseModel):
                           "DEBUGAGENT_PYTHONPATH_FIRST, DEBUGAGENT_PHASE")
     ready_timeout: Annotated[float, flag("--ready-timeout", metavar="SECONDS", recorded=True)] = Field(
         default=READY_TIMEOUT_S, ge=1.0, description="seconds to wait for a restarted server to be ready")
+    shadow_gpus: Annotated[str | None, flag("--shadow-gpus", metavar="LIST", recorded=True)] = Field(
+        default=None, description="shadow experiments: instead of restarting the server, start a changed copy and an "
+                          "unchanged one beside it on these GPUs (CUDA_VISIBLE_DEVICES, e.g. `4,5`) and measure them in "
+                          "turn; the server itself is never stopped (needs --shadow-port)")
+    shadow_port: Annotated[int | None, flag("--shadow-port", metavar="N", recorded=True)] = Field(
+        default=None, ge=1, le=65534, description="the changed copy's port (the unchanged copy's is N+1); both must be "
+                                           "free (needs --shadow-gpus)")
     force_unlock: Annotated[bool, flag("--force-unlock")] = Field(
         default=False, description="take over the host's lock left by a run that is gone (a stale lock)")
     higher_is_better: Annotated[bool, flag("--higher-is-better")] = Field(

@@ -5,8 +5,6 @@ CUDA_VISIBLE_DEVICES, and the memory check says it could not check."""
 from __future__ import annotations
 
 import http.client
-import json
-import os
 import socket
 import subprocess
 import sys
@@ -14,8 +12,14 @@ import threading
 from pathlib import Path
 
 import pytest
+from debugagent.agent.discovery import find_server
+from debugagent.agent.lab import shadow
+from debugagent.tools.discovery import DiscoveryInput
+from debugagent.tools.errors import UsageError
+from debugagent.tools.registry import TOOLS, Runner
+from debugagent.tools.transport import LocalTransport
 
-from .conftest import ROOT, Host, free_port, pids_with, tmp_leftovers
+from .conftest import Host, free_port, pids_with, tmp_leftovers
 from .test_experiments import found_state, report, tools_called
 
 pytestmark = pytest.mark.slow
@@ -73,12 +77,6 @@ class Traffic:
 
 def shadow_bench(h: Host) -> str:
     return f"{sys.executable} {h.dir / 'bench.py'} {{port}}"
-
-
-def run_cli(h: Host, *args: str, out: Path) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "debugagent.agent.cli", "run", "--host", "local", "--server-pattern", h.pattern,
-            "--allow-mutations", "--json", "--out", str(out), "--ready-timeout", "60", *args]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=h.dir)
 
 
 def test_flag_regression_is_diagnosed_in_shadow_copies_and_the_server_is_never_touched(realhost, tmp_path):
@@ -141,68 +139,77 @@ def test_flag_regression_is_diagnosed_in_shadow_copies_and_the_server_is_never_t
     assert "-m infer.serve" in fix and "--disable-cuda-graph" not in fix.split("```")[1], fix
 
 
-def test_bad_shadow_input_is_refused_before_anything_runs(realhost, tmp_path):
-    """A port in use, a benchmark that names no port, and a server command line with no --port: each exit 2 with the
-    fix, before any benchmark run or change."""
+class Calls:
+    """The tools a check sent (read-only ones only, or it changed the host)."""
+
+    def __init__(self) -> None:
+        self.tools: list[str] = []
+
+    def __call__(self, event: str, data: dict) -> None:
+        if event == "tool_call":
+            self.tools.append(data["tool"])
+
+
+def refused(runner: Runner, calls: Calls, *args: object) -> str:
+    """``shadow.check(*args)`` is exit 2 with a fix, having sent no tool that changes the host."""
+    with pytest.raises(UsageError) as e:
+        shadow.check(runner, *args)   # type: ignore[arg-type]
+    assert e.value.exit_code == 2 and e.value.fix
+    assert not [t for t in calls.tools if TOOLS[t].mutates], calls.tools
+    return f"{e.value.message} fix: {e.value.fix}"
+
+
+def test_bad_shadow_input_is_refused_before_anything_runs(realhost):
+    """A port in use, a benchmark that names no port, a server command line with no --port, fewer GPUs than its
+    parallelism, half the flags: each exit 2 with the fix, from reads alone; the server as found."""
     h = realhost("shadowbad")
     h.cwd = h.dir / "srv"
     h.write_code(h.cwd)
     h.start()
     before = found_state(h)
+    calls = Calls()
+    r = Runner(LocalTransport(), calls)
+    server = {"pid": before["pid"], "argv": before["argv"], "workers": []}
+    port = two_free_ports()
+    assert shadow.check(r, "0", port, server, shadow_bench(h)).bench.endswith("{port}")
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         taken = busy.getsockname()[1]
-        r = run_cli(h, "--symptom", "latency 30 ms", "--baseline", "latency 10 ms", "--bench", shadow_bench(h),
-                    "--shadow-gpus", "0", "--shadow-port", str(taken), out=tmp_path / "busy")
-    assert r.returncode == 2, r.stderr[-2000:]
-    assert f"port {taken} is in use" in r.stderr and "N+1 both free" in r.stderr
-
-    port = two_free_ports()
-    r = run_cli(h, "--symptom", "latency 30 ms", "--baseline", "latency 10 ms", "--bench", h.bench_cmd(),
-                "--shadow-gpus", "0", "--shadow-port", str(port), out=tmp_path / "nobench")
-    assert r.returncode == 2, r.stderr[-2000:]
-    assert "{port}" in r.stderr and "--bench" in r.stderr
-
-    r = run_cli(h, "--symptom", "latency 30 ms", "--bench", shadow_bench(h), "--shadow-gpus", "0",
-                out=tmp_path / "half")
-    assert r.returncode == 2 and "--shadow-port is missing" in r.stderr, r.stderr[-2000:]
-
-    for out in ("busy", "nobench", "half"):
-        events = [json.loads(x) for x in (tmp_path / out / "events.jsonl").read_text().split("\n") if x] \
-            if (tmp_path / out / "events.jsonl").exists() else []
-        assert not [e for e in events if e["event"] == "tool_call" and e["tool"] in ("bench", "start_copy")]
-    assert found_state(h) == before
-
+        msg = refused(r, calls, "0", taken, server, shadow_bench(h))
+    assert f"port {taken} is in use" in msg and "N+1 both free" in msg
+    msg = refused(r, calls, "0", port, server, h.bench_cmd())   # the port is a bare argument of the benchmark
+    assert "{port}" in msg and "--bench" in msg
+    msg = refused(r, calls, "0", None, server, shadow_bench(h))
+    assert "--shadow-port is missing" in msg
+    msg = refused(r, calls, "0", port, {**server, "argv": [*before["argv"], "--tp", "2"]}, shadow_bench(h))
+    assert "needs 2 GPUs" in msg
+    msg = refused(r, calls, "0,x y", port, server, shadow_bench(h))
+    assert "--shadow-gpus '0,x y'" in msg
     # a server whose port is not in its command line (a positional port): nothing to point a copy at
     other = free_port()
     srv = subprocess.Popen([sys.executable, "-m", "http.server", str(other), "--bind", "127.0.0.1"], cwd=h.dir,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        r = subprocess.run([sys.executable, "-m", "debugagent.agent.cli", "run", "--host", "local", "--server-pattern",
-                            rf"-m http\.server {other}", "--allow-mutations", "--json", "--out", str(tmp_path / "noport"),
-                            "--symptom", "latency 30 ms", "--bench", f"curl -s http://127.0.0.1:{other}/",
-                            "--shadow-gpus", "0", "--shadow-port", str(port)],
-                           capture_output=True, text=True, timeout=120, cwd=h.dir)
-        assert r.returncode == 2, r.stderr[-2000:]
-        assert "has no --port N, --port=N or -p N" in r.stderr
+        argv = [sys.executable, "-m", "http.server", str(other), "--bind", "127.0.0.1"]
+        msg = refused(r, calls, "0", port, {"pid": srv.pid, "argv": argv}, f"curl -s http://127.0.0.1:{other}/")
+        assert "has no --port N, --port=N or -p N" in msg
         assert srv.poll() is None
     finally:
         srv.kill()
         srv.wait(timeout=10)
+    assert found_state(h) == before
 
 
-def test_shadow_gpus_without_the_memory_are_refused_on_a_simulated_host(tmp_path):
+def test_shadow_gpus_without_the_memory_are_refused_on_a_simulated_host(sim_host):
     """sim:attention-default-changed: its one GPU is held by the server (nvidia-smi's compute apps), so two copies
-    do not fit there: exit 2 naming the GPU and the memory, before any benchmark run."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)} if "PYTHONPATH" in os.environ else dict(os.environ)
-    r = subprocess.run([sys.executable, "-m", "debugagent.agent.cli", "run", "--host", "sim:attention-default-changed",
-                        "--symptom", "decode 19ms", "--baseline", "decode 14ms", "--allow-mutations", "--json",
-                        "--out", str(tmp_path / "run"), "--bench", "gpu-bench --port {port}",
-                        "--shadow-gpus", "0", "--shadow-port", "31000"],
-                       capture_output=True, text=True, timeout=120, env=env)
-    assert r.returncode == 2, (r.stdout[-1000:], r.stderr[-2000:])
-    assert "--shadow-gpus 0: GPU 0 has" in r.stderr and "MiB free" in r.stderr and "twice the" in r.stderr
-    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().split("\n") if x]
-    assert not [e for e in events if e["event"] == "tool_call" and e["tool"] in ("bench", "start_copy")]
-    assert any(e["event"] == "tool_call" and e["tool"] == "gpu_memory" for e in events)
+    do not fit there: exit 2 naming the GPU and the memory, from reads alone."""
+    calls = Calls()
+    r = Runner(sim_host("attention-default-changed"), calls)
+    server = find_server(r, DiscoveryInput())
+    assert server is not None and "--port" in server.argv
+    msg = refused(r, calls, "0", 31000, server.model_dump(), "gpu-bench --port {port}")
+    assert "--shadow-gpus 0: GPU 0 has" in msg and "MiB free" in msg and "twice the" in msg, msg
+    assert f"pid {server.pid}" in msg and "gpu_memory" in calls.tools
+    msg = refused(r, calls, "3", 31000, server.model_dump(), "gpu-bench --port {port}")
+    assert "the host has no GPU 3" in msg

@@ -19,7 +19,7 @@ from .text import plain, tail
 # The order is the order of a snapshot's calls in each wave, of the differences ``diff`` reports and of
 # ``DIFF_PATHS``.
 PROBES: tuple[Probe, ...] = (packages.PROBE, git.PROBE, server.PROBE, serverview.PROBE, gpu.PROBE, host.PROBE,
-                             driver.PROBE, bench.PROBE, control.PROBE, shadow.PROBE)
+                             driver.PROBE, shadow.PROBE, bench.PROBE, control.PROBE)
 
 
 class Fields(driver.FileFields, bench.Fields, host.Fields, git.Fields, packages.Fields, serverview.Fields, server.Fields, gpu.Fields,

@@ -193,6 +193,9 @@ def memory_check(runner: Runner, gpus: list[str], gpus_text: str, pid: int, tree
     per_gpu = sum(a.used_mib for a in held) / max(1, len(own) or need)
     notes: list[str] = []
     for g in gpus:
+        if g.startswith("MIG-"):   # nvidia-smi's GPU rows do not list MIG instances
+            notes.append(f"the memory of the MIG instance {g} could not be checked (nvidia-smi lists whole GPUs)")
+            continue
         row = next((r for r in mem.gpus if g in (r.index, r.uuid)), None)
         if row is None:
             raise UsageError(f"--shadow-gpus {gpus_text}: the host has no GPU {g} (it has "

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from debugagent.agent.lab.shadow import bench_template, gpus_needed, port_of, server_bench, with_port
 from debugagent.tools.errors import UsageError
+from debugagent.tools.mutate import parse_restart
 from debugagent.tools.shadow import StartCopy, StopCopy, parse_gpu_memory, parse_ports
 
 SGLANG = ["/venv/bin/python3", "-m", "sglang.launch_server", "--model-path", "m", "--tp", "8", "--port", "30000"]
@@ -76,3 +79,48 @@ def test_every_argument_of_a_copy_is_quoted(tmp_path):
     r = subprocess.run(stop.command(), shell=True, capture_output=True, text=True, timeout=30)
     assert "removed" in r.stdout and not any(Path(f).exists() for f in files.values())
     assert not marker.exists()
+
+
+def test_the_undo_stops_a_copy_and_its_workers_by_pid_and_start_time_without_its_pid_file(tmp_path):
+    """/tmp cleaned under a crashed run: the journal's pid and start time still name the copy; its whole process
+    group (a worker it spawned) is stopped, and a pid whose start time differs is never signalled."""
+    code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+            "time.sleep(120)")
+    files = {k: str(tmp_path / f"copy.{k}") for k in ("env", "pid", "log")}
+    start = StartCopy(role="changed", env_pid=os.getpid(), argv=[sys.executable, "-c", code, "--port", "1"],
+                      cwd=str(tmp_path), gpus="0", env_file=files["env"], pid_file=files["pid"], log=files["log"])
+    r = subprocess.run(start.command(), shell=True, capture_output=True, text=True, timeout=30)
+    got = parse_restart(r.stdout)
+    assert got.pid and got.start, r.stdout + r.stderr
+    deadline = time.monotonic() + 30
+    while not (kids := [p for p in Path("/proc").iterdir() if p.name.isdigit() and _ppid(p) == got.pid]):
+        assert time.monotonic() < deadline, "the copy's worker did not start"
+        time.sleep(0.1)
+    Path(files["pid"]).unlink()
+    stop = StopCopy(pid_file=files["pid"], env_file=files["env"], log=files["log"], expect_argv=start.argv,
+                    cwd="/nowhere", stop_pid=got.pid, stop_start=got.start + 1)
+    r = subprocess.run(stop.command(), shell=True, capture_output=True, text=True, timeout=30)
+    assert "no copy running" in r.stdout and Path(f"/proc/{got.pid}").exists()   # another start time: not it
+    stop = stop.model_copy(update={"stop_start": got.start})
+    r = subprocess.run(stop.command(), shell=True, capture_output=True, text=True, timeout=60)
+    assert f"stopped pid={got.pid}" in r.stdout, r.stdout + r.stderr
+    deadline = time.monotonic() + 30
+    while any(_alive(p) for p in [Path(f"/proc/{got.pid}"), *kids]):
+        assert time.monotonic() < deadline, "the copy or its worker is still running"
+        time.sleep(0.1)
+    assert not any(Path(f).exists() for f in files.values())
+
+
+def _ppid(p: Path) -> int:
+    try:
+        return int(p.joinpath("stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def _alive(p: Path) -> bool:
+    """Running (a zombie waiting for its parent to reap it is stopped)."""
+    try:
+        return p.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -87,7 +87,7 @@ def test_flag_regression_is_diagnosed_in_shadow_copies_and_the_server_is_never_t
     h.cwd = h.dir / "srv"
     h.write_code(h.cwd)
     h.start()
-    base = h.baseline()
+    base = h.baseline(3)
     h.flags = ["--disable-cuda-graph"]
     h.restart()
     bad = h.baseline(3)

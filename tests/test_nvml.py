@@ -17,7 +17,14 @@ from pathlib import Path
 import pytest
 from debugagent.tools.errors import ParseError
 from debugagent.tools.gpu import GpuXid, parse_q, parse_q_xml, parse_xid
-from debugagent.tools.nvml import SMI_MARK, GpuNvmlUnderLoad, NvmlLoadSample, parse_nvml, parse_under_load, reason_bits
+from debugagent.tools.nvml import (
+    SMI_MARK,
+    GpuNvmlUnderLoad,
+    NvmlLoadSample,
+    parse_nvml,
+    parse_under_load,
+    reason_bits,
+)
 from debugagent.tools.probes.gpu import gpu_view
 from debugagent.tools.transport import CommandResult
 

@@ -246,7 +246,7 @@ PROBE = Probe(
                 timeout=120.0, checked=False, summary=_readings, optional=True, wave=2, check=True),
            # sent in its place (it is chosen with it): NVML, or nvidia-smi in the same call
            Tool("gpu_nvml_under_load", nvml.GpuNvmlUnderLoad, lambda i, r: nvml.parse_under_load(r.stdout),
-                timeout=120.0, checked=False, summary=_nvml_readings),
+                timeout=120.0, checked=False, summary=_nvml_readings, stands_for="gpu_sample_under_load"),
            Tool("gpu_q_xml", gpu.GpuQXml, lambda i, r: gpu.parse_q_xml(r.stdout), summary=_q_xml, check=True),
            Tool("gpu_xid", gpu.GpuXid, gpu.parse_xid, summary=_xid, optional=True, wave=2, check=True)),
     first=_first, second=_wave2, fill=_fill,

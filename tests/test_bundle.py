@@ -91,3 +91,27 @@ def test_a_secret_left_raw_in_a_run_folder_is_redacted_in_the_bundle(tmp_path: P
     blob = b"".join(members.values())
     assert [k for k, v in secrets.items() if v.encode() in blob] == []
     assert b"--api-key [REDACTED]" in members["launch.txt"] and b"gpu-memory-utilization" in members["launch.txt"]
+
+
+def test_the_corpus_secrets_in_an_engine_report_are_redacted_in_the_bundle(tmp_path: Path):
+    """The redaction corpus's planted outputs (96 secrets of real shapes), recorded raw as the engine's own report
+    (`server_env`'s stdout, which env-now.txt copies): none is in any member, and the report's text is."""
+    from tests.redaction_corpus import planted_docs
+    docs = planted_docs()
+    text = "\n".join(d.text for d in docs)
+    lines = [json.loads(ln) for ln in (ROOT / "transcripts" / "vllm-console-worker" / "events.jsonl").read_text().splitlines()]
+    call = next(e for e in lines if e.get("event") == "tool_call" and e.get("tool") == "gpu_q")
+    result = next(e for e in lines if e.get("event") == "tool_result" and e.get("call_id") == call["call_id"])
+    cid = max(e.get("call_id") or 0 for e in lines) + 1
+    cmd = "timeout 100 /opt/venv/bin/python3 -m vllm.collect_env"
+    extra = [{**call, "call_id": cid, "tool": "server_env", "command": cmd, "display": cmd, "input": {}},
+             {**result, "call_id": cid, "tool": "server_env", "command": cmd, "stdout": text, "output": None}]
+    at = lines.index(result) + 1
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "events.jsonl").write_text("\n".join(json.dumps(e) for e in lines[:at] + extra + lines[at:]) + "\n")
+    _, members, _ = build(str(run))
+    assert members["env-now.txt"].startswith(f"# $ {cmd}".encode())
+    blob = b"".join(members.values())
+    assert [s for d in docs for s in d.secrets if s.encode() in blob] == []
+    assert docs[0].text.splitlines()[0][:20].encode() in members["env-now.txt"]

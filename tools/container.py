@@ -89,7 +89,7 @@ def parse_target(value: str, flag: str = "--host") -> Target:
     forms = ", ".join(FORMS.values())
     if kind == "nsenter":
         if not rest.isdigit() or int(rest) <= 0:
-            raise UsageError(f"{flag} {value}: `{rest}` is not a process id", fix=f"give nsenter:PID, PID a process of the "
+            raise UsageError(f"{flag} {value}: `{rest}` is not a process id", fix="give nsenter:PID, PID a process of the "
                              "container as the host numbers it (`docker inspect -f '{{.State.Pid}}' NAME` names the main one)")
         return Target("nsenter", pid=int(rest))
     if kind == "k8s":

@@ -219,3 +219,96 @@ def test_podman_no_such_container_is_exit_2_naming_how_to_list_them(tmp_path, mo
         open_transport("podman:no-such-server")
     assert e.value.exit_code == 2 and "no such running container" in e.value.message
     assert "podman ps --format" in str(e.value.fix)
+
+
+# ---------------------------------------------------------------- an experiment on a container's main process
+PODMAN_STAND_IN = r"""#!/bin/sh
+# podman: `exec` enters this test's box (its pid 1 is the server); anything else is the real podman, in a store of the
+# test's own that holds a container of the same name and command line (created, not started)
+if [ "$1" = exec ]; then
+    shift 2; name=$1; shift
+    exec nsenter --target "$(cat "{names}/$name")" --mount --uts --ipc --net --pid --root --wd -- "$@"
+fi
+exec /usr/bin/podman "$@"
+"""
+
+
+@NS
+@pytest.mark.parametrize("runtime", ["podman", "k8s"])
+def test_a_changed_flag_of_a_container_main_process_is_refused_with_the_commands(tmp_path, monkeypatch, runtime):
+    """The server is its container's pid 1 (a box of real namespaces, entered by the runtime's exec): the experiment that
+    restarts it without --disable-cuda-graph is refused before anything changes, with the commands that would test it:
+    for podman a new container from the real `podman inspect` with only the flag gone, and the undo that puts the very
+    container back; for a pod, its Deployment's patch and rollout. The server is as found."""
+    if runtime == "podman" and not Path("/usr/bin/podman").is_file():
+        pytest.skip("needs podman's CLI (for `podman inspect`; creating a container needs no runtime)")
+    from debugagent.agent.lab.server import LabSetup, Server, ServerRun
+    from debugagent.tools.discovery import DiscoveryInput
+    from debugagent.tools.registry import Runner
+
+    from tests.realhost.conftest import Host
+    from tests.realhost.container import server_box
+    h = Host(dir=tmp_path / "h")
+    h.dir.mkdir()
+    h.cwd = h.dir / "srv"
+    h.write_code(h.cwd)
+    h.flags = ["--disable-cuda-graph"]
+    b = server_box(tmp_path, h)
+    try:
+        bin_, names = tmp_path / "bin", tmp_path / "names"
+        bin_.mkdir()
+        names.mkdir()
+        if runtime == "podman":
+            (names / "srv").write_text(str(b.pid))
+            (bin_ / "podman").write_text(PODMAN_STAND_IN.format(names=names))
+            (bin_ / "podman").chmod(0o755)
+            conf, store = tmp_path / "containers.conf", tmp_path / "storage.conf"
+            conf.write_text('[containers]\ndefault_ulimits = []\n[engine]\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\n')
+            store.write_text(f'[storage]\ndriver = "vfs"\nrunroot = "{tmp_path / "prun"}"\ngraphroot = "{tmp_path / "graph"}"\n')
+            monkeypatch.setenv("CONTAINERS_CONF", str(conf))
+            monkeypatch.setenv("CONTAINERS_STORAGE_CONF", str(store))
+            (tmp_path / "rootfs").mkdir()
+            tar = subprocess.run(["tar", "-C", str(tmp_path / "rootfs"), "-c", "."], capture_output=True, check=True).stdout
+            subprocess.run(["podman", "import", "-", "localhost/infer:1"], input=tar, capture_output=True, check=True,
+                           timeout=120)
+            subprocess.run(["podman", "create", "--name", "srv", "--network", "host", "--entrypoint", h.argv()[0],
+                            "localhost/infer:1", *h.argv()[1:]], capture_output=True, check=True, timeout=120)
+            host = "podman:srv"
+        else:
+            (names / "serving.vllm-7d9f8b6c5-x2kqp.engine").write_text(str(b.pid))
+            (bin_ / "kubectl").write_text(STAND_IN.format(cli="kubectl", parse=PARSE["kubectl"], names=names))
+            (bin_ / "kubectl").chmod(0o755)
+            host = "k8s:serving/vllm-7d9f8b6c5-x2kqp/engine"
+        monkeypatch.setenv("PATH", f"{bin_}:{os.environ['PATH']}")
+        before = proc_state_of(b.pid)
+        undo: list = []
+        with open_transport(host) as t:
+            r = Runner(t)
+            server = Server(LabSetup(server_pattern=h.pattern), "run1", lambda *a, **k: None, 30.0,
+                            DiscoveryInput(server_pattern=h.pattern), lambda *a: undo.append(a), lambda: None)
+            srv = server.find(r)
+            assert srv.pid == 1
+            run = ServerRun(argv=[a for a in srv.argv if a != "--disable-cuda-graph"], cwd=srv.cwd)
+            from debugagent.agent.lab.errors import ExperimentError
+            with pytest.raises(ExperimentError) as e:
+                server.start(r, srv, run, "without --disable-cuda-graph")
+        text = str(e.value)
+        assert undo == [] and proc_state_of(b.pid) == before and b.proc.poll() is None
+        if runtime == "podman":
+            run_cmd = next(c for c in text.split("`") if c.startswith("podman run -d"))
+            words = shlex.split(run_cmd)
+            assert words[:5] == ["podman", "run", "-d", "--name", "srv"] and "--disable-cuda-graph" not in words
+            assert words[words.index("localhost/infer:1") + 1:] == h.argv()[1:-1] and "--network" in words
+            assert "`podman stop srv`; `podman rename srv srv.debugagent-found`" in text
+            assert "`podman rm -f srv`; `podman rename srv.debugagent-found srv`; `podman start srv`" in text
+        else:
+            assert "never changed by debugagent" in text and "patch deployment/vllm" in text
+            assert "--disable-cuda-graph" not in text.split("patch deployment/vllm")[1].split("`")[0]
+            assert "`kubectl -n serving rollout undo deployment/vllm`" in text
+    finally:
+        b.stop()
+
+
+def proc_state_of(pid: int) -> tuple:
+    p = Path(f"/proc/{pid}")
+    return p.joinpath("cmdline").read_bytes(), p.joinpath("environ").read_bytes(), os.readlink(p / "cwd")

@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass
 
 from .errors import ConnectError, TransportError, UsageError
+from .recreate import OUTER
 from .transport import DEFAULT_MAX_OUTPUT, DEFAULT_TIMEOUT_S, BaseTransport, CommandResult, EventSink, q
 
 KINDS = ("docker", "podman", "k8s", "nsenter")
@@ -135,11 +136,12 @@ class ContainerTransport(BaseTransport):
 
     def run(self, command: str, *, timeout: float = DEFAULT_TIMEOUT_S, max_output: int = DEFAULT_MAX_OUTPUT,
             **kw: object) -> CommandResult:
-        r = self.outer.run(self.target.wrap(command), timeout=timeout, max_output=max_output, **kw)  # type: ignore[call-arg]
+        sent = command if command.startswith(OUTER) else self.target.wrap(command)   # the container's host's own
+        r = self.outer.run(sent, timeout=timeout, max_output=max_output, **kw)  # type: ignore[call-arg]
         return r.model_copy(update={"command": command, "host": self.host})
 
     def display(self, command: str) -> str:
-        return self.outer.display(self.target.wrap(command))
+        return self.outer.display(command[len(OUTER):] if command.startswith(OUTER) else self.target.wrap(command))
 
     def close(self) -> None:
         self.outer.close()

@@ -26,9 +26,13 @@ import json
 import shlex
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import ParseError
+
+# a command for the host the container runs on, not for the container: a ``ContainerTransport`` sends it there
+# unwrapped (on any other transport ``:`` is a no-op and the command runs where the others do)
+OUTER = ": debugagent-container-host; "
 
 RESERVED_ENV = ("HOSTNAME",)                 # set by the runtime for each container
 PODMAN_DEFAULT_ENV = ("container=podman",)   # podman adds it to every container
@@ -192,6 +196,17 @@ class ContainerSpec(BaseModel):
         for x in self.add_host:
             a += ["--add-host", x]
         return [*a, self.image, *cmd]
+
+
+class ContainerInspect(BaseModel):
+    """``RUNTIME inspect --type container NAME`` on the host the container runs on (read-only): its spec."""
+
+    model_config = ConfigDict(extra="forbid")
+    runtime: str = Field(pattern=r"^(docker|podman)$")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+    def command(self) -> str:
+        return f"{OUTER}{self.runtime} inspect --type container {shlex.quote(self.name)}"
 
 
 def command_line(argv: list[str]) -> str:

@@ -87,6 +87,31 @@ def make_box(folder: Path, hostname: str = "box") -> Box:
     raise AssertionError("the namespace did not start")
 
 
+def server_box(folder: Path, h: Host) -> Box:
+    """A box whose pid 1 is ``h``'s server itself (as in a container whose entrypoint is the server): ``pid`` is the
+    server as this machine numbers it. Returns once it answers there."""
+    (h.dir / "bench.py").write_text(__import__("tests.realhost.conftest", fromlist=["BENCH"]).BENCH)
+    argv = ["bwrap", "--as-pid-1", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--hostname", "srv",
+            "--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+            "--tmpfs", "/run", "--bind", str(folder), str(folder), "--chdir", str(h.cwd), *h.argv()]
+    with open(h.log, "ab") as log:
+        proc = subprocess.Popen(argv, env=h.server_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            kids = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+            if kids and "infer.serve" in Path(f"/proc/{kids[0]}/cmdline").read_text():
+                box = Box(proc, int(kids[0]), folder)
+                if bench_in(box, h) is not None:
+                    return box
+        except OSError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError(f"the server did not start as the box's pid 1; log: {h.log.read_text()[-500:]}")
+
+
 def start_in(box: Box, h: Host) -> None:
     """Start ``h``'s server inside the namespace (detached, its output in its log), and wait until it answers there."""
     (h.dir / "bench.py").write_text(__import__("tests.realhost.conftest", fromlist=["BENCH"]).BENCH)

@@ -87,3 +87,120 @@ def test_flag_regression_inside_namespaces_is_found_through_nsenter(realhost, bo
     calls = [e for e in o["events"] if e["event"] == "tool_call"]
     assert calls and all(e["display"].startswith(f"nsenter --target {box.pid} --mount ") for e in calls)
     assert not any(e["command"].startswith("nsenter") for e in calls)
+
+
+# ---------------------------------------------------------------- a real container (podman with runc)
+def podman_env(tmp: Path) -> dict[str, str]:
+    """podman's settings for a store of this test's own (vfs, runc, cgroupfs, no default ulimits: this machine's
+    RLIMIT_NOFILE is below podman's default)."""
+    conf, store = tmp / "containers.conf", tmp / "storage.conf"
+    conf.write_text('[containers]\ndefault_ulimits = []\n[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\n'
+                    'events_logger = "file"\n')
+    store.write_text(f'[storage]\ndriver = "vfs"\nrunroot = "{tmp / "prun"}"\ngraphroot = "{tmp / "graph"}"\n')
+    return {**os.environ, "CONTAINERS_CONF": str(conf), "CONTAINERS_STORAGE_CONF": str(store)}
+
+
+def podman_image(tmp: Path, env: dict[str, str]) -> str:
+    """An image of symlinks into /usr (mounted read-only from this machine), imported: no registry is contacted."""
+    root = tmp / "rootfs"
+    for d in ("usr", "etc", "tmp", "proc", "dev", "sys", "run"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    for link in ("bin", "lib", "lib64", "sbin"):
+        os.symlink(f"usr/{link}", root / link)
+    tar = subprocess.run(["tar", "-C", str(root), "-c", "."], capture_output=True, check=True).stdout
+    subprocess.run(["podman", "import", "-", "localhost/box:1"], input=tar, env=env, capture_output=True, check=True,
+                   timeout=120)
+    return "localhost/box:1"
+
+
+def why_no_podman(tmp: Path) -> str:
+    import shutil
+    if not shutil.which("podman") or not shutil.which("runc"):
+        return "needs podman and runc (apt-get install podman runc)"
+    env = podman_env(tmp)
+    img = podman_image(tmp, env)
+    r = subprocess.run(["podman", "run", "--rm", "--network", "none", "-v", "/usr:/usr:ro", img, "true"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    return "" if r.returncode == 0 else f"podman cannot start a container here: {r.stderr.strip()[-300:]}"
+
+
+def test_a_real_podman_container_is_entered_and_its_recreate_commands_work(tmp_path, monkeypatch):
+    """A server that is a real podman container's main process: `--host podman:NAME` runs commands in it; the flag
+    experiment is refused with the commands, the container untouched; then the printed commands, run as printed,
+    start a container without the flag that serves faster, and the printed undo puts the very container back."""
+    from debugagent.agent.hosts import open_transport
+    from debugagent.agent.lab.errors import ExperimentError
+    from debugagent.agent.lab.server import LabSetup, Server, ServerRun
+    from debugagent.tools.discovery import DiscoveryInput
+    from debugagent.tools.registry import Runner
+    if os.environ.get("DEBUGAGENT_TEST_PODMAN") != "1":
+        pytest.skip("a real podman container takes 60-100 s of podman's own time on a loaded 2-core machine: "
+                    "DEBUGAGENT_TEST_PODMAN=1 runs it (podman and runc installed: apt-get install podman runc)")
+    why = why_no_podman(tmp_path)
+    if why:
+        pytest.skip(why)
+    env = podman_env(tmp_path)
+    for k in ("CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF"):
+        monkeypatch.setenv(k, env[k])
+    h = Host(dir=tmp_path / "h", python="/usr/bin/python3")
+    h.dir.mkdir()
+    h.cwd = h.dir / "srv"
+    h.write_code(h.cwd)
+    (h.dir / "bench.py").write_text(__import__("tests.realhost.conftest", fromlist=["BENCH"]).BENCH)
+    h.flags = ["--disable-cuda-graph"]
+    name = f"srv-{h.port}"
+    bench = ["podman", "exec", name, "/usr/bin/python3", str(h.dir / "bench.py"), str(h.port)]
+
+    def ready() -> float:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            r = subprocess.run(bench, env=env, capture_output=True, text=True, timeout=60)
+            if r.returncode == 0:
+                return float(r.stdout.split("=")[1].split()[0])
+            time.sleep(0.2)
+        raise AssertionError("the container's server did not answer")
+
+    def inspect() -> dict:
+        return json.loads(subprocess.run(["podman", "inspect", name], env=env, capture_output=True, text=True,
+                                         check=True, timeout=60).stdout)[0]
+
+    subprocess.run(["podman", "run", "-d", "--name", name, "--network", "none", "-v", "/usr:/usr:ro", "-v",
+                    f"{h.dir}:{h.dir}", "--workdir", str(h.cwd), "-e", "LANG=C.UTF-8", "--shm-size", "256m",
+                    "--label", "team=inference", "localhost/box:1", *h.argv()],
+                   env=env, capture_output=True, check=True, timeout=120)
+    try:
+        slow = ready()
+        found = inspect()
+        with open_transport(f"podman:{name}") as t:
+            assert t.run("cat /proc/1/cmdline | tr '\\0' ' '").stdout.split() == h.argv()
+            server = Server(LabSetup(server_pattern=h.pattern), "run1", lambda *a, **k: None, 30.0,
+                            DiscoveryInput(server_pattern=h.pattern), lambda *a: pytest.fail("nothing is journalled"),
+                            lambda: None)
+            r = Runner(t)
+            srv = server.find(r)
+            with pytest.raises(ExperimentError) as e:
+                server.start(r, srv, ServerRun(argv=[a for a in srv.argv if a != "--disable-cuda-graph"], cwd=srv.cwd),
+                             "without --disable-cuda-graph")
+        assert inspect() == found
+        text = str(e.value)
+        cmds = [c for c in text.split("`") if c.startswith("podman ")]
+        do, undo = cmds[:3], cmds[3:]
+        assert [c.split()[1] for c in do] == ["stop", "rename", "run"] and "--disable-cuda-graph" not in do[2]
+        for c in do:
+            subprocess.run(c, shell=True, env=env, capture_output=True, check=True, timeout=120)
+        fast = ready()
+        changed = inspect()
+        assert changed["Id"] != found["Id"] and fast < slow - 10, (slow, fast)
+        for f in ("Mounts", "HostConfig.NetworkMode", "HostConfig.ShmSize", "Config.WorkingDir", "Config.Labels"):
+            a, b = changed, found
+            for k in f.split("."):
+                a, b = a[k], b[k]
+            assert a == b, f
+        assert changed["HostConfig"]["Ulimits"] == found["HostConfig"]["Ulimits"]
+        for c in undo:
+            subprocess.run(c, shell=True, env=env, capture_output=True, check=True, timeout=120)
+        ready()
+        back = inspect()
+        assert back["Id"] == found["Id"] and back["Args"] == found["Args"] and back["Name"] == found["Name"]
+    finally:
+        subprocess.run(["podman", "rm", "-f", "-a"], env=env, capture_output=True, timeout=120)

@@ -40,7 +40,8 @@ INPUTS = {"server_details": {"pid": 7}, "gpu_sample_under_load": {"load": "gpu-b
           "find_wheels": {"name": "n", "version": "1"},
           "overlay_packages": {"python": "/usr/bin/python3", "overlay": "/tmp/debugagent-o"},
           "server_view": {"python": "/usr/bin/python3", "port": 30000, "engine": "sglang"},
-          "server_env": {"python": "/usr/bin/python3", "engine": "sglang"}}
+          "server_env": {"python": "/usr/bin/python3", "engine": "sglang"},
+          "container_inspect": {"runtime": "podman", "name": "srv"}}
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -50,7 +50,7 @@ def test_every_field_of_a_gpu_server_on_the_host_network_is_kept():
     assert o["--entrypoint"] == ['["python3", "-m", "sglang.launch_server"]']
     assert s.argv == ["python3", "-m", "sglang.launch_server", "--model-path", "/models/llama", "--port", "30000",
                       "--disable-cuda-graph"]
-    assert "CUDA_LAUNCH_BLOCKING=1" in o["-e"] and "HF_TOKEN=hf_abc123secretvalue" in o["-e"] and "LANG=C.UTF-8" in o["-e"]
+    assert "CUDA_LAUNCH_BLOCKING=1" in o["-e"] and "HF_HOME=/models/hf" in o["-e"] and "LANG=C.UTF-8" in o["-e"]
     assert "container=podman" not in o["-e"]
     assert o["--user"] == ["1000:1000"] and o["--workdir"] == ["/srv"] and o["--label"] == ["team=inference"]
     assert o["--mount"] == ["type=bind,src=/tmp/containers-vol,dst=/models,readonly"]

@@ -128,14 +128,14 @@ def test_a_real_podman_container_is_entered_and_its_recreate_commands_work(tmp_p
     """A server that is a real podman container's main process: `--host podman:NAME` runs commands in it; the flag
     experiment is refused with the commands, the container untouched; then the printed commands, run as printed,
     start a container without the flag that serves faster, and the printed undo puts the very container back."""
+    if os.environ.get("DEBUGAGENT_TEST_PODMAN") != "1":
+        pytest.skip("a real podman container takes 60-100 s of podman's own time on a loaded 2-core machine: "
+                    "DEBUGAGENT_TEST_PODMAN=1 runs it (podman and runc installed: apt-get install podman runc)")
     from debugagent.agent.hosts import open_transport
     from debugagent.agent.lab.errors import ExperimentError
     from debugagent.agent.lab.server import LabSetup, Server, ServerRun
     from debugagent.tools.discovery import DiscoveryInput
     from debugagent.tools.registry import Runner
-    if os.environ.get("DEBUGAGENT_TEST_PODMAN") != "1":
-        pytest.skip("a real podman container takes 60-100 s of podman's own time on a loaded 2-core machine: "
-                    "DEBUGAGENT_TEST_PODMAN=1 runs it (podman and runc installed: apt-get install podman runc)")
     why = why_no_podman(tmp_path)
     if why:
         pytest.skip(why)

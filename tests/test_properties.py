@@ -44,7 +44,15 @@ INPUTS = {"server_details": {"pid": 7}, "gpu_sample_under_load": {"load": "gpu-b
           "overlay_packages": {"python": "/usr/bin/python3", "overlay": "/tmp/debugagent-o"},
           "server_view": {"python": "/usr/bin/python3", "port": 30000, "engine": "sglang"},
           "server_env": {"python": "/usr/bin/python3", "engine": "sglang"},
-          "container_inspect": {"runtime": "podman", "name": "srv"}}
+          "container_inspect": {"runtime": "podman", "name": "srv"},
+          "server_shape": {"pid": 7, "python": "/usr/bin/python3", "cwd": "/"},
+          "supervisor_program": {"config": "/etc/supervisord.conf", "program": "infer"},
+          "supervisor_apply": {"file": "/f", "backup": "/tmp/debugagent-b", "sha256": "0" * 64, "ctl": ["supervisorctl"],
+                               "group": "infer", "spec": "infer"},
+          "supervisor_restore": {"file": "/f", "backup": "/tmp/debugagent-b", "ctl": ["supervisorctl"], "group": "infer",
+                                 "spec": "infer"},
+          "systemd_dropin": {"unit": "x.service", "path": "/etc/systemd/system/x.service.d/debugagent-r.conf", "content": ""},
+          "systemd_dropin_remove": {"unit": "x.service", "path": "/etc/systemd/system/x.service.d/debugagent-r.conf"}}
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -103,6 +103,8 @@ def no_regression_summary(regression: Regression) -> str:
     if regression.outcome == "better":
         return (f"No regression: the host measures better than the baseline ({regression.why}); "
                 "were --symptom and --baseline swapped? Nothing is blamed.")
+    if regression.outcome == "noise":
+        return f"Not shown to be a regression: {regression.why}. Nothing is blamed."
     if regression.outcome == "more":
         return (f"Regression smaller than the noise can show in {len(regression.samples)} runs "
                 f"({regression.why}); {more_runs_advice(regression.runs_needed)}. Nothing is blamed.")

@@ -24,7 +24,7 @@ class Regression(BaseModel):
     delta: float | None = None        # worse than the baseline by (positive = worse)
     delta_se: float | None = None
     sd: float | None = None
-    outcome: Literal["regression", "none", "better", "more"] | None = None
+    outcome: Literal["regression", "none", "better", "more", "noise"] | None = None
     runs_needed: int | None = None
 
     @model_serializer(mode="wrap")

@@ -37,6 +37,9 @@ ALPHA_FRESH = 0.2
 MIN_SHARE = 0.10
 # The reproduce step.
 ALPHA_REPRODUCE = 0.002
+# A baseline given as one number is one measurement of unknown noise: the current state's noise is assumed for it,
+# and the shift must also lie beyond what one run of the current state gives this often (one-sided).
+ALPHA_ONE_READING = 0.02
 RELEVANT_PCT = 1.0      # a regression must be at least this percent of the baseline to be reported
 MIN_BUDGET = 4         # an experiment may stop earlier once decided, but never gives up before this
 AUTO_CAP = 24           # the most runs of the changed state when no --max-runs is given
@@ -293,7 +296,8 @@ def more_runs_advice(runs_needed: int | None) -> str:
     return f"run with --reproduce-runs {runs_needed}" if runs_needed else MORE_BASELINE_RUNS
 
 
-ReproOutcome = Literal["regression", "none", "better", "more"]
+ReproOutcome = Literal["regression", "none", "better", "more", "noise"]
+NOT_SHOWN = "not shown to be a regression: give a snapshot (--baseline-snapshot) or more baseline runs"
 
 
 class Reproduction(BaseModel):
@@ -306,9 +310,21 @@ class Reproduction(BaseModel):
     runs_needed: int | None = None   # runs that would show the claimed regression, when undecided
 
 
+def one_reading_p(delta: float, sd: float, n: int) -> float:
+    """One-sided p of a shift ``delta`` between ``n`` runs and one reading of the same noise ``sd`` (the reading's
+    own noise assumed equal to the runs')."""
+    return float(sps.t.sf(delta / (sd * math.sqrt(1 + 1 / n)), max(n - 1, 1)))
+
+
 def reproduce(samples: list[float], baseline: float, lower_is_better: bool, claimed: float | None, *,
-              baseline_samples: list[float] | None = None, final: bool = False) -> Reproduction:
+              baseline_samples: list[float] | None = None, final: bool = False, most: int | None = None,
+              exact_baseline: bool = False) -> Reproduction:
     """Is the host worse than ``baseline`` beyond its noise?
+
+    A baseline given as a number (no ``baseline_samples``, not ``exact_baseline``) is one measurement of unknown
+    noise: the current state's noise is assumed for it, and a regression must also beat one reading of that noise
+    (one-sided p < ALPHA_ONE_READING, t with the runs' degrees of freedom). A shift that stays inside it, and that
+    even ``most`` runs (the budget) could not take outside it, is ``noise``: not shown to be a regression.
 
     regression: significantly worse (one-sided p < ALPHA_REPRODUCE) by at least RELEVANT_PCT.
     better: significantly better (symptom and baseline swapped, or the problem is gone).
@@ -335,9 +351,21 @@ def reproduce(samples: list[float], baseline: float, lower_is_better: bool, clai
         outcome = "none"
     else:
         outcome = "more"
+    one = not bs and not exact_baseline and len(samples) >= 2
+    p_one = one_reading_p(delta, sd, len(samples)) if one else 0.0
+    if one and outcome in ("regression", "more") and delta > 0 and p_one >= ALPHA_ONE_READING:
+        # the shift is inside the noise one reading carries: more runs help only while the budget could show it
+        hopeless = final or one_reading_p(delta, sd, max(most or len(samples), len(samples))) >= ALPHA_ONE_READING
+        outcome = "noise" if hopeless else "more"
     pct = abs(delta) / abs(baseline) if baseline else 0.0
     text = (f"measured {m:.4g} ± {sd:.2g} over {len(samples)} runs against a baseline of {baseline:.4g}: "
             f"{'worse' if delta > 0 else 'better'} by {abs(delta):.3g} ({pct:.1%}); one-sided p={p_worse:.2g}")
+    if one and delta > 0:
+        text += (f"; the baseline is one number, so this state's noise (SD {sd:.2g}) is assumed for it: against one "
+                 f"reading p={p_one:.2g}")
+    if outcome == "noise":
+        text += (f", not below {ALPHA_ONE_READING:g}: the shift ({abs(delta) / sd:.1f} SD) is inside the noise one reading "
+                 f"carries; {NOT_SHOWN}")
     need = None
     if outcome == "more":
         target = claim or max(abs(delta), relevant)

@@ -80,6 +80,7 @@ def _baseline_for(ctx: Ctx, unit: str | None) -> tuple[float | None, list[float]
 
 
 LEAD = {"regression": "The regression is real: ", "none": "No reproducible regression: ",
+        "noise": "Not shown to be a regression: ",
         "better": "Better than the baseline, not worse (swapped?): "}
 
 
@@ -103,7 +104,7 @@ def reproduce_regression(ctx: Ctx, d: dict[str, Any]) -> tuple[Regression, int]:
         if base is not None and len(vals) >= looks:
             claimed = ctx.symptom.worse(ctx.symptom.in_unit(unit or ctx.symptom.unit), base)
             rep = reproduce(vals, base, ctx.symptom.direction == "lower", claimed, baseline_samples=base_samples,
-                            final=runs >= most)
+                            final=runs >= most, most=most)
             if rep.outcome != "more":
                 break
         if runs >= most:

@@ -41,6 +41,7 @@ class Open(BaseModel):
     hypothesis: str
     because: str
     next: str | None = None
+    rule: str | None = None                     # ruled out: what decided it (the bound, or the evidence's rule)
 
 
 class Conclusion(BaseModel):
@@ -114,7 +115,8 @@ def no_regression_summary(regression: Regression) -> str:
 def conclude(hyps: dict[str, Hyp], order: list[str], regression: Regression, *, baseline_snapshot: bool,
              next_steps: dict[str, str], not_judged: NotJudged) -> Conclusion:
     def closed(status: str) -> list[Open]:
-        return [Open(hypothesis=h, because="; ".join(hyps[h].because), next=hyps[h].next)
+        return [Open(hypothesis=h, because="; ".join(hyps[h].because), next=hyps[h].next,
+                     rule=hyps[h].rule if status == "ruled_out" else None)
                 for h in order if hyps[h].status == status]
     ruled, undecided = closed("ruled_out"), closed("inconclusive")
     if regression.refuted:

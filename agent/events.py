@@ -255,6 +255,7 @@ class Open(Row):
     hypothesis: str
     because: str = ""
     next: str | None = None
+    rule: str | None = None
 
 
 class TableRow(Row):
@@ -286,6 +287,8 @@ class RegressionFacts(Row):
 class NotJudged(Row):
     flags: list[str] = Field(default_factory=list)
     env: list[str] = Field(default_factory=list)
+    workload: list[str] = Field(default_factory=list)
+    at_default: list[str] = Field(default_factory=list)
 
 
 class Conclusion(EventBase):

@@ -64,6 +64,7 @@ class ExperimentResult(BaseModel):
     share_se: float | None = None
     significant: bool = False
     decision: str = ""                 # stats.decide's text
+    rule: str | None = None            # the bound that decided "not a cause", in words
     outcome: Outcome | None = None
     improvement: float | None = None
     group: list[str] | None = None     # the not-judged flags or variables it removed together

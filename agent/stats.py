@@ -135,6 +135,7 @@ class Decision(BaseModel):
     n_changed: int
     n_reference: int
     text: str
+    rule: str = ""                  # the bound that decided "not a cause", in words
 
     @property
     def significant(self) -> bool:
@@ -204,12 +205,19 @@ def decide(reference: list[float], changed: list[float], regression: float | Non
     share_txt = (f", {share:.0%} of the regression (95% CI {share_ci[0]:.0%} to {share_ci[1]:.0%})"
                  if share_ci is not None else "")
     test = "t-test" if e.normal else "t-test and Mann-Whitney U (the noise is not normal)"
+    of = "of the regression" if reg is not None else "of a 5% change of the reference mean (no regression was measured)"
+    rule = ""
+    if outcome == "not_cause":
+        rule = (f"the {1 - ALPHA_NOT:.0%} upper bound of what it recovers is {max(upper, 0.0) / relevant:.0%} {of}, "
+                f"below the {NOT_CAUSE_SHARE:.0%} a cause must recover" if upper >= 0 else
+                f"it made things worse: the {1 - ALPHA_NOT:.0%} upper bound of what it recovers is below zero")
     text = (f"mean {mc:.4g} vs {mr:.4g} in the reference state ({len(changed)} vs {len(reference)} runs): "
             f"{'recovers' if e.improvement > 0 else 'changes'} {e.improvement:+.3g}{share_txt}; "
-            f"{test} p={e.p_better:.2g}: {how[outcome]}")
+            f"{test} p={e.p_better:.2g}: {how[outcome]}" + (f" ({rule})" if rule else ""))
     return Decision(outcome=outcome, improvement=e.improvement, share=share if share is not None else 0.0,
                     share_ci=share_ci, share_se=share_se,
-                    improvement_se=e.se, df=e.df, p=e.p_better, n_changed=len(changed), n_reference=len(reference), text=text)
+                    improvement_se=e.se, df=e.df, p=e.p_better, n_changed=len(changed), n_reference=len(reference), text=text,
+                    rule=rule)
 
 
 def run_budget(sd: float, regression: float | None, n_reference: int, cap: int | None = None) -> int:
@@ -353,7 +361,7 @@ def reproduce(samples: list[float], baseline: float, lower_is_better: bool, clai
         outcome = "more"
     one = not bs and not exact_baseline and len(samples) >= 2
     p_one = one_reading_p(delta, sd, len(samples)) if one else 0.0
-    if one and outcome in ("regression", "more") and delta > 0 and p_one >= ALPHA_ONE_READING:
+    if one and delta > 0 and p_one >= ALPHA_ONE_READING and (outcome == "regression" or (outcome == "more" and final)):
         # the shift is inside the noise one reading carries: more runs help only while the budget could show it
         hopeless = final or one_reading_p(delta, sd, max(most or len(samples), len(samples))) >= ALPHA_ONE_READING
         outcome = "noise" if hopeless else "more"

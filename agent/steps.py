@@ -173,6 +173,8 @@ def jsonable(v: Any) -> Any:
 
 # ---------------------------------------------------------------- verdicts in the transcript
 def emit_verdict(ctx: Ctx, hid: str, h: vd.Hyp, because: str) -> None:
+    if h.status == "ruled_out" and h.rule and h.rule not in because:   # thin evidence never reads as proof
+        because = f"{because} (decided by {h.rule})"
     ctx.transcript.emit("verdict", hypothesis=hid, status=h.status, how=h.how, because=because, share=h.share,
                         share_ci=list(h.share_ci) if h.share_ci else None, next=h.next)
     ctx.on_status("verdict", {"hypothesis": hid, "status": h.status})
@@ -198,14 +200,27 @@ def candidates(ctx: Ctx, s: RunState, hyps: dict[str, vd.Hyp]) -> list[tuple[str
 
 
 def add_groups(ctx: Ctx, s: RunState, hyps: dict[str, vd.Hyp]) -> bool:
-    """The known suspects do not explain the regression: test the not-judged flags and variables, in groups."""
+    """The confirmed causes do not explain the regression (none is confirmed, or their measured share's upper bound
+    stays below 100%): test the not-judged flags and variables by removal, in groups. Not with a baseline snapshot
+    (its differences are the suspects), nor when a cause confirmed by evidence alone has no measured share (what it
+    leaves unexplained is unknown)."""
     if ctx.baseline_snapshot is not None:
+        return False
+    if any(h.status == "confirmed" and h.share is None for h in hyps.values()):
         return False
     nj = vd.NotJudged.model_validate((s.facts or {}).get("not_judged") or {})
     added = vd.add_groups(hyps, nj, ctx.playbook.group_targets())
+    total, ci = vd.explained(hyps)
+    why = ("no confirmed cause explains the regression" if ci is None else
+           f"the confirmed causes explain {total:.0%} of the regression (95% CI {ci[0]:.0%} to {ci[1]:.0%}), "
+           f"{max(0.0, 1 - total):.0%} unexplained")
     for hid, items in added:
-        ctx.say(f"The known suspects do not explain the regression; testing what no knowledge list judges, as a "
-                f"group: {', '.join(items)} (split like a bisection if it recovers).", hid)
+        workload = (f" The workload's own flags are never removed (removing one changes the work measured, not how "
+                    f"it runs): {', '.join('--' + f for f in nj.workload)}."
+                    if nj.workload and ctx.playbook.group_targets().get(hid) == "flags" else "")
+        ctx.say(f"The known suspects do not explain the regression ({why}); testing what no knowledge list judges by "
+                f"removal (back to the engine's default), as a group: {', '.join(items)} (split like a bisection if it "
+                f"recovers).{workload}", hid)
     return bool(added)
 
 

@@ -39,6 +39,7 @@ class Hyp(BaseModel):
     next: str | None = None           # what would decide it
     culprit: dict[str, Any] | None = None
     groups_tried: bool = False
+    rule: str | None = None           # what decided "ruled out": the bound an experiment fell below, or the rule
 
 
 def from_findings(findings: list[Finding], next_step: str | None) -> Hyp:
@@ -95,6 +96,7 @@ def apply_result(h: Hyp, spec: dict[str, Any], res: ExperimentResult, max_runs_h
     elif outcome == "not_cause":
         if h.status == "suspect" and nothing_left and not any(r.outcome == "more" for r in h.results):
             h.status, h.how = "ruled_out", "experiment"
+            h.rule = res.rule or h.rule
     else:
         runs = len(res.samples)
         hint = max_runs_hint or max(2 * runs, 8)
@@ -115,7 +117,11 @@ def after_experiment(hid: str, h: Hyp, spec: dict[str, Any], res: ExperimentResu
 def judge(playbook: Playbook, hid: str, facts: dict[str, Any]) -> Hyp:
     """A hypothesis' verdict on the evidence alone: its rules over the facts."""
     steps = playbook.knowledge.get("next_steps") or {}
-    return from_findings(evaluate(playbook.get(hid), facts, playbook.source), steps.get(hid))
+    hp = playbook.get(hid)
+    h = from_findings(evaluate(hp, facts, playbook.source), steps.get(hid))
+    if h.status == "ruled_out" and h.findings and 0 <= h.findings[0].rule < len(hp.rules):
+        h.rule = f"the evidence, by the playbook's rule {h.findings[0].rule + 1} of {hid}: when {hp.rules[h.findings[0].rule].when}"
+    return h
 
 
 def explained(hyps: dict[str, Hyp]) -> tuple[float, tuple[float, float] | None]:
@@ -140,29 +146,53 @@ def explains_enough(hyps: dict[str, Hyp]) -> bool:
 class NotJudged(BaseModel):
     flags: list[str] = Field(default_factory=list)
     env: list[str] = Field(default_factory=list)
+    # flags of the workload itself (the knowledge's ``workload_flags``, or a flag the benchmark's own command line
+    # gives too): never removed, since removing one changes the work measured, not how it runs
+    workload: list[str] = Field(default_factory=list)
+    # flags set to a value as fast as the engine's default (the knowledge's ``default_values``): nothing to test
+    at_default: list[str] = Field(default_factory=list)
 
 
 def _matches(item: dict[str, Any], value: Any) -> bool:
     return value is not None and ("value" not in item or str(value) == str(item["value"]))
 
 
-def not_judged(server: dict[str, Any] | None, knowledge: dict[str, Any]) -> NotJudged:
-    """Flags and performance variables that no knowledge list names (as set, or as harmless)."""
+def bench_flags(bench_cmd: str | None) -> set[str]:
+    """The flags the benchmark's own command line gives (``--input-len 1024`` -> input-len)."""
+    import shlex
+
+    from debugagent.tools.host import parse_flags
+    try:
+        words = shlex.split(bench_cmd or "")
+    except ValueError:
+        return set()
+    return {str(f).replace("_", "-").lower() for f in parse_flags(words)}
+
+
+def not_judged(server: dict[str, Any] | None, knowledge: dict[str, Any], bench_cmd: str | None = None) -> NotJudged:
+    """Flags and performance variables that no knowledge list names (as set, or as harmless); the workload's own
+    flags and those at a value as fast as the engine's default apart."""
     if not server:
         return NotJudged()
     flags = server.get("flags") or {}
     env = server.get("env") or {}
     norm = lambda s: str(s).replace("_", "-").lower()  # noqa: E731
     usual = {norm(f) for f in knowledge.get("usual_flags") or []}
+    workload_names = {norm(f) for f in knowledge.get("workload_flags") or []} | bench_flags(bench_cmd)
+    defaults = {norm(k): {str(x).lower() for x in (v if isinstance(v, list) else [v])}
+                for k, v in (knowledge.get("default_values") or {}).items()}
     costly = [c for c in knowledge.get("costly_flags") or []]
-    nj_flags = [f for f in flags if norm(f) not in usual
-                and not any(norm(c["flag"]) == norm(f) and _matches(c, flags[f]) for c in costly)]
+    candidates = [f for f in flags if norm(f) not in usual
+                  and not any(norm(c["flag"]) == norm(f) and _matches(c, flags[f]) for c in costly)]
+    workload = [f for f in candidates if norm(f) in workload_names]
+    at_default = [f for f in candidates if f not in workload and str(flags[f]).lower() in defaults.get(norm(f), set())]
+    nj_flags = [f for f in candidates if f not in workload and f not in at_default]
     prefixes = tuple(knowledge.get("perf_env_prefixes") or [])
     usual_env = set(knowledge.get("usual_env") or [])
     costly_env = knowledge.get("costly_env") or []
     nj_env = [v for v in env if prefixes and v.startswith(prefixes) and v not in usual_env
               and not any(c["var"] == v and _matches(c, env[v]) for c in costly_env)]
-    return NotJudged(flags=sorted(nj_flags), env=sorted(nj_env))
+    return NotJudged(flags=sorted(nj_flags), env=sorted(nj_env), workload=sorted(workload), at_default=sorted(at_default))
 
 
 def group_experiment(what: str, items: list[str]) -> dict[str, Any]:

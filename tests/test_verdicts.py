@@ -204,3 +204,33 @@ def test_lower_clocks_under_load_than_the_baseline_stay_a_suspect():
     h = _gpu_facts_against_the_h200_baseline(sm_clock=1500, power_draw=206.57)
     assert h.status == "suspect" and "gpus.0.sm_clock 1980 -> 1500" in " ".join(h.because)
     assert "power_draw" not in " ".join(h.because)
+
+
+def test_identity_is_narrow_performance_flags_are_suspects_and_workload_flags_are_never_removed():
+    """Only what is served and where names the server; dtype, speculative settings, chunked prefill, batch sizes are
+    performance flags (not judged, tested by removal); dtype float32 is a known cost; a value as fast as the default
+    is nothing to test; an offline script's --batch-size, and a flag the benchmark's own command gives, are the
+    workload's and never removed. The rules say which are which."""
+    pb = load_playbook(None)
+    server = {"flags": {"model-path": "x", "tp": "8", "port": "30000", "speculative-algorithm": "EAGLE3",
+                        "speculative-num-steps": "3", "chunked-prefill-size": "512", "max-running-requests": "64",
+                        "kv-cache-dtype": "auto", "batch-size": "64", "num-prompts": "2000"}, "env": {}}
+    nj = vd.not_judged(server, pb.knowledge, bench_cmd="python /root/offline.py --num-prompts 2000")
+    assert nj.flags == ["chunked-prefill-size", "max-running-requests", "speculative-algorithm", "speculative-num-steps"]
+    assert nj.workload == ["batch-size", "num-prompts"] and nj.at_default == ["kv-cache-dtype"]
+    assert vd.not_judged({"flags": {"model-path": "x", "dtype": "float32"}, "env": {}}, pb.knowledge).flags == []
+    facts = {"server": server, "diff": None, "knowledge": pb.knowledge, "not_judged": nj.model_dump()}
+    f = evaluate(pb.get("serving_config"), facts)
+    assert [x.verdict for x in f] == ["inconclusive"]
+    assert "--speculative-algorithm EAGLE3" in f[0].because and "never removed" in f[0].because
+    assert "--batch-size 64" in f[0].because
+    fp32 = {"model-path": "x", "dtype": "float32"}
+    facts = {"server": {"flags": fp32, "env": {}}, "diff": None, "knowledge": pb.knowledge,
+             "not_judged": vd.not_judged({"flags": fp32, "env": {}}, pb.knowledge).model_dump()}
+    f = evaluate(pb.get("serving_config"), facts)
+    assert f[0].verdict == "suspect" and f[0].experiment["set_flags"] == {"dtype": "auto"}
+    quiet = {"model-path": "x", "tp": "2", "dtype": "bfloat16"}
+    facts = {"server": {"flags": quiet, "env": {}}, "diff": None, "knowledge": pb.knowledge,
+             "not_judged": vd.not_judged({"flags": quiet, "env": {}}, pb.knowledge).model_dump()}
+    f = evaluate(pb.get("serving_config"), facts)
+    assert f[0].verdict == "inconclusive" and "model-path=x tp=2" in f[0].because and "--dtype bfloat16" in f[0].because

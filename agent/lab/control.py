@@ -11,7 +11,7 @@ from debugagent.tools.probes.text import plural
 from debugagent.tools.registry import Runner
 
 from ..results import ExperimentResult
-from ..stats import CONTROL_LEVEL, CONTROL_RUNS, control
+from ..stats import CONTROL_LEVEL, CONTROL_RUNS, RESTART_PART, control
 
 if TYPE_CHECKING:
     from .lab import Lab
@@ -80,6 +80,12 @@ def restart_control(lab: Lab, r: Runner, result: ExperimentResult, bad: list[flo
         d = d.model_copy(update={"outcome": "not_cause"})
         why = ("so the restart, not the change, recovered it: the server slows down while it runs, or the "
                "reproduce step's runs were slower than the server as found is now")
+        rule = (f"the {CONTROL_LEVEL:.0%} lower bound of what a plain restart recovers is {c.low:.0%} of what the change "
+                f"did, above the {RESTART_PART:.0%} a change may share with a restart, and the change does not beat it")
+        b.last_decision = d
+        return result.model_copy(update={"control": ctrl, "significant": False, "outcome": d.outcome,
+                                         "share": round(d.share, 3), "share_ci": None, "decision": why, "rule": rule,
+                                         "text": f"{result.text}; {said}, {why}"})
     else:
         d = d.model_copy(update={"outcome": "more"})
         why = "so what the change adds to a plain restart is undecided"

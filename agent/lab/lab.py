@@ -114,7 +114,8 @@ class Lab:
 
     def result(self, spec: Any, vals: list[float], d: Any, text: str, **extra: Any) -> ExperimentResult:
         return ExperimentResult(kind=spec.kind, title=spec.title, samples=vals, mean=statistics.fmean(vals),
-                                share=round(d.share, 3), significant=d.significant, decision=d.text, text=text, **extra)
+                                share=round(d.share, 3), significant=d.significant, decision=d.text, text=text,
+                                rule=getattr(d, "rule", None) or None, **extra)
 
     def control(self, r: Runner, result: ExperimentResult, bad: list[float], regression: float | None) -> ExperimentResult:
         return restart_control(self, r, result, bad, regression)

@@ -57,6 +57,13 @@ def headline(c: Mapping[str, Any]) -> str:
             what = _what(causes[0])
             room = HEADLINE_MAX - len(head) - 2
             return f"{head}: {clip(what, room)}" if what and room > 20 else clip(head, HEADLINE_MAX)
+        joint = c.get("joint") or {}
+        if joint.get("share") is not None and joint.get("share_ci"):
+            lo, hi = joint["share_ci"]
+            together = (f"; together they recover {_pct(joint['share'])} ({_pct(lo)} to {_pct(hi)}); "
+                        f"{_pct(joint['unexplained'] or 0)} unexplained")
+            names = "Root causes: " + ", ".join(str(x["hypothesis"]) for x in causes)
+            return clip(names + together, HEADLINE_MAX)
         return clip("Root causes: " + "; ".join(_share(x) for x in causes) + f"; {by}", HEADLINE_MAX)
     if suspects:
         top = suspects[0]

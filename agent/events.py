@@ -307,6 +307,7 @@ class Conclusion(EventBase):
     regression: RegressionFacts = Field(default_factory=RegressionFacts)
     notes: list[str] = Field(default_factory=list)
     table: list[TableRow] = Field(default_factory=list)
+    joint: Row | None = None   # the confirmed causes reverted together (conclusion.Joint)
 
 
 class Error(EventBase):

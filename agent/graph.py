@@ -112,6 +112,10 @@ def judge(ctx: Ctx, state: RunState) -> dict[str, Any]:
     """The experiment's result applied to its hypothesis."""
     cur = state.current
     assert cur is not None and cur.result is not None
+    if cur.spec.get(vd.JOINT):
+        joint = vd.joint_result(cur.spec[vd.JOINT], cur.result, state.hyps)
+        ctx.say(steps.joint_words(joint))
+        return {"joint": joint, "current": None, "done": state.done + [vd.exp_key(cur.hyp, cur.spec)]}
     h = vd.after_experiment(cur.hyp, state.hyps[cur.hyp], cur.spec, cur.result)
     steps.emit_verdict(ctx, cur.hyp, h, h.because[-1])
     return {"hyps": {**state.hyps, cur.hyp: h}, "current": None, "done": state.done + [vd.exp_key(cur.hyp, cur.spec)]}
@@ -123,7 +127,8 @@ def conclude(ctx: Ctx, state: RunState) -> dict[str, Any]:
                              baseline_snapshot=ctx.baseline_snapshot is not None,
                              next_steps=ctx.playbook.knowledge.get("next_steps") or {},
                              not_judged=vd.NotJudged.model_validate((state.facts or {}).get("not_judged") or {}),
-                             commands=ctx.commands, bench_runs=state.bench_runs, notes=state.notes)
+                             commands=ctx.commands, bench_runs=state.bench_runs, notes=state.notes,
+                             joint=state.joint)
     ctx.transcript.emit("conclusion", **c.to_json())
     return {"conclusion": c}
 

@@ -162,7 +162,7 @@ def output_of(conclusion: dict[str, Any], folder: Path, wall: float) -> dict[str
     """The ``--json`` object from the conclusion; ``regression.runs`` is the reproduce step's run count as the
     run folder's events give it (``runfacts``: the number the live view and the transcript show)."""
     output = {k: conclusion.get(k) for k in ("schema", "root_cause", "root_causes", "suspects", "ruled_out",
-                                             "inconclusive", "not_judged", "commands")}
+                                             "inconclusive", "not_judged", "joint", "commands")}
     regression = conclusion.get("regression")
     if isinstance(regression, dict):
         regression = {**regression, "runs": reproduce_runs(folder)}

@@ -237,15 +237,62 @@ def choose(ctx: Ctx, s: RunState) -> dict[str, Any]:
         rest = [c for c in cands if c[1].get("group") or (total < vd.EXPLAINED_ENOUGH and hyps[c[0]].status == "suspect")]
         if not rest:
             ctx.say(vd.enough_words(hyps))
-            return {"current": None}
+            return joint_or_stop(ctx, s, hyps)
         if any(not c[1].get("group") for c in rest):
             ctx.say(vd.enough_words(hyps, suspects=sorted({c[0] for c in rest if not c[1].get("group")})))
         cands = rest
     elif not cands and add_groups(ctx, s, hyps):
         cands = candidates(ctx, s, hyps)
+    if not cands:
+        return joint_or_stop(ctx, s, hyps)
     if ctx.advisor is not None and len(cands) > 1:
         cands = ctx.advisor.order(cands, s.facts or {}, dump_hyps(hyps), ctx.transcript)
     return ask(ctx, s, hyps, cands)
+
+
+def joint_words(j: dict[str, Any]) -> str:
+    """What reverting the causes together recovered, in one sentence."""
+    if j.get("share") is None:
+        return (f"Reverted together ({', '.join(j['causes'])}), the causes could not be measured: "
+                f"{j.get('error') or j.get('text')}.")
+    lo, hi = j["share_ci"]
+    return (f"Together {', '.join(j['causes'])} recover {j['share']:.0%} of the regression (95% CI {lo:.0%} to "
+            f"{hi:.0%}; one at a time their shares add to {j['sum_alone']:.0%}); {j['unexplained']:.0%} unexplained.")
+
+
+def resolve_restore(ctx: Ctx, s: RunState, spec: dict[str, Any]) -> dict[str, Any]:
+    """A restoring restart's spec as the flags and variables it puts back (for the joint restart)."""
+    if spec.get("kind") not in ("restore_baseline_flags", "restore_baseline_env"):
+        return spec
+    from .playbook import restored
+    out = {**spec, "set_flags": dict(spec.get("set_flags") or {}), "unset_flags": list(spec.get("unset_flags") or []),
+           "set_env": dict(spec.get("set_env") or {}), "unset_env": list(spec.get("unset_env") or [])}
+    for c in restored(spec, lab_facts(ctx, s).changes):
+        area, _, name = c.path.partition(".")[2].partition(".")
+        if area == "args":
+            (out["unset_flags"].append(name) if c.a is None else out["set_flags"].__setitem__(name, c.a))
+        elif c.a is None:
+            out["unset_env"].append(name)
+        elif c.a != "[REDACTED]":
+            out["set_env"][name] = c.a
+    return out
+
+
+def joint_or_stop(ctx: Ctx, s: RunState, hyps: dict[str, vd.Hyp]) -> dict[str, Any]:
+    """Before stopping: two or more causes confirmed by experiment are reverted together once, so the run can say
+    what they recover together and what is left unexplained."""
+    hids = vd.joint_causes(hyps)
+    if len(hids) < 2 or s.joint is not None or any(k.endswith("reverted together") for k in s.done):
+        return {"current": None, "hyps": hyps}
+    spec, why = vd.joint_experiment(hyps, lambda sp: resolve_restore(ctx, s, sp))
+    if spec is None:
+        total, _ = vd.explained(hyps)
+        ctx.say(f"{len(hids)} causes are confirmed ({', '.join(hids)}), but they are not measured together: {why}; "
+                f"their shares measured one at a time add to {total:.0%}.")
+        return {"current": None, "hyps": hyps}
+    ctx.say(f"{len(hids)} causes are confirmed ({', '.join(hids)}), each measured alone; reverting them together "
+            "measures what they recover jointly (causes can overlap or compound) and what is left unexplained.")
+    return ask(ctx, s, hyps, [(hids[0], spec)])
 
 
 def ask(ctx: Ctx, s: RunState, hyps: dict[str, vd.Hyp], cands: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:

@@ -40,6 +40,7 @@ class Hyp(BaseModel):
     culprit: dict[str, Any] | None = None
     groups_tried: bool = False
     rule: str | None = None           # what decided "ruled out": the bound an experiment fell below, or the rule
+    cause_spec: dict[str, Any] | None = None   # the experiment that confirmed it (the narrowest, after a group split)
 
 
 def from_findings(findings: list[Finding], next_step: str | None) -> Hyp:
@@ -87,6 +88,7 @@ def apply_result(h: Hyp, spec: dict[str, Any], res: ExperimentResult, max_runs_h
     h.because.append(res.text)
     if outcome == "cause":
         h.status, h.how, h.next = "confirmed", "experiment", None
+        h.cause_spec = dict(spec)
         if res.share_ci is not None and within_group:   # the narrower group's measurement replaces the wider one's
             h.share, h.share_se, h.share_ci = float(res.share), res.share_se, (res.share_ci[0], res.share_ci[1])
         elif res.share_ci is not None:
@@ -255,7 +257,7 @@ def candidates(hyps: dict[str, Hyp], order: list[str], done: list[str], costs: d
     """The experiments still to run, best first: of hypotheses not closed, none done yet; a hypothesis an
     experiment confirmed runs only its groups' halves."""
     cands = [(hid, e) for hid in order for e in hyps[hid].experiments
-             if hyps[hid].status in ("suspect", "confirmed", "inconclusive") and exp_key(hid, e) not in done
+             if (hyps[hid].status in ("suspect", "confirmed", "inconclusive") or e.get("group")) and exp_key(hid, e) not in done
              and not (hyps[hid].status == "confirmed" and hyps[hid].how == "experiment" and not e.get("group"))]
     return order_experiments(cands, order, costs, baseline_head)
 
@@ -273,3 +275,46 @@ def order_experiments(cands: list[tuple[str, dict[str, Any]]], order: list[str],
                       baseline_head: str | None) -> list[tuple[str, dict[str, Any]]]:
     """Best expected value first: strength of evidence, then the playbook's cost, then its order."""
     return sorted(cands, key=lambda c: (evidence_rank(c[1], baseline_head), costs.get(c[0], 1), order.index(c[0])))
+
+
+# ---------------------------------------------------------------- the confirmed causes measured together
+RESTART_KINDS = ("server_restart", "restore_baseline_flags", "restore_baseline_env")
+JOINT = "joint"
+
+
+def joint_causes(hyps: dict[str, Hyp]) -> list[str]:
+    """The causes an experiment confirmed with a measured share: two or more are measured together."""
+    return [hid for hid, h in hyps.items() if h.status == "confirmed" and h.how == "experiment"
+            and h.share is not None and h.cause_spec is not None]
+
+
+def joint_experiment(hyps: dict[str, Hyp], resolve: Any) -> tuple[dict[str, Any] | None, str]:
+    """One restart with every confirmed cause's change at once (their experiments are restarts with flags or
+    variables changed: ``resolve`` turns a restoring spec into the flags and variables it puts back), or None and
+    why not."""
+    hids = joint_causes(hyps)
+    specs = [hyps[h].cause_spec or {} for h in hids]
+    if any(sp.get("kind") not in RESTART_KINDS for sp in specs):
+        kinds = sorted({str(sp.get("kind")) for sp in specs})
+        return None, f"their experiments ({', '.join(kinds)}) are not all server restarts, which one restart could combine"
+    joint: dict[str, Any] = {"kind": "server_restart", "set_flags": {}, "unset_flags": [], "set_env": {}, "unset_env": []}
+    for sp in specs:
+        sp = resolve(sp)
+        joint["set_flags"].update({k: v for k, v in (sp.get("set_flags") or {}).items() if k})
+        joint["unset_flags"] += [f for f in sp.get("unset_flags") or [] if f and f not in joint["unset_flags"]]
+        joint["set_env"].update({k: v for k, v in (sp.get("set_env") or {}).items() if k})
+        joint["unset_env"] += [v for v in sp.get("unset_env") or [] if v and v not in joint["unset_env"]]
+    joint["title"] = f"restart the server with {', '.join(hids)} reverted together"
+    joint[JOINT] = hids
+    return joint, ""
+
+
+def joint_result(hids: list[str], res: ExperimentResult, hyps: dict[str, Hyp]) -> dict[str, Any]:
+    """What reverting the causes together recovered: its share with the interval, and what is left unexplained."""
+    alone = sum(hyps[h].share or 0.0 for h in hids)
+    out: dict[str, Any] = {"causes": hids, "title": res.title, "error": res.error, "share": None, "share_ci": None,
+                           "unexplained": None, "sum_alone": round(alone, 3), "text": res.text}
+    if not res.error and res.share_ci is not None:
+        out.update(share=round(float(res.share), 3), share_ci=(round(res.share_ci[0], 3), round(res.share_ci[1], 3)),
+                   unexplained=round(max(0.0, 1 - float(res.share)), 3))
+    return out

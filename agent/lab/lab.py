@@ -155,6 +155,7 @@ class Lab:
         if left:
             raise RestoreError(f"the host could not be fully restored after the experiment; left: {'; '.join(left)}",
                                left=left)
-        if self.server.started is not None and result.significant:
+        # the causes reverted together were each controlled alone already
+        if self.server.started is not None and result.significant and not spec.get("joint"):
             result = self.control(r, result, bad, regression)
         return result

@@ -39,7 +39,8 @@ MIN_SHARE = 0.10
 ALPHA_REPRODUCE = 0.002
 # A baseline given as one number is one measurement of unknown noise: the current state's noise is assumed for it,
 # and the shift must also lie beyond what one run of the current state gives this often (one-sided).
-ALPHA_ONE_READING = 0.02
+ALPHA_ONE_READING = 0.01
+SD_UPPER = 0.80   # the budget's look uses this upper bound of the SD: more runs rarely show a quieter state
 RELEVANT_PCT = 1.0      # a regression must be at least this percent of the baseline to be reported
 MIN_BUDGET = 4         # an experiment may stop earlier once decided, but never gives up before this
 AUTO_CAP = 24           # the most runs of the changed state when no --max-runs is given
@@ -332,7 +333,8 @@ def reproduce(samples: list[float], baseline: float, lower_is_better: bool, clai
     A baseline given as a number (no ``baseline_samples``, not ``exact_baseline``) is one measurement of unknown
     noise: the current state's noise is assumed for it, and a regression must also beat one reading of that noise
     (one-sided p < ALPHA_ONE_READING, t with the runs' degrees of freedom). A shift that stays inside it, and that
-    even ``most`` runs (the budget) could not take outside it, is ``noise``: not shown to be a regression.
+    even ``most`` runs (the budget) could not take outside it at the SD's SD_UPPER upper bound, is ``noise``: not
+    shown to be a regression.
 
     regression: significantly worse (one-sided p < ALPHA_REPRODUCE) by at least RELEVANT_PCT.
     better: significantly better (symptom and baseline swapped, or the problem is gone).
@@ -363,7 +365,9 @@ def reproduce(samples: list[float], baseline: float, lower_is_better: bool, clai
     p_one = one_reading_p(delta, sd, len(samples)) if one else 0.0
     if one and delta > 0 and p_one >= ALPHA_ONE_READING and (outcome == "regression" or (outcome == "more" and final)):
         # the shift is inside the noise one reading carries: more runs help only while the budget could show it
-        hopeless = final or one_reading_p(delta, sd, max(most or len(samples), len(samples))) >= ALPHA_ONE_READING
+        n = len(samples)
+        sd_up = sd * math.sqrt((n - 1) / float(sps.chi2.ppf(1 - SD_UPPER, n - 1)))
+        hopeless = final or one_reading_p(delta, sd_up, max(most or n, n)) >= ALPHA_ONE_READING
         outcome = "noise" if hopeless else "more"
     pct = abs(delta) / abs(baseline) if baseline else 0.0
     text = (f"measured {m:.4g} ± {sd:.2g} over {len(samples)} runs against a baseline of {baseline:.4g}: "

@@ -255,10 +255,12 @@ def exp_key(hid: str, spec: dict[str, Any]) -> str:
 def candidates(hyps: dict[str, Hyp], order: list[str], done: list[str], costs: dict[str, int],
                baseline_head: str | None) -> list[tuple[str, dict[str, Any]]]:
     """The experiments still to run, best first: of hypotheses not closed, none done yet; a hypothesis an
-    experiment confirmed runs only its groups' halves."""
+    experiment confirmed runs its groups' halves and its other values known to cost (a second costly variable is a
+    second cause), not its weaker evidence."""
     cands = [(hid, e) for hid in order for e in hyps[hid].experiments
              if (hyps[hid].status in ("suspect", "confirmed", "inconclusive") or e.get("group")) and exp_key(hid, e) not in done
-             and not (hyps[hid].status == "confirmed" and hyps[hid].how == "experiment" and not e.get("group"))]
+             and not (hyps[hid].status == "confirmed" and hyps[hid].how == "experiment" and not e.get("group")
+                      and evidence_rank(e, baseline_head) > 0)]
     return order_experiments(cands, order, costs, baseline_head)
 
 

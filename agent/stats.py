@@ -209,7 +209,7 @@ def decide(reference: list[float], changed: list[float], regression: float | Non
     of = "of the regression" if reg is not None else "of a 5% change of the reference mean (no regression was measured)"
     rule = ""
     if outcome == "not_cause":
-        rule = (f"the {1 - ALPHA_NOT:.0%} upper bound of what it recovers is {max(upper, 0.0) / relevant:.0%} {of}, "
+        rule = (f"the {1 - ALPHA_NOT:.0%} upper bound of what it recovers is {max(upper, 0.0) / relevant:.1%} {of}, "
                 f"below the {NOT_CAUSE_SHARE:.0%} a cause must recover" if upper >= 0 else
                 f"it made things worse: the {1 - ALPHA_NOT:.0%} upper bound of what it recovers is below zero")
     text = (f"mean {mc:.4g} vs {mr:.4g} in the reference state ({len(changed)} vs {len(reference)} runs): "

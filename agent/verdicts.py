@@ -40,7 +40,8 @@ class Hyp(BaseModel):
     culprit: dict[str, Any] | None = None
     groups_tried: bool = False
     rule: str | None = None           # what decided "ruled out": the bound an experiment fell below, or the rule
-    cause_spec: dict[str, Any] | None = None   # the experiment that confirmed it (the narrowest, after a group split)
+    cause_specs: list[dict[str, Any]] = Field(default_factory=list)   # the experiments that confirmed it (a group's
+    # narrowest half replaces the group)
 
 
 def from_findings(findings: list[Finding], next_step: str | None) -> Hyp:
@@ -88,7 +89,9 @@ def apply_result(h: Hyp, spec: dict[str, Any], res: ExperimentResult, max_runs_h
     h.because.append(res.text)
     if outcome == "cause":
         h.status, h.how, h.next = "confirmed", "experiment", None
-        h.cause_spec = dict(spec)
+        narrower = set(spec.get("group") or [])
+        h.cause_specs = [c for c in h.cause_specs if not (narrower and narrower < set(c.get("group") or []))]
+        h.cause_specs.append(dict(spec))
         if res.share_ci is not None and within_group:   # the narrower group's measurement replaces the wider one's
             h.share, h.share_se, h.share_ci = float(res.share), res.share_se, (res.share_ci[0], res.share_ci[1])
         elif res.share_ci is not None:
@@ -287,7 +290,7 @@ JOINT = "joint"
 def joint_causes(hyps: dict[str, Hyp]) -> list[str]:
     """The causes an experiment confirmed with a measured share: two or more are measured together."""
     return [hid for hid, h in hyps.items() if h.status == "confirmed" and h.how == "experiment"
-            and h.share is not None and h.cause_spec is not None]
+            and h.share is not None and h.cause_specs]
 
 
 def joint_experiment(hyps: dict[str, Hyp], resolve: Any) -> tuple[dict[str, Any] | None, str]:
@@ -295,7 +298,7 @@ def joint_experiment(hyps: dict[str, Hyp], resolve: Any) -> tuple[dict[str, Any]
     variables changed: ``resolve`` turns a restoring spec into the flags and variables it puts back), or None and
     why not."""
     hids = joint_causes(hyps)
-    specs = [hyps[h].cause_spec or {} for h in hids]
+    specs = [sp for h in hids for sp in hyps[h].cause_specs]
     if any(sp.get("kind") not in RESTART_KINDS for sp in specs):
         kinds = sorted({str(sp.get("kind")) for sp in specs})
         return None, f"their experiments ({', '.join(kinds)}) are not all server restarts, which one restart could combine"

@@ -261,7 +261,7 @@ def candidates(hyps: dict[str, Hyp], order: list[str], done: list[str], costs: d
     experiment confirmed runs its groups' halves and its other values known to cost (a second costly variable is a
     second cause), not its weaker evidence."""
     cands = [(hid, e) for hid in order for e in hyps[hid].experiments
-             if (hyps[hid].status in ("suspect", "confirmed", "inconclusive") or e.get("group")) and exp_key(hid, e) not in done
+             if hyps[hid].status in ("suspect", "confirmed", "inconclusive") and exp_key(hid, e) not in done
              and not (hyps[hid].status == "confirmed" and hyps[hid].how == "experiment" and not e.get("group")
                       and evidence_rank(e, baseline_head) > 0)]
     return order_experiments(cands, order, costs, baseline_head)

@@ -60,7 +60,7 @@ def headline(c: Mapping[str, Any]) -> str:
         joint = c.get("joint") or {}
         if joint.get("share") is not None and joint.get("share_ci"):
             lo, hi = joint["share_ci"]
-            together = (f"; together they recover {_pct(joint['share'])} ({_pct(lo)} to {_pct(hi)}); "
+            together = (f"; together they recover {_pct(joint['share'])} (95% CI {_pct(lo)} to {_pct(hi)}); "
                         f"{_pct(joint['unexplained'] or 0)} unexplained")
             names = "Root causes: " + ", ".join(str(x["hypothesis"]) for x in causes)
             return clip(names + together, HEADLINE_MAX)

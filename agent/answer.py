@@ -62,7 +62,10 @@ def headline(c: Mapping[str, Any]) -> str:
             lo, hi = joint["share_ci"]
             together = (f"; together they recover {_pct(joint['share'])} (95% CI {_pct(lo)} to {_pct(hi)}); "
                         f"{_pct(joint['unexplained'] or 0)} unexplained")
-            names = "Root causes: " + ", ".join(str(x["hypothesis"]) for x in causes)
+            names = "Root causes: " + ", ".join(str(x["hypothesis"]) + (f" (explains {_pct(x['explains'])})" if x.get(
+                "explains") is not None else "") for x in causes)
+            if len(names + together) > HEADLINE_MAX:   # the joint numbers first: they are the answer's point
+                names = "Root causes: " + ", ".join(str(x["hypothesis"]) for x in causes)
             return clip(names + together, HEADLINE_MAX)
         return clip("Root causes: " + "; ".join(_share(x) for x in causes) + f"; {by}", HEADLINE_MAX)
     if suspects:

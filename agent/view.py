@@ -84,6 +84,7 @@ class ViewState:
     max_runs: int = 8
     experiments_done: int = 0
     in_experiment: str | None = None
+    in_label: str | None = None   # the series the experiment under way measures (causes reverted together: "together (…)")
     counting: bool = False   # the benchmark call in flight adds to the last series (not a warm-up, not a control)
     result: str = ""
     lines: list[str] = field(default_factory=list)   # plain lines not yet printed (non-TTY mode)
@@ -182,12 +183,15 @@ class ViewState:
                 if rep is not None:
                     rep.done = True
                 self.in_experiment = hyp
-                self.series.append(Series(str(hyp)))
+                joint = (ev.spec or {}).get("joint")   # the confirmed causes reverted together
+                self.in_label = f"together ({', '.join(joint)})" if joint else str(hyp)
+                self.series.append(Series(self.in_label))
                 self.set_phase(f"experiment on {hyp}: {ev.text}")
             elif ev.phase == "undo":
                 self.set_phase(f"experiment on {hyp}: undoing ({ev.text})")
             elif ev.phase == "result":
-                cur = next((s for s in reversed(self.series) if s.label == str(hyp) and not s.done), None)
+                label = self.in_label or str(hyp)
+                cur = next((s for s in reversed(self.series) if s.label == label and not s.done), None)
                 if cur is not None:
                     cur.share, cur.done = ev.share, True
                     if cur.values and ev.share is not None:

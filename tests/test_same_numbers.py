@@ -80,7 +80,8 @@ def test_experiment_numbers_agree(run):
             if share is None:
                 continue
             assert f"after {after}; recovered {pct(share)} of the regression" in page
-            assert last_measure(o["view"], hid) == f"[measure] {hid}: {after}; recovered {pct(share)}"
+            label = f"together ({', '.join(x.spec['joint'])})" if x.spec.get("joint") else hid   # causes reverted together
+            assert last_measure(o["view"], label) == f"[measure] {label}: {after}; recovered {pct(share)}"
             said = re.findall(r"(-?\d+)% of the regression", x.result)
             assert said and f"{said[-1]}%" == pct(share), x.result   # the engine's sentence, in the transcript
             assert f"Result: {x.result}." in o["md"]

@@ -263,7 +263,8 @@ def test_confirmed_causes_are_reverted_together_and_the_joint_share_is_reported(
                        baseline_snapshot=False, next_steps={}, not_judged=vd.NotJudged(), joint=joint)
     assert c.joint is not None and "Together they recover 80% (95% CI 70% to 90%); 20% unexplained." in c.summary
     h = headline(c.model_dump(mode="json", by_alias=True))
-    assert h.startswith("Root causes: serving_config, env_var; together they recover 80% (95% CI 70% to 90%)")
+    assert h.startswith("Root causes: serving_config (explains 60%), env_var (explains 30%); together they recover 80% "
+                        "(95% CI 70% to 90%)")
     assert h.endswith("20% unexplained") and len(h) <= 160
     hs["env_var"].cause_specs = [{"kind": "governor", "governor": "performance"}]
     spec, why = vd.joint_experiment(hs, resolve)

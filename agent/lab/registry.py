@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Union
 
 from pydantic import Field
 
+from .kinds.clocks import ClockReset
 from .kinds.code import CodeRevert
 from .kinds.knobs import Governor, PowerLimit
 from .kinds.package import PackageRestore
@@ -16,7 +17,7 @@ from .kinds.restart import RestoreBaselineEnv, RestoreBaselineFlags, ServerResta
 from .spec import ExperimentSpec, Kind
 
 ALL: tuple[type[Kind], ...] = (CodeRevert, ServerRestart, RestoreBaselineFlags, RestoreBaselineEnv, PowerLimit,
-                               Governor, PackageRestore)
+                               Governor, PackageRestore, ClockReset)
 
 KINDS: dict[str, type[Kind]] = {k.name(): k for k in ALL}
 

@@ -113,13 +113,8 @@ class PackageRestore(Kind):
         for t in targets:
             overlay = f"{root}/{re.sub(r'[^A-Za-z0-9_.-]', '_', t.name)}"
             got = self.baseline_build(lab, r, python, t, overlay)
-            if got is None and t.build is None and t.version == t.current_version:
-                # no baseline says which version it had: the newest older version found on the host (a downgrade)
-                older = self.previous_version(lab, r, python, t, overlay)
-                if older is not None:
-                    t, got = older[0], older[1:]
             if got:
-                found.append((t, *got))
+                found.append(got)
             else:
                 missing.append(t)
         if not found:
@@ -157,7 +152,10 @@ class PackageRestore(Kind):
                          overlay: str) -> tuple[PackageTarget, str, str] | None:
         """The newest wheel of ``t`` older than its installed version in the wheelhouse or pip's cache, installed into
         ``overlay`` and checked: (its target, the wheel, the overlay)."""
-        o = r.call("find_wheels", {"name": t.name, "places": lab.setup.wheelhouse},
+        recorded = getattr(getattr(r, "transport", None), "recorded_tools", None)
+        if recorded is not None and "find_older_wheels" not in recorded:
+            return None   # a recording made before this step existed replays without it
+        o = r.call("find_older_wheels", {"name": t.name, "places": lab.setup.wheelhouse},
                    why=f"older versions of {t.name} than {t.version} on the host: the wheelhouse and pip's cache")
         now = release_key(t.version)
         by_version: dict[str, list[str]] = {}
@@ -194,11 +192,18 @@ class PackageRestore(Kind):
             return w, overlay
         return None
 
-    def baseline_build(self, lab: Lab, r: Runner, python: str, t: PackageTarget, overlay: str) -> tuple[str, str] | None:
-        """A wheel of ``t`` on the host, installed into ``overlay`` and checked by hashing its compiled files."""
+    def baseline_build(self, lab: Lab, r: Runner, python: str, t: PackageTarget,
+                       overlay: str) -> tuple[PackageTarget, str, str] | None:
+        """A wheel of ``t`` on the host, installed into ``overlay`` and checked by hashing its compiled files: (the
+        target it is, the wheel, the overlay). Where no baseline names the version (``t`` is the installed one) and
+        the host holds no other build of it, the newest older version the host holds comes before the index."""
         o = r.call("find_wheels", {"name": t.name, "version": t.version, "places": lab.setup.wheelhouse},
                    why=f"wheels of {t.name} {t.version} on the host: the wheelhouse and pip's cache")
         wheels = o.output.wheels if o.ok else []
+        if not wheels and t.build is None and t.version == t.current_version:
+            older = self.previous_version(lab, r, python, t, overlay)
+            if older is not None:
+                return older
         if not wheels:
             dest = f"/tmp/debugagent-dl-{lab.run_id}"
             lab.push_undo("remove_tree", {"path": dest}, f"remove the downloaded wheels {dest}")
@@ -208,5 +213,5 @@ class PackageRestore(Kind):
         for w in wheels:
             got = self.install_checked(lab, r, python, t, w, overlay)
             if got:
-                return got
+                return t, *got
         return None

@@ -16,8 +16,8 @@ from .kinds.package import PackageRestore
 from .kinds.restart import RestoreBaselineEnv, RestoreBaselineFlags, ServerRestart
 from .spec import ExperimentSpec, Kind
 
-ALL: tuple[type[Kind], ...] = (CodeRevert, ServerRestart, RestoreBaselineFlags, RestoreBaselineEnv, PowerLimit,
-                               Governor, PackageRestore, ClockReset)
+ALL: tuple[type[Kind], ...] = (CodeRevert, ServerRestart, RestoreBaselineFlags, RestoreBaselineEnv, PowerLimit, ClockReset,
+                               Governor, PackageRestore)
 
 KINDS: dict[str, type[Kind]] = {k.name(): k for k in ALL}
 

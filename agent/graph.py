@@ -26,6 +26,7 @@ from . import verdicts as vd
 from .context import REPRODUCE_RUNS, Ctx, Overrides
 from .discovery import discover as find_host_server
 from .discovery import narrate, run_input, state_of
+from .lab.shadow import server_bench
 from .preflight import check_benchmark
 from .state import RunState
 
@@ -78,8 +79,14 @@ def discover(ctx: Ctx, state: RunState) -> dict[str, Any]:
     for line in narrate(d):
         ctx.say(line)
     found = state_of(d)
+    raw = found.get("bench")
+    found["bench"] = server_bench(raw, found.get("server"))   # `{port}` in --bench: the server's port
+    notes = list(state.notes)
+    if ctx.overrides.shadow_gpus or ctx.overrides.shadow_port:   # before any benchmark run: exit 2 with the fix
+        found["shadow"] = steps.shadow_check(ctx, found, raw)
+        notes += [f"shadow experiments: {n}" for n in found["shadow"]["notes"]]   # in the answer and --json too
     found["first_run"] = check_benchmark(ctx, found)   # the reproduce step's first run
-    return {"discovered": found}
+    return {"discovered": found, **({"notes": notes} if notes != state.notes else {})}
 
 
 def probe(ctx: Ctx, state: RunState) -> dict[str, Any]:

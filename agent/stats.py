@@ -206,7 +206,7 @@ def decide(reference: list[float], changed: list[float], regression: float | Non
     mc, mr = statistics.fmean(changed), statistics.fmean(reference)
     how = {"cause": "a cause", "not_cause": "not a cause", "more": "undecided" + (" at the run budget" if final else "")}
     share_txt = (f", {_pct(share)} of the regression (95% CI {_pct(share_ci[0])} to {_pct(share_ci[1])})"
-                 if share_ci is not None else "")
+                 if share_ci is not None and share is not None else "")
     test = "t-test" if e.normal else "t-test and Mann-Whitney U (the noise is not normal)"
     text = (f"mean {plain(mc, 4)} vs {plain(mr, 4)} in the reference state ({len(changed)} vs {len(reference)} runs): "
             f"{'recovers' if e.improvement > 0 else 'changes'} {plain(e.improvement, sign=True)}{share_txt}; "

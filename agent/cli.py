@@ -324,6 +324,41 @@ def sim_validate(path: Annotated[str, typer.Argument(metavar="FILE", help="the s
                      f"{sc.expect.root_cause or 'no root cause'}"))
 
 
+
+@sim_app.command("from-snapshots")
+def sim_from_snapshots(
+        good: Annotated[str, typer.Argument(metavar="GOOD.json", help="a snapshot of the good state (`debugagent snapshot --bench-runs 5`)")],
+        bad: Annotated[str, typer.Argument(metavar="BAD.json", help="a snapshot of the bad state")],
+        output: Annotated[str, typer.Option("-o", "--out", metavar="FILE", help="the scenario .yaml to write (never overwritten)")],
+        expect: Annotated[str, typer.Option("--expect", metavar="HYPOTHESIS", help="the cause the real host's run found (a hypothesis id), or `none` for no regression")],
+        name: Annotated[str | None, typer.Option("--name", metavar="NAME", help="the scenario's name (default: from FILE)")] = None,
+        mentions: Annotated[str | None, typer.Option("--mentions", metavar="WORD", help="a word the answer must name")] = None,
+        effect: Annotated[list[str] | None, typer.Option("--effect", metavar="PATH=DELTA", help="what one difference costs, in the metric's unit (default: the change shared equally)")] = None,
+) -> None:
+    """Make a scenario from two real snapshots: the host is the bad one's, each difference `diff` reports is a
+    factor, the benchmarks' numbers give the effects; validated before it is written."""
+    import re as _re
+
+    from debugagent.tools.sim.fromsnap import scenario_from_snapshots, write_scenario
+    from debugagent.tools.snapshot import Snapshot
+    if Path(output).exists():
+        raise UsageError(f"-o {output}: the file exists", fix="give a new file name (nothing is overwritten)")
+    effects: dict[str, float] = {}
+    for e in effect or []:
+        path, _, value = e.partition("=")
+        try:
+            effects[path] = float(value)
+        except ValueError:
+            raise UsageError(f"--effect {e}: not PATH=DELTA", fix="e.g. --effect server.args.dtype=-1070") from None
+    sc, notes = scenario_from_snapshots(
+        Snapshot.load(good), Snapshot.load(bad), expect=None if expect == "none" else expect, mentions=mentions,
+        effects=effects, name=name or _re.sub(r"[^a-z0-9-]+", "-", Path(output).stem.lower()).strip("-") or "from-snapshots")
+    write_scenario(sc, output, f"{good} {bad}")
+    for n in notes:
+        err.print(escape(f"note: {n}"))
+    err.print(escape(f"wrote {output}: {len(sc['factors'])} factor(s) ({', '.join(f['path'] for f in sc['factors']) or 'none'}); "
+                     f"run it: debugagent run --host sim:{output} --symptom '{sc['symptom']}' --baseline '{sc['baseline']}'"))
+
 @sim_app.command("new")
 def sim_new(path: Annotated[str, typer.Argument(metavar="FILE", help="where to write the new scenario .yaml")],
             like: Annotated[str, typer.Option("--like", metavar="NAME", help="the built-in scenario to start from (`debugagent sim list`)")] = "power-capped") -> None:

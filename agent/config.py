@@ -51,6 +51,12 @@ def flag(*names: str, metavar: str | None = None, recorded: bool | Callable[[Any
     return Flag(names, metavar, recorded)
 
 
+def when_given(value: Any) -> Any:
+    """``recorded=when_given``: kept as given, and only when given (a field added after the kept recordings, whose
+    headers do not name it: a run without it records the same inputs as they do)."""
+    return value
+
+
 class SSHOptions(BaseModel):
     """How to log into an SSH host (``run.json``'s ``ssh``)."""
 
@@ -126,6 +132,13 @@ class RunConfig(BaseModel):
                           "DEBUGAGENT_PYTHONPATH_FIRST, DEBUGAGENT_PHASE")
     ready_timeout: Annotated[float, flag("--ready-timeout", metavar="SECONDS", recorded=True)] = Field(
         default=READY_TIMEOUT_S, ge=1.0, description="seconds to wait for a restarted server to be ready")
+    shadow_gpus: Annotated[str | None, flag("--shadow-gpus", metavar="LIST", recorded=when_given)] = Field(
+        default=None, description="shadow experiments: instead of restarting the server, start a changed copy and an "
+                          "unchanged one beside it on these GPUs (CUDA_VISIBLE_DEVICES, e.g. `4,5`) and measure them in "
+                          "turn; the server itself is never stopped (needs --shadow-port)")
+    shadow_port: Annotated[int | None, flag("--shadow-port", metavar="N", recorded=when_given)] = Field(
+        default=None, ge=1, le=65534, description="the changed copy's port (the unchanged copy's is N+1); both must be "
+                                           "free (needs --shadow-gpus)")
     force_unlock: Annotated[bool, flag("--force-unlock")] = Field(
         default=False, description="take over the host's lock left by a run that is gone (a stale lock)")
     higher_is_better: Annotated[bool, flag("--higher-is-better")] = Field(
@@ -148,6 +161,8 @@ class RunConfig(BaseModel):
             fl = flag_of(f.metadata)
             if fl is not None and fl.recorded:
                 value = getattr(self, name)
+                if fl.recorded is when_given and value is None:
+                    continue
                 d[name] = fl.recorded(value) if callable(fl.recorded) else value
         d["direction"] = self.direction
         return d

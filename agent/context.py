@@ -38,6 +38,8 @@ class Overrides(BaseModel):
     code_root: str | None = None
     wheelhouse: str | None = None
     restart_cmd: str | None = None
+    shadow_gpus: str | None = None
+    shadow_port: int | None = None
     ready_timeout_s: float | None = Field(default=None, validation_alias=AliasChoices("ready_timeout", "ready_timeout_s"))
 
     @property

@@ -60,7 +60,15 @@ def restart_line(f: RunFacts, argv: list[str], unset: Sequence[str] = (), set_en
 
 
 def _restart_call(x: ExperimentView) -> dict[str, Any] | None:
-    return next((c.get("input") or {} for c, _ in x.calls if c.get("tool") == "restart_server"), None)
+    """The restart the experiment made; for a shadow experiment, the server's own command line with the change (the
+    changed copy's ``fix_argv``: its port and GPUs are the copy's, not the fix's)."""
+    for c, _ in x.calls:
+        inp = c.get("input") or {}
+        if c.get("tool") == "restart_server":
+            return inp
+        if c.get("tool") == "start_copy" and inp.get("role") == "changed":
+            return {**inp, "argv": inp.get("fix_argv") or inp.get("argv") or []}
+    return None
 
 
 def _decisive(f: RunFacts, hid: str) -> ExperimentView | None:

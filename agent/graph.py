@@ -27,6 +27,7 @@ from . import verdicts as vd
 from .context import REPRODUCE_RUNS, Ctx, Overrides
 from .discovery import discover as find_host_server
 from .discovery import narrate, run_input, state_of
+from .lab.shadow import server_bench
 from .preflight import check_benchmark
 from .state import RunState
 
@@ -81,8 +82,14 @@ def discover(ctx: Ctx, state: RunState) -> dict[str, Any]:
     found = state_of(d)
     if not found.get("bench") and ctx.transport.live and not ctx.transport.sandbox:
         raise no_benchmark(ctx)
+    raw = found.get("bench")
+    found["bench"] = server_bench(raw, found.get("server"))   # `{port}` in --bench: the server's port
+    notes = list(state.notes)
+    if ctx.overrides.shadow_gpus or ctx.overrides.shadow_port:   # before any benchmark run: exit 2 with the fix
+        found["shadow"] = steps.shadow_check(ctx, found, raw)
+        notes += [f"shadow experiments: {n}" for n in found["shadow"]["notes"]]   # in the answer and --json too
     found["first_run"] = check_benchmark(ctx, found)   # the reproduce step's first run
-    return {"discovered": found}
+    return {"discovered": found, **({"notes": notes} if notes != state.notes else {})}
 
 
 def no_benchmark(ctx: Ctx) -> UsageError:

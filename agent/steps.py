@@ -17,7 +17,8 @@ from . import verdicts as vd
 from .context import Ctx
 from .discovery import run_input
 from .facts import LabFacts, build_facts
-from .lab import ConnectionLost, ExperimentError, Lab, LabSetup, Measure, kind_of
+from .lab import ConnectionLost, ExperimentError, Lab, LabSetup, Measure, kind_of, shadow
+from .lab.shadow import server_bench
 from .results import ExperimentResult, Regression
 from .state import Current, RunState
 from .stats import Reproduction, fresh_reference_runs, more_runs_advice, reproduce, share_interval
@@ -46,7 +47,7 @@ def bench_of(ctx: Ctx, d: dict[str, Any]) -> str | None:
     if bench and "[REDACTED]" in bench:
         raise UsageError("the benchmark command held a secret, so the saved run does not have it",
                          fix="give it again: debugagent resume RUN --bench '…'")
-    return bench
+    return server_bench(bench, d.get("server"))   # `{port}`: the server's own port
 
 
 # ---------------------------------------------------------------- probe
@@ -279,7 +280,7 @@ def lab_for(ctx: Ctx, s: RunState, hid: str) -> Lab:
                ctx.run_id, ctx.symptom.direction == "lower",
                LabSetup.from_inputs(ctx.overrides, (d.get("host_facts") or {}).get("profile")), ctx.warmth,
                ctx.found_restarted, discovery=run_input(ctx.overrides, d["metric"], d.get("server")),
-               noise=baseline_noise(ctx), fresh_runs=fresh)   # how many to run; ``Lab.reference`` keeps how many it had
+               noise=baseline_noise(ctx), fresh_runs=fresh, shadow=d.get("shadow"))   # how many to run; ``Lab.reference`` keeps how many it had
 
 
 def baseline_noise(ctx: Ctx) -> tuple[list[float], ...]:
@@ -287,6 +288,18 @@ def baseline_noise(ctx: Ctx) -> tuple[list[float], ...]:
     of the noise, as the reproduce step does; none without a baseline snapshot."""
     bs = _baseline_for(ctx, None)[1]
     return (bs,) if len(bs) >= 2 else ()
+
+
+def shadow_check(ctx: Ctx, d: dict[str, Any], bench: str | None) -> dict[str, Any]:
+    """``--shadow-gpus``/``--shadow-port`` checked against the server found, before any benchmark run (exit 2 with
+    the fix); the plan the experiments follow, its notes said."""
+    plan = shadow.check(ctx.runner(None), ctx.overrides.shadow_gpus, ctx.overrides.shadow_port, d.get("server"), bench)
+    ctx.say(f"Shadow experiments: the server (pid {(d.get('server') or {}).get('pid')}, port {plan.server_port}) is never "
+            f"restarted; each experiment starts a changed copy of it on port {plan.port} and an unchanged one on port "
+            f"{plan.ref_port}, on GPUs {','.join(plan.gpus)}, and measures them in turn.")
+    for note in plan.notes:
+        ctx.say(f"Shadow: {note}.")
+    return plan.model_dump()
 
 
 def run_experiment(ctx: Ctx, s: RunState) -> tuple[Current, int]:

@@ -586,3 +586,83 @@ def fresh_docs() -> list[Doc]:
     """One document per fresh case: a secret to hide, or a line to keep as it is."""
     return ([Doc(f"f-secret-{i}", text + "\n", [secret]) for i, (text, secret) in enumerate(FRESH_SECRETS)]
             + [Doc(f"f-readable-{i}", text + "\n") for i, text in enumerate(FRESH_READABLE)])
+
+
+# A set written after every rule above, from what an inference host's environment, flags, logs and
+# shell history hold. Its first 30 secrets and 25 readable lines were measured before any rule was
+# changed for it (30/30 hidden, 0 changed); the engines' start-up lines below them were not (two
+# secrets leaked and one line lost a word) and the two rules they needed came after.
+UNSEEN_SECRETS = [
+    ("+WANDB_API_KEY=3f9c2a7be41d0c5e8a6f7b2d9e1c4a0b5d6e7f80", "3f9c2a7be41d0c5e8a6f7b2d9e1c4a0b5d6e7f80"),
+    ("+NGC_API_KEY=nvapi-Unse3nPw01xQ9zLm2Kp7Rt", "Unse3nPw01xQ9zLm2Kp7Rt"),
+    ("vllm serve m --hf-token hf_Unse3nPw02xAbCdEfGhIjKlMnOpQrStUv", "Unse3nPw02xAbCdEfGhIjKlMnOpQrStUv"),
+    ("+VLLM_API_KEY=Unse3nPw03xk", "Unse3nPw03xk"),
+    ("remote.origin.url=https://oauth2:glpat-Unse3nPw04xAbCdEfGh@gitlab.example/grp/repo.git", "Unse3nPw04xAbCdEfGh"),
+    ("+SLACK_WEBHOOK_URL=https://hooks.slack.com/services/T0AAA/B0BBB/Unse3nPw05xAbCdEfGhIj", "Unse3nPw05xAbCdEfGhIj"),
+    ("+DD_API_KEY=Unse3nPw06x0a1b2c3d4e5f6a7b8c9d0", "Unse3nPw06x0a1b2c3d4e5f6a7b8c9d0"),
+    ("+PAYMENTS=sk_live_Unse3nPw07xAbCdEfGhIjKlMn", "Unse3nPw07xAbCdEfGhIjKlMn"),
+    ("+AZURE_OPENAI_KEY=Unse3nPw08x9f8e7d6c5b4a3f2e1d0c", "Unse3nPw08x9f8e7d6c5b4a3f2e1d0c"),
+    ("--cache-url redis://:Unse3nPw09x@redis:6379/0", "Unse3nPw09x"),
+    ("+SQLALCHEMY_URL=postgresql+psycopg2://app:Unse3nPw10x@db:5432/serve", "Unse3nPw10x"),
+    ("python3 -m router --redis-password Unse3nPw11x --port 9000", "Unse3nPw11x"),
+    ("+MINIO_ROOT_PASSWORD=Unse3nPw12x", "Unse3nPw12x"),
+    ("machine artifacts.example login ci password Unse3nPw13x", "Unse3nPw13x"),
+    ("aws_secret_access_key = Unse3nPw14xAbCdEfGhIjKlMnOpQrStUvWxYz01", "Unse3nPw14xAbCdEfGhIjKlMnOpQrStUvWxYz01"),
+    ("+NEPTUNE_API_TOKEN=Unse3nPw15xeyJhcGlfYWRkcmVzcyI6", "Unse3nPw15xeyJhcGlfYWRkcmVzcyI6"),
+    ("curl -s -H 'x-api-key: Unse3nPw16xAbCdEf' http://127.0.0.1:8000/v1/models", "Unse3nPw16xAbCdEf"),
+    ("curl -H \"Authorization: Basic dXNlcjpVbnNlM25QdzE3eA==\" http://127.0.0.1:8000/metrics", "dXNlcjpVbnNlM25QdzE3eA"),
+    ("+OPENROUTER_API_KEY=sk-or-v1-Unse3nPw18x0a1b2c3d4e5f6a7b8c9d0e1f2", "Unse3nPw18x0a1b2c3d4e5f6a7b8c9d0e1f2"),
+    ("+NPM_TOKEN=npm_Unse3nPw19xAbCdEfGhIjKlMnOpQrSt", "Unse3nPw19xAbCdEfGhIjKlMnOpQrSt"),
+    ("+TWINE_PASSWORD=pypi-AgEIcHlwaS5vcmcUnse3nPw20x", "Unse3nPw20x"),
+    ("git clone https://x-access-token:ghs_Unse3nPw21xAbCdEfGhIjKlMnOp@github.com/o/r", "Unse3nPw21xAbCdEfGhIjKlMnOp"),
+    ("+PRIVATE_KEY_PASSPHRASE=Unse3nPw22x", "Unse3nPw22x"),
+    ("+ANTHROPIC_API_KEY=sk-ant-api03-Unse3nPw23xAbCdEfGhIjKlMnOpQrStUv", "Unse3nPw23xAbCdEfGhIjKlMnOpQrStUv"),
+    ("+LLM_GATEWAY_CREDENTIALS={\"client_id\": \"serve\", \"client_secret\": \"Unse3nPw24xAbCd\"}", "Unse3nPw24xAbCd"),
+    ("python3 bench.py --base-url http://127.0.0.1:8000 --api-key=Unse3nPw25x --num-prompts 200", "Unse3nPw25x"),
+    ("+HF_TOKEN_PATH=/root/.cache/huggingface/token\n+HUGGINGFACE_HUB_TOKEN=hf_Unse3nPw26xAbCdEfGhIjKlMnOpQrS",
+     "Unse3nPw26xAbCdEfGhIjKlMnOpQrS"),
+    ("+RAY_REDIS_PASSWORD=Unse3nPw27x", "Unse3nPw27x"),
+    ("+GRAFANA_SERVICE_ACCOUNT_TOKEN=glsa_Unse3nPw28xAbCdEfGhIjKlMnOp_0a1b2c3d", "Unse3nPw28xAbCdEfGhIjKlMnOp"),
+    ("+CLOUDFLARE_API_TOKEN=Unse3nPw29xAbCdEfGhIjKlMnOpQrStUvWx", "Unse3nPw29xAbCdEfGhIjKlMnOpQrStUvWx"),
+    # the engines' own start-up lines (these two leaked before the rule for a list of quoted values)
+    ("INFO 12-03 10:14:07 [api_server.py:1] non-default args: {'model': '/models/m', 'api_key': ['Unse3nPw30xAbc']}",
+     "Unse3nPw30xAbc"),
+    ("non-default args: {'api_key': [\"Unse3nPw31xAbc\", 'Unse3nPw32xAbc'], 'max_num_seqs': 256}\n"
+     "client used Unse3nPw32xAbc", "Unse3nPw32xAbc"),
+    ("server_args=ServerArgs(model_path='/models/m', api_key='Unse3nPw33xAbc', tp_size=1)", "Unse3nPw33xAbc"),
+]
+UNSEEN_READABLE = [
+    "vllm serve m --max-num-batched-tokens 8192 --num-speculative-tokens 5 --tokenizer-pool-size 4",
+    "+SGLANG_ENABLE_TORCH_COMPILE=1",
+    "python3 -m sglang.launch_server --speculative-token-map /models/map.pt --kv-cache-dtype fp8_e4m3",
+    "+VLLM_ATTENTION_BACKEND=FLASHINFER",
+    "+TOKENIZERS_PARALLELISM=false",
+    "+HF_HUB_OFFLINE=1",
+    "+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+    "flashinfer/data/libflashinfer.so sha256=cca51d421ad719dd8e0f2c3b4a59687766554433221100ffeeddccbbaa998877",
+    "9f1c2e3d4b5a69788776655443322110fedcba98 perf: fuse rope into the attention kernel (#8812)",
+    "GPU 0: NVIDIA H200 (UUID: GPU-3f2a1b6c-9d8e-4f70-a1b2-c3d4e5f60718)",
+    "+CUDA_VISIBLE_DEVICES=GPU-3f2a1b6c-9d8e-4f70-a1b2-c3d4e5f60718",
+    "image: nvcr.io/nvidia/pytorch:24.05-py3@sha256:5c7e0e9d1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5",
+    "--served-model-name meta-llama/Llama-3.1-8B-Instruct --tokenizer-mode auto",
+    'INFO 12-03 10:14:07 [logger.py:41] Received request cmpl-9f8e7d6c5b4a39281706f5e4d3c2b1a0: prompt: \'hi\'',
+    "+VLLM_ALLOW_LONG_MAX_MODEL_LEN=1",
+    "--enable-prefix-caching --max-num-seqs 256 --num-lookahead-slots 4",
+    "+NCCL_SOCKET_IFNAME=eth0",
+    "--speculative-config '{\"method\": \"eagle3\", \"num_speculative_tokens\": 3}'",
+    "KV cache: 1,234,567 tokens; keys and values in fp8",
+    "avg_spec_accept_length: 3.12, last_gen_throughput: 4812.5",
+    "+SGLANG_SET_CPU_AFFINITY=1",
+    "Loading safetensors checkpoint shards: 100% 4/4",
+    "pip: tokenizers==0.21.1 keyring==25.5.0 python-jose==3.3.0",
+    "--max-session-len 4096 --session-timeout 600",
+    "+VLLM_USE_V1=1",
+    # (this one lost `None,` to the mark before `None` was read as no value in a repr)
+    "server_args=ServerArgs(model_path='/models/m', admin_api_key=None, tp_size=1, attention_backend='flashinfer')",
+]
+
+
+def unseen_docs() -> list[Doc]:
+    """One document per case of the set written last: a secret to hide, or a line to keep as it is."""
+    return ([Doc(f"u-secret-{i}", text + "\n", [secret]) for i, (text, secret) in enumerate(UNSEEN_SECRETS)]
+            + [Doc(f"u-readable-{i}", text + "\n") for i, text in enumerate(UNSEEN_READABLE)])

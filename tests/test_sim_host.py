@@ -221,11 +221,11 @@ def test_sealed_host_reveals_nothing_over_sshd(tmp_path, name):
 
 
 def test_nothing_left_on_disk_when_a_host_fails_to_start(tmp_path):
-    """A scenario whose server cannot start raises a clear error and leaves no folder behind."""
+    """A scenario whose server cannot start raises a clear error and leaves no folder behind (validation refuses
+    such a file first, tests/test_sim_compat.py; a Scenario changed in code after it reaches the host)."""
     from debugagent.tools.sim.sandbox import SimHost
-    text = (builtin_dir() / "launch-blocking.yaml").read_text().replace(
-        "cmd: /root/ml-env/bin/python3 -m sglang.launch_server", "cmd: /root/ml-env/bin/python3 -c pass")
-    sc = parse_scenario(text, "x.yaml")
+    sc = parse_scenario((builtin_dir() / "launch-blocking.yaml").read_text(), "x.yaml")
+    sc.host.server.cmd = "/root/ml-env/bin/python3 -c pass"
     with pytest.raises(ScenarioError, match="host.server.cmd"):
         SimHost(sc, root=str(tmp_path / "host"))
     assert not (tmp_path / "host").exists()

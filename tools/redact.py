@@ -142,6 +142,8 @@ _PATH_VALUE = re.compile(r"(?:~|/(?:etc|var|run|root|home|tmp|opt|usr|srv|mnt|da
 def plain_value(value: str) -> bool:
     """A value that is no secret under any name: a switch's state, a word of prose, a path to a file."""
     v = value.strip().strip("'\"`")
+    if v.endswith(",") and v[:-1].strip("'\"").lower() in NOT_SECRET_VALUES:   # `admin_api_key=None,` in a repr
+        return True
     return v.lower() in NOT_SECRET_VALUES or bool(_PATH_VALUE.fullmatch(v))
 
 # substrings without which no secret name can occur (SECRET_WORDS, SECRET_SUFFIXES, SECRET_LAST_WORDS, lowercased)
@@ -269,7 +271,9 @@ _FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][A-Za-z0-9_.-]*)(=|[^\S\n]+|[^\S\n]*\
 # an argument vector written as a JSON or Python list: `"--api-key", "VALUE"`
 _QUOTED_FLAG = re.compile(r"(?<=[\"'])(--?[A-Za-z][A-Za-z0-9_.-]*)([\"']\s*,\s*)(\"(?:[^\"\\]|\\.)*\"|'[^']*')")
 # (not after `/`, `~` or `:`: `/etc/passwd: denied` is a path in a message, not a key and its value)
-_KEYVAL = re.compile(r"(?<![\w.\"'/~:@\\-])([\"']?)([A-Za-z_][A-Za-z0-9_.-]*)\1([^\S\n]*:[^\S\n]*)(\[REDACTED\]|\"(?:[^\"\\]|\\.)*\"|'[^']*'|[^\s,}\]\"']+)")
+_KEYVAL = re.compile(r"(?<![\w.\"'/~:@\\-])([\"']?)([A-Za-z_][A-Za-z0-9_.-]*)\1([^\S\n]*:[^\S\n]*)(\[REDACTED\]|\"(?:[^\"\\]|\\.)*\"|'[^']*'|"
+                     r"\[(?:[^\S\n]*(?:\"(?:[^\"\\\n]|\\.)*\"|'[^'\n]*')[^\S\n]*,?)+\]|[^\s,}\]\"']+)")
+# (a list of quoted strings is one value: vLLM logs `non-default args: {'api_key': ['KEY']}`)
 # curl's `-u USER:PASSWORD` (a uid:gid, `docker run -u 1000:1000`, is none; nor is a command without a URL)
 _USER_PW = re.compile(r"(?<![\w-])(-u|--user|--proxy-user)([ \t]+|=)([^\s:'\"]+):(?!\d+(?:\s|$))([^\s'\"]+)")
 # .netrc: `machine HOST login USER password SECRET`
@@ -396,6 +400,10 @@ class Redactor:
 
     def _quoted(self, value: str) -> str:
         """Keep the quoting of a replaced value, so a command line still parses."""
+        if value.startswith("[") and value.endswith("]") and value != REDACTED:   # ['KEY1', 'KEY2']
+            for item in re.findall(r"\"((?:[^\"\\]|\\.)*)\"|'([^']*)'", value):
+                self._secret(item[0] or item[1])
+            return REDACTED
         for q in ('"', "'"):
             if len(value) >= 2 and value[0] == q and value[-1] == q:
                 self._secret(value[1:-1])

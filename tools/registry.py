@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from . import mutate, probes
+from . import mutate, probes, shadow
 from .errors import ParseError
 from .probes.base import Parser, Tool
 from .transport import CommandResult, Transport
@@ -51,6 +51,8 @@ MUTATIONS: tuple[Tool, ...] = (
     Tool("overlay_install", mutate.OverlayInstall, _done(), timeout=300.0, mutates=True),
     Tool("remove_tree", mutate.RemoveTree, _done(), mutates=True),
     Tool("pip_download", mutate.PipDownload, lambda i, r: mutate.parse_wheels(r.stdout), timeout=120.0, mutates=True),
+    Tool("start_copy", shadow.StartCopy, lambda i, r: mutate.parse_restart(r.stdout), timeout=120.0, mutates=True),
+    Tool("stop_copy", shadow.StopCopy, _done(), timeout=120.0, mutates=True),
 )
 TOOLS: dict[str, Tool] = {**probes.tools(), **{t.name: t for t in MUTATIONS}}
 

@@ -54,8 +54,8 @@ def server_pattern(pattern: str | None, argv: list[str]) -> str:
 def areas_of(tool: str, inp: dict[str, Any], run_id: str, pattern: str | None) -> dict[str, dict[str, Any]]:
     """{area: how to read it} for the change a step undoes; the run's /tmp names always."""
     out: dict[str, dict[str, Any]] = {"tmp": {"run_id": run_id}}
-    if tool in ("restart_server", "restart_hook"):
-        pat = server_pattern(pattern, list(inp.get("argv") or []))
+    if tool in ("restart_server", "restart_hook", "stop_copy"):   # a shadow copy: the server it copies, untouched
+        pat = server_pattern(pattern, list(inp.get("argv") or inp.get("found_argv") or []))
         if pat:
             out["server"] = {"pattern": pat}
     elif tool == "git_worktree_remove" and inp.get("repo"):

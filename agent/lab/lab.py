@@ -20,6 +20,7 @@ from .errors import ConnectionLost, ExperimentError
 from .measure import Bench, Measure
 from .registry import KINDS
 from .server import LabSetup, Server
+from .shadow import Shadow, ShadowPlan, note_copy
 from .undo import Undo
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ class Lab:
                  measure: Measure, run_id: str, lower_is_better: bool, setup: LabSetup | None = None,
                  warmth: Warmth | None = None, found_restarted: list[float] | None = None, *,
                  discovery: DiscoveryInput | None = None, noise: tuple[list[float], ...] = (),
-                 fresh_runs: int = 0) -> None:
+                 fresh_runs: int = 0, shadow: dict[str, Any] | None = None) -> None:
         self.runner_for = runner_for
         self.emit = emit
         self.journal = undo
@@ -59,6 +60,13 @@ class Lab:
         self.server = Server(self.setup, run_id, emit, measure.ready_timeout_s, discovery, self.undo.push,
                              self.measuring.restarted)
         self.server.on_started = self.undo.note_started
+        # shadow experiments (``shadow.py``): copies of the server are started and measured; the server is only read
+        self.shadow: Shadow | None = None
+        if shadow is not None:
+            self.shadow = Shadow(ShadowPlan.model_validate(shadow), self.setup, run_id, emit, measure.ready_timeout_s,
+                                 discovery, self.undo.push, self.measuring.restarted, bench=self.measuring,
+                                 journal_note=note_copy(undo))
+            self.server = self.shadow
 
     # ------------------------------------------------------------ what kinds and the graph read
     @property
@@ -82,6 +90,8 @@ class Lab:
 
     def sample(self, r: Runner, cwd: str | None, bad: list[float], regression: float | None, why: str,
                first: int = 2, env: dict[str, str] | None = None, interleave: bool = False) -> tuple[list[float], Any]:
+        if self.shadow is not None and self.shadow.copies:   # the copies in turn, never the server's own runs
+            return self.shadow.sample(self.measuring, r, cwd, regression, why, env)
         return self.measuring.sample(r, cwd, bad, regression, why, first, env, interleave)
 
     def restarted(self) -> None:
@@ -127,6 +137,8 @@ class Lab:
         self._reconnects = r.transport.reconnects
         self.server.started = None
         self.server.found_again = None
+        if self.shadow is not None:
+            self.shadow.copies = {}
         self.measuring.runs_at_start = self.measuring.bench_runs
         kind = KINDS.get(spec["kind"])
         if kind is None:
@@ -154,6 +166,9 @@ class Lab:
         if left:
             raise RestoreError(f"the host could not be fully restored after the experiment; left: {'; '.join(left)}",
                                left=left)
+        if self.shadow is not None and self.server.started is not None:
+            # the unchanged copy, started the same way at the same time and measured in turn, is the control
+            return result.model_copy(update={"text": f"{self.shadow.describe()}: {result.text}"})
         if self.server.started is not None and result.significant:
             result = self.control(r, result, bad, regression)
         return result

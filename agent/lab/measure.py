@@ -64,7 +64,8 @@ class Bench:
         self.last_decision: Any = None   # the experiment's decision (``stats.Decision``), as the control leaves it
 
     # ------------------------------------------------------------ one value
-    def bench(self, r: Runner, cwd: str | None, why: str, env: dict[str, str] | None = None) -> float | None:
+    def bench(self, r: Runner, cwd: str | None, why: str, env: dict[str, str] | None = None,
+              cmd: str | None = None) -> float | None:
         """One benchmark value; while it fails (a server still starting) it is retried until --ready-timeout.
         The first run after a restart is a warm-up (its value is reported, never used): a fresh server's first
         requests pay for loading kernels and building caches, and one such run among a handful decides nothing
@@ -73,18 +74,20 @@ class Bench:
             self.warmth.cold = False
             if self.warmth.needed is not False:
                 self.warmups += 1
-                w = self._once(r, cwd, f"warm-up of the restarted server, not counted; then {why}", env)
+                w = self._once(r, cwd, f"warm-up of the restarted server, not counted; then {why}", env, cmd)
                 self._warm_value = w if self.warmth.needed is None else None
-        return self._once(r, cwd, why, env)
+        return self._once(r, cwd, why, env, cmd)
 
-    def _once(self, r: Runner, cwd: str | None, why: str, env: dict[str, str] | None = None) -> float | None:
+    def _once(self, r: Runner, cwd: str | None, why: str, env: dict[str, str] | None = None,
+              cmd: str | None = None) -> float | None:
+        """One value of the benchmark (``cmd``, a shadow copy's, in place of the run's own where given)."""
         m = self.spec
         started = time.monotonic()
         deadline = started + m.ready_timeout_s
         attempt = 0
         said = started
         while True:
-            o = r.call("bench", {"cmd": m.bench, "metric": m.metric, "cwd": cwd, "regex": m.regex, "env": env or {}}, why=why)
+            o = r.call("bench", {"cmd": cmd or m.bench, "metric": m.metric, "cwd": cwd, "regex": m.regex, "env": env or {}}, why=why)
             self.bench_runs += 1
             if o.ok:
                 return o.output.value
@@ -99,9 +102,10 @@ class Bench:
             time.sleep(min(5.0, 0.25 * 2 ** attempt, max(0.05, deadline - now)))
             attempt += 1
 
-    def measured(self, r: Runner, cwd: str | None, why: str, env: dict[str, str] | None = None) -> float:
+    def measured(self, r: Runner, cwd: str | None, why: str, env: dict[str, str] | None = None,
+                 cmd: str | None = None) -> float:
         """One value that counts: a benchmark that keeps failing ends the experiment."""
-        v = self.bench(r, cwd, why, env)
+        v = self.bench(r, cwd, why, env, cmd)
         self.connected(r)
         if v is None:
             raise ExperimentError("the benchmark kept failing after the change (see its output above)")

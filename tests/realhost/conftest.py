@@ -358,7 +358,7 @@ class Host:
         o["exit"] = r.returncode
         o["run_id"] = json.loads((out / "run.json").read_text())["run_id"]
         o["wall"] = time.monotonic() - started
-        o["events"] = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+        o["events"] = [json.loads(line) for line in (out / "events.jsonl").read_text().split("\n") if line]  # JSON Lines: "\n" alone ends a line
         return o
 
 

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import bench, control, driver, git, gpu, host, packages, server, serverview
+from . import bench, control, driver, git, gpu, host, packages, server, serverview, shadow
 from .base import Call, FactsInput, Gathering, Probe, Tool
 from .text import plain, tail
 
 # The order is the order of a snapshot's calls in each wave, of the differences ``diff`` reports and of
 # ``DIFF_PATHS``.
 PROBES: tuple[Probe, ...] = (packages.PROBE, git.PROBE, server.PROBE, serverview.PROBE, gpu.PROBE, host.PROBE,
-                             driver.PROBE, bench.PROBE, control.PROBE)
+                             driver.PROBE, shadow.PROBE, bench.PROBE, control.PROBE)
 
 
 class Fields(driver.FileFields, bench.Fields, host.Fields, git.Fields, packages.Fields, serverview.Fields, server.Fields, gpu.Fields,

@@ -174,6 +174,10 @@ class Controller:
                                                                    struct.calcsize("3i")))
         p = Proc(role=str(req.get("role")), pid=int(req["pid"]), real_pid=pid, code=int(req.get("code", -1)),
                  builds={str(k): str(v) for k, v in (req.get("builds") or {}).items()})
+        if p.role == "workload":   # an offline workload: its run's number, then it ends
+            reply = self.bench([str(a) for a in req.get("argv") or []], workload=p)
+            h.wfile.write(json.dumps(reply).encode())
+            return
         with self.cv:
             self.registered += 1
             p.seq = self.registered
@@ -259,8 +263,12 @@ class Controller:
             return bool(cur) == bool(f.bad)
         return same(cur, f.bad)
 
-    def bench(self, client: list[str]) -> dict[str, Any]:
+    def bench(self, client: list[str], workload: Proc | None = None) -> dict[str, Any]:
         spec = self.scenario.bench
+        if workload is not None:
+            return self._measure(workload, None, client)
+        if self.scenario.host.server.offline:
+            return {"out": "", "rc": 127, "err": f"{os.path.basename(spec.cmd.split()[0])}: command not found\n"}
         if not self.live("server"):
             # a benchmark client retries a refused connection for a while, as a server that was just
             # restarted is still importing its code
@@ -271,7 +279,10 @@ class Controller:
                     "err": "error: cannot connect to the server at 127.0.0.1:30000 (connection refused); is it running?\n"}
         srv = servers[-1]
         workers = self.live("worker") if self.scenario.host.server.worker else []
-        worker = workers[-1] if workers else None
+        return self._measure(srv, workers[-1] if workers else None, client)
+
+    def _measure(self, srv: Proc, worker: Proc | None, client: list[str]) -> dict[str, Any]:
+        spec = self.scenario.bench
         value = spec.base
         for f in self.scenario.factors:
             if self.active(f, self.current(f.path, srv, worker, client)):

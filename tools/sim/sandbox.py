@@ -54,7 +54,7 @@ from ..transport import (
 from . import seal
 from .controller import Controller
 from .environment import PIP_VERSION, extra_distributions
-from .scenario import Scenario, load_scenario
+from .scenario import Scenario, load_scenario, python_entry
 from .shell import SimShell
 from .standin import so_bytes
 
@@ -104,28 +104,6 @@ GUEST = Path(__file__).resolve().parent / "guest"
 SERVICE_DIR = "/run/nvidia-gpu"
 PYV = f"python{sys.version_info.major}.{sys.version_info.minor}"
 LEGACY_PACKAGE = ("sglang", "python")  # what a repository held before `repo.package` (format 1's first files)
-
-
-def python_entry(argv: list[str]) -> tuple[str, str] | None:
-    """How a python command line reaches its code: ("module", M) for ``-m M``, ("script", PATH) for the first
-    argument that is no interpreter option; None for ``-c`` or no program (the interactive prompt)."""
-    i = 1
-    while i < len(argv):
-        a = argv[i]
-        if a == "-m" and i + 1 < len(argv):
-            return ("module", argv[i + 1])
-        if a.startswith("-m") and len(a) > 2:
-            return ("module", a[2:])
-        if a.startswith("-c"):
-            return None
-        if a in ("-X", "-W", "--check-hash-based-pycs"):
-            i += 2
-            continue
-        if a.startswith("-"):
-            i += 1
-            continue
-        return ("script", a)
-    return None
 
 
 def _ts(value: str) -> float:
@@ -286,7 +264,20 @@ class SimHost:
         if self.sealed:
             self._bwrap, self.init_pid = seal.start(self)
         self._save_exec()
-        self.start_server()
+        if not self.offline:
+            self.start_server()
+
+    @property
+    def offline(self) -> bool:
+        """No server: the workload program is the benchmark (``host.server.offline``)."""
+        return bool(self.state["server"].get("offline"))
+
+    def workload_command(self) -> str:
+        """An offline workload as the host profile names it: its folder, its environment, its command line."""
+        h = self.state
+        envs = " ".join(shlex.quote(f"{k}={v}") for k, v in h["server"]["env"].items())
+        argv = " ".join(shlex.quote(a) for a in self.server_argv())
+        return f"cd {shlex.quote(self._cwd())} && " + (f"{envs} " if envs else "") + argv
 
     def _git_env(self) -> dict[str, str]:
         return dict(os.environ, GIT_AUTHOR_NAME="dev", GIT_AUTHOR_EMAIL="dev@example.com", GIT_COMMITTER_NAME="dev",
@@ -601,7 +592,7 @@ class SimHost:
         srv = self.state["server"]
         engine = srv.get("engine") or next((e for e in ("sglang", "vllm") if e in srv["cmd"]), None)
         pkg = self.state["packages"].get(engine or "")
-        config = {"deps": deps, "code": self._code, "code_dir": self._code_dir,
+        config = {"deps": deps, "code": self._code, "code_dir": self._code_dir, "offline": bool(srv.get("offline")),
                   "log": srv.get("log") or [], "worker": (worker or {}).get("env") if worker else None,
                   "engine": engine, "version": (pkg or {}).get("version"), "port": srv.get("port"),
                   "defaults": dict(srv.get("defaults") or {})}
@@ -712,7 +703,8 @@ class SimHost:
             (etc / "hosts").write_text(f"127.0.0.1\tlocalhost\n127.0.1.1\t{self.state['hostname']}\n::1\tlocalhost\n")
         if self.state.get("profile", True):
             (etc / "debugagent").mkdir(exist_ok=True)
-            profile = {"bench": self.scenario.bench.model_copy(update={"args": self.state["bench_args"]}).command(),
+            profile = {"bench": self.workload_command() if self.offline else
+                       self.scenario.bench.model_copy(update={"args": self.state["bench_args"]}).command(),
                        "metric": self.scenario.bench.metric, "unit": self.scenario.bench.unit}
             if self.scenario.host.wheelhouse:   # a team that keeps its wheels names the folder in the profile
                 profile["wheelhouse"] = self.scenario.host.wheelhouse.path
@@ -727,7 +719,8 @@ class SimHost:
             text = (GUEST / "client.py").read_text().replace(f'SERVICE = "{SERVICE_DIR}/service.sock"', f'SERVICE = "{service}"', 1)
             shebang = f"#!{self.inside(self.base_python())} -SE\n" if self.sealed else f"#!{sys.executable} -SE\n"
             script = shebang + text
-        for name in ("nvidia-smi", os.path.basename(self.scenario.bench.cmd.split()[0])):
+        # an offline workload is its own benchmark: no benchmark client to install
+        for name in ("nvidia-smi", *(() if self.offline else (os.path.basename(self.scenario.bench.cmd.split()[0]),))):
             if binary is not None:
                 shutil.copy(binary, bindir / name)
             else:

@@ -8,7 +8,9 @@ path matches nothing, is a ``ScenarioError`` naming the file and the field.
 from __future__ import annotations
 
 import copy
+import os
 import re
+from collections.abc import Callable
 from datetime import datetime
 from importlib import resources
 from pathlib import Path
@@ -28,6 +30,28 @@ from ..errors import ScenarioError
 from ..yamlfile import describe_validation, line_of, load_yaml_mapping, read_yaml_file, resolve_yaml_ref
 
 Scalar = str | int | float | bool | None
+
+
+def python_entry(argv: list[str]) -> tuple[str, str] | None:
+    """How a python command line reaches its code: ("module", M) for ``-m M``, ("script", PATH) for the first
+    argument that is no interpreter option; None for ``-c`` or no program (the interactive prompt)."""
+    i = 1
+    while i < len(argv):
+        a = argv[i]
+        if a == "-m" and i + 1 < len(argv):
+            return ("module", argv[i + 1])
+        if a.startswith("-m") and len(a) > 2:
+            return ("module", a[2:])
+        if a.startswith("-c"):
+            return None
+        if a in ("-X", "-W", "--check-hash-based-pycs"):
+            i += 2
+            continue
+        if a.startswith("-"):
+            i += 1
+            continue
+        return ("script", a)
+    return None
 
 
 class Strict(BaseModel):
@@ -127,6 +151,10 @@ class Repo(Strict):
     path: str
     commits: list[CommitSpec]
     moved_at: datetime | None = None
+    package: str | None = Field(default=None, description="the import name of the package the repository holds "
+                                "(default: the editable install in it, else the server's `-m` package, else sglang)")
+    package_dir: str | None = Field(default=None, description="its folder in the repository, relative (default: where "
+                                    "the editable install points, else the top; `python` for the default sglang)")
 
     @field_validator("commits")
     @classmethod
@@ -158,6 +186,11 @@ class Server(Strict):
         default=None, description="the engine the server answers as (its endpoints and start-up lines); "
                                   "default: read from `cmd`")
     port: int | None = Field(default=None, description="where it listens; default: --port, else 30000 (SGLang) or 8000 (vLLM)")
+    offline: bool = Field(
+        default=False, description="no server at all: `cmd` with `args` is the workload program itself, the benchmark "
+                                   "(`PYTHON benchmarks/benchmark_throughput.py --input-len 1024`), run as the host "
+                                   "profile names it with `env` before it and in `cwd`; it imports its code when it runs "
+                                   "and prints `METRIC=VALUE UNIT`")
     defaults: dict[str, Scalar] = Field(
         default_factory=dict,
         description="the values the engine chooses when no flag sets them (`attention_backend: fa3`), which its "
@@ -241,6 +274,12 @@ class Factor(Strict):
                 if isinstance(v, int) and not isinstance(v, bool):
                     object.__setattr__(self, k, str(v))
         return self
+
+
+FORMAT_VERSION = 1
+# A change of a field's meaning bumps the format's version with a migration here: MIGRATIONS[N] turns the mapping
+# of a version-N file into version N+1, so every file written for an earlier version still starts.
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
 
 
 class Scenario(Strict):
@@ -423,8 +462,85 @@ def load_scenario(ref: str) -> Scenario:
     return parse_scenario(read_yaml_file(p, ScenarioError, "scenario", "debugagent sim list"), str(p))
 
 
+def _migrate(data: dict[str, Any], text: str, file: str) -> dict[str, Any]:
+    """A file of an earlier format version, migrated to this one; a later or unknown version refused."""
+    v = data.get("version")
+    if isinstance(v, int) and not isinstance(v, bool):
+        if v > FORMAT_VERSION:
+            raise ScenarioError(f"format version {v} is newer than this debugagent reads (1 to {FORMAT_VERSION})",
+                                file=file, field=_at(text, ("version",)),
+                                fix="upgrade debugagent, or write the file in version "
+                                    f"{FORMAT_VERSION} (docs/simulator.md)")
+        while 1 <= v < FORMAT_VERSION:
+            data = MIGRATIONS[v](data)
+            v += 1
+            data["version"] = v
+    return data
+
+
+def _at(text: str, loc: tuple[str | int, ...]) -> str:
+    line = line_of(text, loc)
+    where = ".".join(str(x) for x in loc)
+    return f"line {line}: {where}" if line else where
+
+
+_SYSTEM = ("/usr", "/etc", "/proc", "/sys", "/dev", "/run", "/tmp", "/bin", "/lib", "/sbin")
+
+
+def _check_hostable(sc: Scenario, text: str, file: str) -> None:
+    """What the simulator cannot host, refused before anything is laid out (naming the field and the fix), where it
+    would otherwise fail while the host is built or its server started."""
+    h, srv = sc.host, sc.host.server
+    argv = srv.cmd.split()
+    program = argv[0]
+    is_python = os.path.basename(program).startswith("python")
+    entry = python_entry(argv) if is_python else ("console", os.path.basename(program))
+    if not h.python.startswith("/"):
+        raise ScenarioError(f"`{h.python}` is not an absolute path", file=file, field=_at(text, ("host", "python")),
+                            fix="give the interpreter's absolute path (`/root/ml-env/bin/python3`, `/usr/bin/python3`)")
+    if entry is None:
+        raise ScenarioError("the server's command runs no code", file=file, field=_at(text, ("host", "server", "cmd")),
+                            fix="give `-m MODULE`, a script or a console script: `/root/ml-env/bin/python3 -m "
+                                "sglang.launch_server`")
+    if is_python and program != h.python:
+        raise ScenarioError(f"the server runs `{program}` but the host's python is `{h.python}`", file=file,
+                            field=_at(text, ("host", "server", "cmd")),
+                            fix=f"start the command with `{h.python}`, or set host.python to `{program}`")
+    if srv.offline:
+        for key, bad in (("worker", srv.worker is not None), ("engine", srv.engine is not None),
+                         ("port", srv.port is not None), ("defaults", bool(srv.defaults))):
+            if bad:
+                raise ScenarioError(f"an offline workload has no {key}: it is no server", file=file,
+                                    field=_at(text, ("host", "server", key)),
+                                    fix="remove it, or set offline: false for a server")
+        if not is_python:
+            raise ScenarioError("an offline workload is a python program", file=file,
+                                field=_at(text, ("host", "server", "cmd")),
+                                fix="`PYTHON benchmarks/benchmark_throughput.py` or `PYTHON -m MODULE`")
+        if sc.bench.args:
+            raise ScenarioError("an offline workload's flags are `host.server.args`", file=file,
+                                field=_at(text, ("bench", "args")), fix="move them to host.server.args")
+    cwd = srv.cwd or (h.repo.path if h.repo else "/root")
+    places: list[tuple[tuple[str | int, ...], str | None]] = [
+        (("host", "python"), None if h.python.startswith("/usr/bin/") else h.python),
+        (("host", "repo", "path"), h.repo.path if h.repo else None),
+        (("host", "server", "cwd"), srv.cwd),
+        (("host", "wheelhouse", "path"), h.wheelhouse.path if h.wheelhouse else None),
+        (("host", "server", "cmd"), os.path.normpath(os.path.join(cwd, entry[1])) if entry[0] == "script"
+         else None if is_python else program),
+    ]
+    for loc, p in places:
+        if not p or p.startswith(("/usr/local/", "/tmp/")):
+            continue
+        top = "/" + p.strip("/").split("/")[0]
+        if top in _SYSTEM:
+            raise ScenarioError(f"`{p}` is under {top}, which belongs to the system", file=file, field=_at(text, loc),
+                                fix="put the environment, repository and scripts under /root, /opt, /home or "
+                                    "/usr/local, or use the system's python (/usr/bin/python3)")
+
+
 def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
-    data = load_yaml_mapping(text, file, ScenarioError, "version: 1, name: …")
+    data = _migrate(load_yaml_mapping(text, file, ScenarioError, "version: 1, name: …"), text, file)
     try:
         sc = Scenario.model_validate(data)
     except ValidationError as exc:
@@ -433,6 +549,7 @@ def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:
         raise ScenarioError(msg, file=file, field=f"line {line}: {loc}" if line else loc,
                             fix="see the scenario format (version 1) in docs/simulator.md, or `debugagent sim schema`") from exc
     sc.source = file
+    _check_hostable(sc, text, file)
     _check_factors(sc, file)
     _check_wheels(sc, file)
     return sc

@@ -176,7 +176,7 @@ class CodeRevert(Kind):
                              interleave=plan.mode != "server")
         text = f"at {target[:7]} ({where}): {d.text}"
         extra: dict[str, Any] = {"commit": target, "mode": plan.mode, "plan": plan.why}
-        if d.significant and spec.bisect:
+        if d.significant and spec.bisect and lab.shadow is None:   # shadow copies are not restarted per commit
             culprit, steps = bisect(lab, r, wt, bench_cwd, facts, target, bad, vals, plan.mode == "server")
             if culprit:
                 extra["culprit"] = culprit

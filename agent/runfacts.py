@@ -11,6 +11,7 @@ import statistics
 from collections import Counter
 from typing import Any
 
+from debugagent.tools.probes import stands_for
 from debugagent.tools.units import plain
 from pydantic import BaseModel, Field
 
@@ -33,6 +34,7 @@ from .events import (
 )
 
 Pair = tuple[ToolCall, ToolResult]
+STANDS_FOR = stands_for()
 ACCEPT = re.compile(r"accept(?:ed)?[_ -]?len(?:gth)?\s*[=:]\s*([0-9]+(?:\.[0-9]+)?)", re.I)
 
 
@@ -210,6 +212,8 @@ def gather(events: list[Event]) -> RunFacts:
                 before.setdefault(hid, []).append(pair)   # e.g. the reference re-measured: part of the next experiment
                 continue
             f.calls_by_tool.setdefault(ev.tool, []).append(ev.call_id)
+            if ev.tool in STANDS_FOR:   # sent in place of another tool: a check of that one cites it
+                f.calls_by_tool.setdefault(STANDS_FOR[ev.tool], []).append(ev.call_id)
             if res.output and ev.tool not in f.outputs:
                 f.outputs[ev.tool] = res.output
             if res.value is not None and (ev.purpose == "reproduce" or is_check(ev, f.reproduce)):

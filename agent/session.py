@@ -37,7 +37,7 @@ from .consent import make_ask
 from .context import Ctx, Overrides
 from .discovery import DiscoveryInput, check_input
 from .events import Event, EventBase
-from .hosts import check_host, open_transport
+from .hosts import check_container, check_host, open_transport
 from .journal import HostLock, HostLocked, Journal, host_instance, host_side
 from .playbook import Playbook, load_playbook
 from .sinks import console
@@ -82,6 +82,7 @@ def _symptoms(symptom: str, baseline: str | None, direction: Direction | None) -
 def inputs_from_options(opts: RunConfig) -> Inputs:
     """The flags checked (exit 2 on bad input, before anything connects) and parsed."""
     check_host(opts.host)
+    check_container(opts.host, opts.ssh.container)
     symptom, baseline = _symptoms(opts.symptom, opts.baseline, opts.direction)
     if opts.baseline and opts.baseline_snapshot:
         raise UsageError("--baseline and --baseline-snapshot both given", fix="give one: a number or a snapshot of the good state")

@@ -12,6 +12,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from debugagent.tools.probes.text import clip_words
+
 HEADLINE_MAX = 160
 ITEM_MAX = 220
 
@@ -21,11 +23,7 @@ def _pct(share: float) -> str:
 
 
 def clip(text: str, n: int) -> str:
-    text = " ".join(str(text).split())
-    if len(text) <= n:
-        return text
-    cut = text[:max(1, n - 2)].rsplit(" ", 1)[0].rstrip(",;:")
-    return cut + " …"
+    return clip_words(str(text), n)   # a clause's end where it can, never "mean …"
 
 
 def _share(c: Mapping[str, Any]) -> str:

@@ -199,6 +199,16 @@ def report(run_dir: Annotated[str, typer.Argument(metavar="RUN", help="a run fol
         webbrowser.open(page.resolve().as_uri())
 
 
+@app.command()
+def bundle(run_dir: Annotated[str, typer.Argument(metavar="RUN", help="a run folder (the one `debugagent run` printed)")],
+           output: Annotated[str | None, typer.Option("-o", "--out", metavar="FILE", help="where to write the .tar.gz (default: bundle.tar.gz in the run folder)")] = None) -> None:
+    """Write one .tar.gz for an engine's bug report: launch command, environment reports before and now, both
+    benchmark results, version and effective-config differences, clock events, Xid lines; redacted, from the run
+    folder alone."""
+    from .bundle import write_bundle
+    print(write_bundle(run_dir, output))
+
+
 # ---------------------------------------------------------------- snapshot / diff
 @app.command()
 @with_options(options_of(RunConfig, ("host",), HOST_HELP), options_of(SSHOptions))

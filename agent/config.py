@@ -58,7 +58,7 @@ def when_given(value: Any) -> Any:
 
 
 class SSHOptions(BaseModel):
-    """How to log into an SSH host (``run.json``'s ``ssh``)."""
+    """How to reach the host (``run.json``'s ``ssh``): the SSH login, and the container on it commands run in."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -70,6 +70,9 @@ class SSHOptions(BaseModel):
         default=False, description="record an unknown host key (as OpenSSH's accept-new); a changed key is always refused")
     connect_timeout: Annotated[float, flag("--connect-timeout", metavar="SECONDS")] = Field(
         default=CONNECT_TIMEOUT_S, gt=0, description="seconds to wait for the SSH connection")
+    container: Annotated[str | None, flag("--container", metavar="NAME")] = Field(
+        default=None, description="run every command in this container on the host (SSH or local): NAME (docker), "
+                          "podman:NAME, k8s:NAMESPACE/POD[/CONTAINER] or nsenter:PID")
 
 
 class RunConfig(BaseModel):

@@ -17,6 +17,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+from debugagent.tools.errors import UsageError
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 
@@ -79,6 +80,8 @@ def discover(ctx: Ctx, state: RunState) -> dict[str, Any]:
     for line in narrate(d):
         ctx.say(line)
     found = state_of(d)
+    if not found.get("bench") and ctx.transport.live and not ctx.transport.sandbox:
+        raise no_benchmark(ctx)
     raw = found.get("bench")
     found["bench"] = server_bench(raw, found.get("server"))   # `{port}` in --bench: the server's port
     notes = list(state.notes)
@@ -87,6 +90,16 @@ def discover(ctx: Ctx, state: RunState) -> dict[str, Any]:
         notes += [f"shadow experiments: {n}" for n in found["shadow"]["notes"]]   # in the answer and --json too
     found["first_run"] = check_benchmark(ctx, found)   # the reproduce step's first run
     return {"discovered": found, **({"notes": notes} if notes != state.notes else {})}
+
+
+def no_benchmark(ctx: Ctx) -> UsageError:
+    """A real host with no benchmark (no --bench, none in its host profile): nothing could be reproduced or
+    measured, so every hypothesis would stay undecided; refused before any probe."""
+    m = ctx.symptom.metric
+    return UsageError(f"no benchmark for {ctx.transport.host}: no --bench was given and the host has no host profile "
+                      f"naming one, so the regression cannot be reproduced nor any experiment measured",
+                      fix=f"give the command that measures it: --bench 'CMD' (it prints `{m}=VALUE UNIT`; or add "
+                          f"--bench-regex 'REGEX'), or name it once in the host's /etc/debugagent/host.json")
 
 
 def probe(ctx: Ctx, state: RunState) -> dict[str, Any]:

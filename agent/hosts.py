@@ -15,13 +15,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from debugagent.tools.errors import UsageError
 from debugagent.tools.transport import BaseTransport, LocalTransport
 
 from .config import SSHOptions
 
-__all__ = ["SCHEMES", "HostScheme", "SSHOptions", "check_host", "host_help", "open_transport", "register",
+__all__ = ["SCHEMES", "HostScheme", "SSHOptions", "check_container", "check_host", "host_help", "open_transport", "register",
            "registered", "scheme_of"]
 
 Opener = Callable[[str, SSHOptions], BaseTransport]
@@ -100,9 +101,29 @@ def check_host(host: str) -> HostScheme:
 
 
 def open_transport(host: str, ssh: SSHOptions | None = None) -> BaseTransport:
+    """The host's transport, open; with ``--container`` (``ssh.container``), each command runs in that container on it."""
+    o = ssh or SSHOptions()
     scheme, rest = scheme_of(host)
     scheme.check(rest)
-    return scheme.open(rest, ssh or SSHOptions())
+    if o.container:
+        target = check_container(host, o.container)
+        from debugagent.tools.container import ContainerTransport
+        return ContainerTransport(target, scheme.open(rest, o))
+    return scheme.open(rest, o)
+
+
+def check_container(host: str, container: str | None) -> Any:
+    """``--container`` checked against ``--host`` (syntax only, exit 2 with the fix): its ``Target``, None without it."""
+    if not container:
+        return None
+    from debugagent.tools.container import parse_target
+    scheme, _ = scheme_of(host)
+    if scheme.name not in (DEFAULT, "local"):
+        raise UsageError(f"--container {container} with --host {host}: a container is entered on an SSH host or on "
+                         f"`local`, not on a {scheme.name}: host",
+                         fix=f"give --host {container if ':' in container else 'docker:' + container} alone, or "
+                         "--container with --host user@host / an ~/.ssh/config alias / local")
+    return parse_target(container, "--container")
 
 
 # ---------------------------------------------------------------- the table
@@ -131,3 +152,24 @@ def _check_sim(rest: str) -> None:
 register(HostScheme(DEFAULT, "user@host[:port], an ~/.ssh/config alias", _open_ssh, _check_ssh))
 register(HostScheme("local", "`local`", lambda rest, o: LocalTransport(), bare=True))
 register(HostScheme("sim", "sim:NAME[@good] / sim:PATH.yaml", _open_sim, _check_sim, sandbox=True))
+
+
+def _container_scheme(kind: str, form: str) -> HostScheme:
+    """``docker:NAME``, ``podman:NAME``, ``k8s:NS/POD[/C]``, ``nsenter:PID``: a container on this machine, entered by
+    its runtime's exec (tools/container.py); ``--container`` enters one on an SSH host instead."""
+    def check(rest: str) -> None:
+        from debugagent.tools.container import parse_target
+        parse_target(f"{kind}:{rest}")
+
+    def open_(rest: str, o: SSHOptions) -> BaseTransport:
+        from debugagent.tools.container import ContainerTransport, parse_target
+        if o.container:
+            raise UsageError(f"--host {kind}:{rest} with --container {o.container}: two containers named",
+                             fix=f"give --host {kind}:{rest} alone, or --host SSH-HOST --container {o.container}")
+        return ContainerTransport(parse_target(f"{kind}:{rest}"), LocalTransport())
+    return HostScheme(kind, form, open_, check)
+
+
+for _kind, _form in (("docker", "docker:NAME"), ("podman", "podman:NAME"), ("k8s", "k8s:NAMESPACE/POD[/CONTAINER]"),
+                     ("nsenter", "nsenter:PID")):
+    register(_container_scheme(_kind, _form))

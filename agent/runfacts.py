@@ -11,6 +11,8 @@ import statistics
 from collections import Counter
 from typing import Any
 
+from debugagent.tools.probes import stands_for
+from debugagent.tools.units import plain
 from pydantic import BaseModel, Field
 
 from .events import (
@@ -32,6 +34,7 @@ from .events import (
 )
 
 Pair = tuple[ToolCall, ToolResult]
+STANDS_FOR = stands_for()
 ACCEPT = re.compile(r"accept(?:ed)?[_ -]?len(?:gth)?\s*[=:]\s*([0-9]+(?:\.[0-9]+)?)", re.I)
 
 
@@ -209,6 +212,8 @@ def gather(events: list[Event]) -> RunFacts:
                 before.setdefault(hid, []).append(pair)   # e.g. the reference re-measured: part of the next experiment
                 continue
             f.calls_by_tool.setdefault(ev.tool, []).append(ev.call_id)
+            if ev.tool in STANDS_FOR:   # sent in place of another tool: a check of that one cites it
+                f.calls_by_tool.setdefault(STANDS_FOR[ev.tool], []).append(ev.call_id)
             if res.output and ev.tool not in f.outputs:
                 f.outputs[ev.tool] = res.output
             if res.value is not None and (ev.purpose == "reproduce" or is_check(ev, f.reproduce)):
@@ -321,5 +326,5 @@ def timeline(f: RunFacts) -> list[tuple]:
     if f.baseline_snapshot and f.baseline_snapshot.get("taken_at"):
         rows.append((f.baseline_snapshot["taken_at"], "the baseline snapshot was taken (the good state)", None))
     if f.started_at and f.reproduce:
-        rows.append((f.started_at, f"this run: {f.metric} {statistics.fmean(f.reproduce):.4g} {f.unit} (the regression)", None))
+        rows.append((f.started_at, f"this run: {f.metric} {plain(statistics.fmean(f.reproduce), 4)} {f.unit} (the regression)", None))
     return rows

@@ -37,7 +37,7 @@ from .consent import make_ask
 from .context import Ctx, Overrides
 from .discovery import DiscoveryInput, check_input
 from .events import Event, EventBase
-from .hosts import check_host, open_transport
+from .hosts import check_container, check_host, open_transport
 from .journal import HostLock, HostLocked, Journal, host_instance, host_side
 from .playbook import Playbook, load_playbook
 from .sinks import console
@@ -82,6 +82,7 @@ def _symptoms(symptom: str, baseline: str | None, direction: Direction | None) -
 def inputs_from_options(opts: RunConfig) -> Inputs:
     """The flags checked (exit 2 on bad input, before anything connects) and parsed."""
     check_host(opts.host)
+    check_container(opts.host, opts.ssh.container)
     symptom, baseline = _symptoms(opts.symptom, opts.baseline, opts.direction)
     if opts.baseline and opts.baseline_snapshot:
         raise UsageError("--baseline and --baseline-snapshot both given", fix="give one: a number or a snapshot of the good state")
@@ -177,6 +178,7 @@ class Session:
     folder: Path
     lock: HostLock | None = None
     owned: bool = True
+    view: View | None = None   # the live view: told at once of a signal (its header stops promising time left)
 
     @property
     def transcript(self) -> Transcript:
@@ -253,7 +255,7 @@ def open_run(opts: RunConfig, inputs: Inputs, folder: Path, *, resume: bool, tra
     lock = _locked(HostLock(remote, run_id), opts, transcript, folder, transport, owned)
     transport.on_event = lambda kind, text: transcript.emit("error", kind=kind, message=text)
     ctx = make_ctx(inputs, transport, transcript, undo, run_id, advisor=advisor_for(opts), confirm=make_ask(view))
-    return Session(ctx=ctx, folder=folder, lock=lock, owned=owned)
+    return Session(ctx=ctx, folder=folder, lock=lock, owned=owned, view=view)
 
 
 def _locked(lock: HostLock, opts: RunConfig, transcript: Transcript, folder: Path, transport: Any,

@@ -20,6 +20,7 @@ import statistics
 from functools import lru_cache
 from typing import Literal
 
+from debugagent.tools.units import plain
 from pydantic import BaseModel
 from scipy import stats as sps
 
@@ -147,6 +148,12 @@ class Decision(BaseModel):
         return self.outcome != "more"
 
 
+def _pct(x: float) -> str:
+    """A share as a whole percent, as every output prints it: runfacts.pct of the share as the results keep it
+    (3 decimals), so this sentence and the conclusion never round one share two ways."""
+    return f"{math.floor(round(x, 3) * 100 + 0.5):.0f}%"
+
+
 def share_interval(improvement: float, se: float, df: int, regression: float, regression_se: float = 0.0,
                    level: float = 0.95) -> tuple[float, float, float]:
     """(share, low, high): the share of ``regression`` that ``improvement`` recovers, with a two-sided
@@ -203,8 +210,8 @@ def decide(reference: list[float], changed: list[float], regression: float | Non
         outcome = "more"
     mc, mr = statistics.fmean(changed), statistics.fmean(reference)
     how = {"cause": "a cause", "not_cause": "not a cause", "more": "undecided" + (" at the run budget" if final else "")}
-    share_txt = (f", {share:.0%} of the regression (95% CI {share_ci[0]:.0%} to {share_ci[1]:.0%})"
-                 if share_ci is not None else "")
+    share_txt = (f", {_pct(share)} of the regression (95% CI {_pct(share_ci[0])} to {_pct(share_ci[1])})"
+                 if share_ci is not None and share is not None else "")
     test = "t-test" if e.normal else "t-test and Mann-Whitney U (the noise is not normal)"
     of = "of the regression" if reg is not None else "of a 5% change of the reference mean (no regression was measured)"
     rule = ""
@@ -212,8 +219,8 @@ def decide(reference: list[float], changed: list[float], regression: float | Non
         rule = (f"the {1 - ALPHA_NOT:.0%} upper bound of what it recovers is {max(upper, 0.0) / relevant:.1%} {of}, "
                 f"below the {NOT_CAUSE_SHARE:.0%} a cause must recover" if upper >= 0 else
                 f"it made things worse: the {1 - ALPHA_NOT:.0%} upper bound of what it recovers is below zero")
-    text = (f"mean {mc:.4g} vs {mr:.4g} in the reference state ({len(changed)} vs {len(reference)} runs): "
-            f"{'recovers' if e.improvement > 0 else 'changes'} {e.improvement:+.3g}{share_txt}; "
+    text = (f"mean {plain(mc, 4)} vs {plain(mr, 4)} in the reference state ({len(changed)} vs {len(reference)} runs): "
+            f"{'recovers' if e.improvement > 0 else 'changes'} {plain(e.improvement, sign=True)}{share_txt}; "
             f"{test} p={e.p_better:.2g}: {how[outcome]}" + (f" ({rule})" if rule else ""))
     return Decision(outcome=outcome, improvement=e.improvement, share=share if share is not None else 0.0,
                     share_ci=share_ci, share_se=share_se,
@@ -267,7 +274,8 @@ class Control(BaseModel):
 
 
 def control(reference: list[float], ctrl: list[float], changed: list[float], regression: float | None,
-            lower_is_better: bool, *, final: bool = False, noise: tuple[list[float], ...] = ()) -> Control:
+            lower_is_better: bool, *, final: bool = False, noise: tuple[list[float], ...] = (),
+            regression_se: float = 0.0) -> Control:
     """The control of an experiment that restarted the server: ``ctrl`` holds the runs of the server as found,
     restarted. It is also the reference re-measured after the change, so a lucky reproduce sample cannot
     decide alone.
@@ -286,7 +294,7 @@ def control(reference: list[float], ctrl: list[float], changed: list[float], reg
     part, lo, hi = share_interval(e.improvement, e.se, e.df, gain if gain > 0 else 1e-12, level=2 * CONTROL_LEVEL - 1)
     if hi < RESTART_PART:
         return Control(outcome="change", part=part, low=lo, high=hi)
-    d = decide(ctrl, changed, regression, lower_is_better, final=True, noise=noise)
+    d = decide(ctrl, changed, regression, lower_is_better, final=True, noise=noise, regression_se=regression_se)
     relevant = regression if regression and regression > 0 else 0.05 * abs(statistics.fmean(reference))
     if len(ctrl) >= 3 and d.p < ALPHA_CONTROL and d.improvement >= MIN_SHARE * relevant:
         return Control(outcome="beyond", part=part, low=lo, high=hi, decision=d)
@@ -370,10 +378,10 @@ def reproduce(samples: list[float], baseline: float, lower_is_better: bool, clai
         hopeless = final or one_reading_p(delta, sd_up, max(most or n, n)) >= ALPHA_ONE_READING
         outcome = "noise" if hopeless else "more"
     pct = abs(delta) / abs(baseline) if baseline else 0.0
-    text = (f"measured {m:.4g} ± {sd:.2g} over {len(samples)} runs against a baseline of {baseline:.4g}: "
-            f"{'worse' if delta > 0 else 'better'} by {abs(delta):.3g} ({pct:.1%}); one-sided p={p_worse:.2g}")
+    text = (f"measured {plain(m, 4)} ± {plain(sd, 2)} over {len(samples)} runs against a baseline of {plain(baseline, 4)}: "
+            f"{'worse' if delta > 0 else 'better'} by {plain(abs(delta))} ({pct:.1%}); one-sided p={p_worse:.2g}")
     if one and delta > 0:
-        text += (f"; the baseline is one number, so this state's noise (SD {sd:.2g}) is assumed for it: against one "
+        text += (f"; the baseline is one number, so this state's noise (SD {plain(sd, 2)}) is assumed for it: against one "
                  f"reading p={p_one:.2g}")
     if outcome == "noise":
         text += (f", not below {ALPHA_ONE_READING:g}: the shift ({abs(delta) / sd:.1f} SD) is inside the noise one reading "

@@ -11,6 +11,7 @@ from debugagent.tools.errors import UsageError
 from debugagent.tools.host import HostFacts, ServerInfo
 from debugagent.tools.redact import redact
 from debugagent.tools.snapshot import OPTIONAL_PROBES, Snapshot, collect
+from debugagent.tools.units import plain
 
 from . import verdicts as vd
 from .context import Ctx
@@ -137,7 +138,7 @@ def reproduce_words(reg: Regression, rep: Reproduction | None, n: int) -> str:
     if not reg.samples:
         return "The benchmark failed every time; experiments cannot be measured."
     if rep is None:
-        return (f"Measured {statistics.fmean(reg.samples):.4g} over {n} runs; no baseline number to compare with, "
+        return (f"Measured {plain(statistics.fmean(reg.samples), 4)} over {n} runs; no baseline number to compare with, "
                 "so the user's report is taken as the regression and no share can be measured.")
     lead = LEAD.get(rep.outcome) or f"Undecided after {n} runs ({more_runs_advice(rep.runs_needed)}): "
     return lead + rep.text + "."
@@ -337,7 +338,7 @@ def lab_for(ctx: Ctx, s: RunState, hid: str) -> Lab:
     assert bench is not None, "an experiment is planned only once discovery has a benchmark"
     return Lab(ctx.runner, lambda ev, **kw: ctx.transcript.emit(ev, hypothesis=hid, **kw), ctx.undo,
                Measure(bench=bench, metric=d["metric"], cwd=d.get("repo"), regex=ctx.overrides.bench_regex,
-                       ready_timeout_s=ctx.overrides.ready_timeout,
+                       ready_timeout_s=ctx.overrides.ready_timeout, regression_se=reg.delta_se or 0.0,
                        max_runs=max(2, max_runs - fresh - (warm if fresh else 0)) if max_runs else 0),
                ctx.run_id, ctx.symptom.direction == "lower",
                LabSetup.from_inputs(ctx.overrides, (d.get("host_facts") or {}).get("profile")), ctx.warmth,

@@ -59,7 +59,10 @@ def from_findings(findings: list[Finding], next_step: str | None) -> Hyp:
                next=next_step if f.verdict == "inconclusive" else None)
 
 
-def _combine(h: Hyp, share: float, se: float | None) -> tuple[float, float | None, tuple[float, float] | None]:
+def _combine(h: Hyp, share: float, se: float | None,
+             ci: tuple[float, float] | None = None) -> tuple[float, float | None, tuple[float, float] | None]:
+    if h.share is None and ci is not None:   # the first measurement: its own interval, as its sentence says it
+        return share, se, ci
     total = (h.share or 0.0) + share
     if se is None:
         return total, h.share_se, h.share_ci
@@ -95,7 +98,8 @@ def apply_result(h: Hyp, spec: dict[str, Any], res: ExperimentResult, max_runs_h
         if res.share_ci is not None and within_group:   # the narrower group's measurement replaces the wider one's
             h.share, h.share_se, h.share_ci = float(res.share), res.share_se, (res.share_ci[0], res.share_ci[1])
         elif res.share_ci is not None:
-            h.share, h.share_se, h.share_ci = _combine(h, float(res.share), res.share_se)
+            h.share, h.share_se, h.share_ci = _combine(h, float(res.share), res.share_se,
+                                                       (res.share_ci[0], res.share_ci[1]))
         if res.culprit:
             h.culprit = res.culprit
     elif outcome == "not_cause":
@@ -135,6 +139,9 @@ def explained(hyps: dict[str, Hyp]) -> tuple[float, tuple[float, float] | None]:
     total = sum(h.share or 0.0 for h in measured)
     if not measured:
         return 0.0, None
+    if len(measured) == 1 and measured[0].share_ci is not None:   # one cause: its own interval, the one it reports
+        lo, hi = measured[0].share_ci
+        return total, (lo, hi)
     se = math.sqrt(sum((h.share_se or 0.0) ** 2 for h in measured))
     return total, (total - 1.96 * se, total + 1.96 * se)
 
@@ -242,7 +249,9 @@ def not_run(h: Hyp, spec: dict[str, Any], title: str) -> Hyp:
 
 def enough_words(hyps: dict[str, Hyp], suspects: list[str] | None = None) -> str:
     total, ci = explained(hyps)
-    said = f"The confirmed causes explain {total:.0%} of the regression" + (f" (95% CI {ci[0]:.0%} to {ci[1]:.0%})" if ci else "")
+    def pct(x: float) -> str:   # half up, as every output rounds a share (runfacts.pct)
+        return f"{math.floor(x * 100 + 0.5):.0f}%"
+    said = f"The confirmed causes explain {pct(total)} of the regression" + (f" (95% CI {pct(ci[0])} to {pct(ci[1])})" if ci else "")
     if suspects:
         return (f"{said}: it may be all of it, but that is not measured, and the evidence still points at "
                 f"{', '.join(suspects)}; testing {'it' if len(suspects) == 1 else 'them'} too.")

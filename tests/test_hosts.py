@@ -26,6 +26,8 @@ from debugagent.tools.transport import LocalTransport
     ("local", "local", ""), ("sim:power-capped", "sim", "power-capped"), ("sim:x@good", "sim", "x@good"),
     ("root@10.0.0.1:2222", "ssh", "root@10.0.0.1:2222"), ("gpu-box", "ssh", "gpu-box"), ("sim", "ssh", "sim"),
     ("ssh:sim:2222", "ssh", "sim:2222"), ("root@[::1]:22", "ssh", "root@[::1]:22"), ("fe80::1", "ssh", "fe80::1"),
+    ("docker:vllm", "docker", "vllm"), ("podman:sglang", "podman", "sglang"), ("k8s:ns/pod/c", "k8s", "ns/pod/c"),
+    ("nsenter:42", "nsenter", "42"), ("ssh:docker:2222", "ssh", "docker:2222"),
 ])
 def test_each_host_goes_to_its_scheme(host, scheme, rest):
     """A known scheme before the colon picks its transport, a bare `local` is local, anything else is SSH (and
@@ -58,7 +60,8 @@ def test_bad_host_strings_exit_2_from_the_command_line(host, tmp_path):
 
 def test_the_host_help_names_every_scheme():
     assert HOST_HELP["host"] == host_help()
-    assert host_help() == "user@host[:port], an ~/.ssh/config alias, `local`, or sim:NAME[@good] / sim:PATH.yaml"
+    assert host_help() == ("user@host[:port], an ~/.ssh/config alias, `local`, sim:NAME[@good] / sim:PATH.yaml, docker:NAME, "
+                           "podman:NAME, k8s:NAMESPACE/POD[/CONTAINER], or nsenter:PID")
     for s in SCHEMES.values():
         assert s.form in host_help()
 

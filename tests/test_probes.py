@@ -117,7 +117,7 @@ def test_snapshot_paths_and_optional_tools_come_from_the_probes():
     """DIFF_PATHS is every probe's paths, in order; the optional tools are the snapshot's, in the order it sends them."""
     assert snapshot.DIFF_PATHS == tuple(path for p in probes.PROBES for path in p.diff_paths)
     assert snapshot.OPTIONAL_PROBES == ("gpu_q", "driver_files", "python_packages", "git_state", "server_view", "server_env",
-                                        "gpu_sample_under_load")
+                                        "gpu_sample_under_load", "gpu_xid")
     fields = list(snapshot.Snapshot.model_fields)
     assert fields[:5] == ["snapshot_version", "host", "hostname", "taken_at", "commands"]
     assert fields[-2:] == ["errors", "discovery"]

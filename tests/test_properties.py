@@ -24,12 +24,17 @@ host_text = st.one_of(
                               "GPU 00000000:00.0", "    Clocks Event Reasons", "Active", "\u2028", "[REDACTED]", ""]),
              max_size=30).map("\n".join),
 )
-INPUTS = {"server_details": {"pid": 7}, "gpu_sample_under_load": {"load": "gpu-bench"},
+INPUTS = {"server_details": {"pid": 7}, "gpu_sample_under_load": {"load": "gpu-bench"}, "gpu_nvml_under_load": {"load": "gpu-bench"},
           "python_packages": {"python": "/usr/bin/python3"}, "git_state": {"repo": "/r"}, "git_range": {"repo": "/r", "good": "a", "bad": "b"},
           "bench": {"cmd": "b", "metric": "verify"}, "git_worktree_add": {"repo": "/r", "path": "/p", "commit": "c"},
           "git_worktree_remove": {"repo": "/r", "path": "/p"},
           "restart_server": {"pid": 7, "argv": ["x"], "cwd": "/", "env_file": "/e"},
+          "start_copy": {"role": "changed", "env_pid": 7, "argv": ["x"], "cwd": "/", "gpus": "1", "env_file": "/e",
+                         "pid_file": "/p", "log": "/l"},
+          "stop_copy": {"pid_file": "/p", "env_file": "/e", "log": "/l", "expect_argv": ["x"], "cwd": "/"},
           "set_power_limit": {"gpu": 0, "watts": 500}, "set_governor": {"governor": "performance"},
+          "reset_clocks": {"gpu": 0, "memory": True}, "lock_clocks": {"gpu": 0, "sm_min": 1650, "sm_max": 1650},
+          "find_older_wheels": {"name": "n"},
           "git_worktree_checkout": {"path": "/p", "commit": "c"}, "remove_file": {"path": "/p"},
           "restart_hook": {"cmd": "systemctl restart x", "argv": ["x"], "cwd": "/"},
           "overlay_install": {"python": "/usr/bin/python3", "wheel": "/w.whl", "overlay": "/tmp/debugagent-o"},
@@ -40,7 +45,8 @@ INPUTS = {"server_details": {"pid": 7}, "gpu_sample_under_load": {"load": "gpu-b
           "find_wheels": {"name": "n", "version": "1"},
           "overlay_packages": {"python": "/usr/bin/python3", "overlay": "/tmp/debugagent-o"},
           "server_view": {"python": "/usr/bin/python3", "port": 30000, "engine": "sglang"},
-          "server_env": {"python": "/usr/bin/python3", "engine": "sglang"}}
+          "server_env": {"python": "/usr/bin/python3", "engine": "sglang"},
+          "container_inspect": {"runtime": "podman", "name": "srv"}}
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -16,6 +16,8 @@ from debugagent.agent.transcript import read_events
 from debugagent.tools.errors import RecordingError, ReplayMiss, UnknownCommand
 from debugagent.tools.replay import ReplayTransport
 
+from tests.test_same_numbers import garbled_outputs
+
 ROOT = Path(__file__).resolve().parents[1]
 # the simulated hosts' recordings, and those `scripts/gpu-lab` made on an H200 (transcripts/h200/CASE)
 KEPT = sorted(p.parent for p in [*(ROOT / "transcripts").glob("*/events.jsonl"), *(ROOT / "transcripts").glob("h200/*/events.jsonl")])
@@ -40,6 +42,9 @@ def test_kept_transcript_replays_to_its_conclusion(run, tmp_path):
     res = replay_events(read_events(run / "events.jsonl"), playbook=None, out=tmp_path / "replay")
     assert res["same"], "\n".join(res["diff"])
     assert res["unused_results"] == 0
+    # what the code writes now from this recording's host outputs reads right: no `+1.77e+03`, no "mean …", no
+    # "1 commits", no ";;", one interval per share (the kept files hold what the code wrote when they were recorded)
+    assert not garbled_outputs(tmp_path / "replay"), "\n".join(garbled_outputs(tmp_path / "replay"))
 
 
 def test_recording_header_and_redaction():

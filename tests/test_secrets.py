@@ -11,6 +11,7 @@ import os
 import stat
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -163,6 +164,13 @@ def test_no_planted_secret_in_any_artifact_of_a_simulated_run(tmp_path, env):
     assert journal["steps"] and all(step["done"] for step in journal["steps"])
     assert (out / "checkpoints.sqlite").stat().st_size > 0
     assert check_folder(out, secrets) == {}
+    bundle = tmp_path / "bundle.tar.gz"   # the issue bundle: every member, from this run's folder
+    r = cli("bundle", str(out), "-o", str(bundle), env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    with tarfile.open(bundle) as tar:
+        members = {m.name: tar.extractfile(m).read() for m in tar.getmembers()}  # type: ignore[union-attr]
+    assert len(members) == 9 and {n: leaks(b, secrets) for n, b in members.items() if leaks(b, secrets)} == {}
+    assert any(b"speculative-num-draft-tokens" in b for b in members.values())   # the launch command, readable
     # the grep can find: what the diagnosis needs is in the very same files, the SQLite one included
     text = (out / "events.jsonl").read_text()
     for flag, value in READABLE_ARGS.items():

@@ -451,3 +451,145 @@ def parse_load_samples(text: str) -> LoadSample:
         raise ParseError("no GPU samples were taken while the load ran (did it exit at once?)", tool="gpu_sample_under_load")
     loaded = [s for s in samples if "gpu_idle" not in s.event_reasons and (s.utilization or 0) > 0]
     return LoadSample(samples=samples, loaded=loaded)
+
+
+# ---------------------------------------------------------------- nvidia-smi -q -x
+# How ``nvidia-smi -q -x`` names each reason after its section's prefix (``clocks_event_reason_`` on newer drivers,
+# ``clocks_throttle_reason_`` on older ones).
+XML_REASON_NAMES = {
+    "gpu_idle": "gpu_idle",
+    "applications_clocks_setting": "applications_clocks_setting",
+    "sw_power_cap": "sw_power_cap",
+    "hw_slowdown": "hw_slowdown",
+    "hw_thermal_slowdown": "hw_thermal_slowdown",
+    "hw_power_brake_slowdown": "hw_power_brake_slowdown",
+    "sync_boost": "sync_boost",
+    "sw_thermal_slowdown": "sw_thermal_slowdown",
+    "display_clocks_setting": "display_clock_setting",
+    "display_clock_setting": "display_clock_setting",
+}
+XML_SECTIONS = {"clocks_event_reasons": ("Clocks Event Reasons", "clocks_event_reason_"),
+                "clocks_throttle_reasons": ("Clocks Throttle Reasons", "clocks_throttle_reason_")}
+
+
+class GpuQXml(BaseModel):
+    """Input of ``gpu_q_xml``: ``nvidia-smi -q -x``, the ``-q`` report as XML."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    def command(self) -> str:
+        return "nvidia-smi -q -x"
+
+
+def _xml_text(node: object, path: str) -> str | None:
+    import xml.etree.ElementTree as ET
+    if not isinstance(node, ET.Element):
+        return None
+    found = node.find(path)
+    return found.text.strip() if found is not None and found.text is not None else None
+
+
+@parser("q_xml")
+def parse_q_xml(text: str) -> DriverInfo:
+    """Parse ``nvidia-smi -q -x`` into the same ``DriverInfo`` as ``parse_q``: both the ``clocks_event_reasons``
+    section of newer drivers and the ``clocks_throttle_reasons`` of older ones, ``gpu_power_readings`` or
+    ``power_readings``. The document's DOCTYPE names a DTD that is never fetched (expat does not)."""
+    import xml.etree.ElementTree as ET
+    body = text[text.find("<"):] if "<" in text else text
+    try:
+        root = ET.fromstring(body.encode())
+    except ET.ParseError as exc:
+        raise ParseError(f"not XML: {exc}", tool="gpu_q_xml", excerpt=text[:80]) from exc
+    if root.tag != "nvidia_smi_log" or _xml_text(root, "driver_version") is None:
+        raise ParseError("no <nvidia_smi_log> with a <driver_version> (is this `nvidia-smi -q -x` output?)",
+                         tool="gpu_q_xml", excerpt=text[:80])
+    gpus = []
+    for g in root.findall("gpu"):
+        reasons: list[str] = []
+        section_name = ""
+        for tag, (name, prefix) in XML_SECTIONS.items():
+            sec = g.find(tag)
+            if sec is None:
+                continue
+            section_name = name
+            for child in sec:
+                key = child.tag.removeprefix(prefix)
+                if (child.text or "").strip() == "Active" and key in XML_REASON_NAMES:
+                    reasons.append(XML_REASON_NAMES[key])
+            break
+        power = g.find("gpu_power_readings")
+        if power is None:
+            power = g.find("power_readings")
+        link = g.find("pci/pci_gpu_link_info")
+        reset = _xml_text(g, "gpu_reset_status/reset_required")
+        unc = [_num(x.text) for x in g.findall("ecc_errors/volatile/*") if "uncorrectable" in x.tag]
+        unc_vals = [v for v in unc if v is not None]
+
+        def link_num(path: str, node: ET.Element | None = link) -> int | None:
+            v = _num(_xml_text(node, path)) if node is not None else None
+            return int(v) if v else None
+
+        gpus.append(GpuDetails(
+            bus_id=g.get("id") or _xml_text(g, "pci/pci_bus_id") or "",
+            name=_xml_text(g, "product_name") or "",
+            event_reasons=reasons,
+            reasons_section=section_name,
+            power_limit=_num(_xml_text(power, "current_power_limit") or _xml_text(power, "power_limit")),
+            power_limit_default=_num(_xml_text(power, "default_power_limit")),
+            power_limit_max=_num(_xml_text(power, "max_power_limit")),
+            pcie_gen=link_num("pcie_gen/current_link_gen"), pcie_gen_max=link_num("pcie_gen/max_link_gen"),
+            pcie_width=link_num("link_widths/current_link_width"), pcie_width_max=link_num("link_widths/max_link_width"),
+            reset_required=reset.lower() in ("yes", "requested") if reset else None,
+            ecc_errors_uncorrectable=int(sum(unc_vals)) if unc_vals else None,
+        ))
+    return DriverInfo(driver_version=_xml_text(root, "driver_version") or "",
+                      cuda_version=_xml_text(root, "cuda_version") or "", gpus=gpus)
+
+
+# ---------------------------------------------------------------- Xid errors in the kernel log
+XID_RE = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f:.]+)\): (\d+),\s*(.*)")
+XID_UNREADABLE = "unreadable: "
+
+
+class GpuXid(BaseModel):
+    """Input of ``gpu_xid``: the GPU driver's Xid lines of the kernel log (``dmesg``, read-only). A log this user
+    may not read (``kernel.dmesg_restrict``) is answered ``unreadable: WHY``, not an error."""
+
+    model_config = ConfigDict(extra="forbid")
+    last: int = 200
+
+    def command(self) -> str:
+        return ("if out=$(LC_ALL=C dmesg 2>&1); then echo readable; printf '%s\\n' \"$out\" | "
+                f"grep -E 'NVRM: Xid' | tail -n {int(self.last)}; "
+                f"else printf '{XID_UNREADABLE}%s\\n' \"$(printf '%s' \"$out\" | head -c 300 | tr '\\n' ' ')\"; fi")
+
+
+class Xid(BaseModel):
+    pci: str
+    code: int
+    text: str
+    line: str
+
+
+class XidReport(BaseModel):
+    readable: bool
+    why: str = ""
+    xids: list[Xid] = Field(default_factory=list)
+
+
+def parse_xid(inp: GpuXid, r: object) -> XidReport:
+    """``gpu_xid``'s answer: whether the kernel log was readable, and each Xid line (PCI address, code, text)."""
+    stdout = getattr(r, "stdout", "") or ""
+    lines = [ln for ln in split_lines(stdout) if ln.strip()]
+    if not lines:
+        raise ParseError("no answer (is this the gpu_xid command's output?)", tool="gpu_xid")
+    if lines[0].startswith(XID_UNREADABLE):
+        return XidReport(readable=False, why=lines[0][len(XID_UNREADABLE):].strip())
+    if lines[0].strip() != "readable":
+        raise ParseError("expected `readable` or `unreadable: …` first", tool="gpu_xid", excerpt=lines[0])
+    out = []
+    for ln in lines[1:]:
+        m = XID_RE.search(ln)
+        if m:
+            out.append(Xid(pci=m.group(1), code=int(m.group(2)), text=m.group(3).strip(), line=ln.strip()))
+    return XidReport(readable=True, xids=out)

@@ -390,6 +390,8 @@ class Redactor:
         name, sep, value = m.group(2), m.group(3), m.group(4)
         if not is_secret_name(name) or value.strip("\"'") == REDACTED or plain_value(value):
             return m.group(0)
+        if value in ('""', "''"):   # an empty value hides nothing (`"SandboxKey": ""` in a container's inspect)
+            return m.group(0)
         if sep == ":" and "." in name and re.fullmatch(r"\d+(?::\d+)?:?", value):   # file:line in a message
             return m.group(0)
         if name.lower() in _ONE_WORD_COUNTS and re.fullmatch(r"\d{1,6}", value):   # `pass: 3, fail: 0`

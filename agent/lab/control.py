@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from debugagent.tools.probes.text import plural
 from debugagent.tools.registry import Runner
+from debugagent.tools.units import plain
 
 from ..results import ExperimentResult
 from ..stats import CONTROL_LEVEL, CONTROL_RUNS, RESTART_PART, control
@@ -53,7 +54,8 @@ def restart_control(lab: Lab, r: Runner, result: ExperimentResult, bad: list[flo
             ctrl.append(b.measured(r, b.spec.cwd, f"control: the server as found, restarted (run {len(ctrl) + 1})"))
             lab.found_restarted.append(ctrl[-1])
         final = n >= most
-        c = control(bad, ctrl, vals, regression, b.lower, final=final, noise=b.noise)
+        c = control(bad, ctrl, vals, regression, b.lower, final=final, noise=b.noise,
+                    regression_se=b.spec.regression_se)
         if c.outcome != "more":
             break
         n += 1
@@ -62,7 +64,7 @@ def restart_control(lab: Lab, r: Runner, result: ExperimentResult, bad: list[flo
     if earlier:
         runs += (", measured after an earlier experiment's undo" if len(ctrl) == len(earlier) else
                  f", {len(earlier)} of them measured after an earlier experiment's undo")
-    said = (f"control: the server as found, restarted, gives mean {statistics.fmean(ctrl):.4g} ({runs}): "
+    said = (f"control: the server as found, restarted, gives mean {plain(statistics.fmean(ctrl), 4)} ({runs}): "
             f"a plain restart recovers {c.part:.0%} of what the change did ({2 * CONTROL_LEVEL - 1:.0%} CI "
             f"{c.low:.0%} to {c.high:.0%})")
     if c.outcome == "change":

@@ -82,6 +82,42 @@ def hook_hint() -> str:
             "DEBUGAGENT_UNSET_ENV and DEBUGAGENT_PYTHONPATH_FIRST (DEBUGAGENT_PHASE is experiment, then undo)")
 
 
+def container_plan(r: Runner, srv: Any, run: ServerRun, change: str) -> str | None:
+    """Where the run entered the server's container (``--host docker:NAME``, ``podman:``, ``k8s:``, or ``--container``)
+    and the server is its main process: the commands that would restart it with the change (a new container from the
+    found one's own inspect, with only the change; for a pod, its Deployment's patch and rollout), and the ones that
+    put it back. debugagent runs none of them: the experiment is refused with them, to run by hand."""
+    target = getattr(r.transport, "target", None)
+    kind = getattr(target, "kind", None)
+    if target is None or kind not in ("docker", "podman", "k8s"):
+        return None
+    from debugagent.tools.recreate import command_line, k8s_plan, recreate_plan
+    argv = run.argv if run.argv != srv.argv else None
+    if run.path_first:
+        return (f"the server runs as the main process of {target.label}: {change} needs code from the host's folders "
+                "first on its PYTHONPATH, which a new container would not see; debugagent does not recreate containers")
+    if kind == "k8s":
+        do, undo = k8s_plan(target.namespace, target.name, target.container, argv, run.set, run.unset)
+        return (f"the server runs as the main process of {target.label}: a Kubernetes workload is never changed by "
+                f"debugagent. To test {change}, run: " + "; ".join(f"`{c}`" for c in do)
+                + "; then the benchmark. To put it back: " + "; ".join(f"`{c}`" for c in undo))
+    o = r.call("container_inspect", {"runtime": kind, "name": target.name},
+               why="the container as it runs: what a new one with only the change needs")
+    if not o.ok:
+        return (f"the server runs as the main process of {target.label}, and `{kind} inspect` could not be read "
+                f"({o.error}): restarting it with {change} means recreating the container")
+    found = o.output
+    if found.argv != list(srv.argv):
+        return (f"the server runs as the main process of {target.label}, but `{kind} inspect` names another command "
+                f"line ({command_line(found.argv)[:200]}); debugagent does not recreate the container")
+    do, undo = recreate_plan(found, found.changed(argv=argv, set_env=run.set, unset_env=run.unset),
+                             f"{found.name}.debugagent-found")
+    return (f"the server runs as the main process of {target.label}: restarting it with {change} means a new "
+            "container, which debugagent does not make. To test it, run on the container's host: "
+            + "; ".join(f"`{c}`" for c in do) + "; then the benchmark. To put the very container back as found: "
+            + "; ".join(f"`{c}`" for c in undo))
+
+
 class Server:
     """The inference server as one experiment changes it.
 
@@ -139,6 +175,8 @@ class Server:
         if not c.ok:
             raise ExperimentError(c.error or "server_control failed")
         ctl = c.output
+        if ctl.kind == "container" and (plan := container_plan(r, srv, run, change)):
+            raise ExperimentError(plan)
         if ctl.kind != "plain":
             what = {"systemd": f"the systemd unit {ctl.unit}", "container": "a container",
                     "supervisor": f"a supervisor (`{ctl.parent}`, pid {ctl.parent_pid})"}[ctl.kind]

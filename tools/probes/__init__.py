@@ -43,6 +43,11 @@ def checks() -> tuple[str, ...]:
     return tuple(t.name for p in PROBES for t in p.tools if t.check)
 
 
+def stands_for() -> dict[str, str]:
+    """Tools sent in place of another (``gpu_nvml_under_load`` for ``gpu_sample_under_load``): name -> the other's."""
+    return {t.name: t.stands_for for p in PROBES for t in p.tools if t.stands_for}
+
+
 def diff_paths() -> tuple[str, ...]:
     """Every path ``diff`` reports; NAME, FLAG, VAR and N stand for one path segment."""
     return tuple(path for p in PROBES for path in p.diff_paths)
@@ -73,4 +78,4 @@ def render_output(tool: str, ev: dict[str, Any]) -> list[str]:
 
 
 __all__ = ["PROBES", "Call", "FactsInput", "Fields", "Gathering", "Probe", "Tool", "checks", "diff_paths", "optional", "plan",
-           "render_output", "tools"]
+           "render_output", "stands_for", "tools"]

@@ -56,6 +56,7 @@ class Tool:
     optional: bool = False
     wave: int = 0
     check: bool = False
+    stands_for: str = ""   # the tool it is sent in place of: a playbook's check of that one cites this one's call
 
     def read(self, inp: Any, r: CommandResult) -> BaseModel:
         """The typed output of ``r``, or ``ParseError``."""

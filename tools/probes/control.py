@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import host, mutate
+from .. import host, mutate, recreate
 from .base import Probe, Tool
 from .text import clip_words, code, collapsed
 
@@ -45,6 +45,9 @@ PROBE = Probe(
            Tool("import_roots", mutate.ImportRoots, lambda i, r: mutate.parse_import_roots(r.stdout), summary=_import_roots),
            Tool("server_ready", mutate.ServerReady, lambda i, r: mutate.parse_server_ready(r.stdout)),
            Tool("find_wheels", mutate.FindWheels, lambda i, r: mutate.parse_wheels(r.stdout)),
+           Tool("find_older_wheels", mutate.FindWheels, lambda i, r: mutate.parse_wheels(r.stdout)),
+           Tool("container_inspect", recreate.ContainerInspect,
+                lambda i, r: recreate.ContainerSpec.of_inspect(r.stdout, runtime=i.runtime)),
            Tool("overlay_packages", mutate.OverlayPackages, lambda i, r: host.parse_python_packages(r.stdout),
                 timeout=120.0)),
 )

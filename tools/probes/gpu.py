@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
-from .. import gpu
+from .. import gpu, nvml
 from .base import Add, Call, FactsInput, Gathering, Probe, Tool
 from .text import code, csv_rows, plural, table
 
@@ -47,6 +47,10 @@ class GpuFacts(gpu.GpuReading):
     index: int
     reset_required: bool | None = None
     under_load: bool = False
+    # the idle reading's clocks (a clock lock's MIN holds an idle GPU there) and the memory clock's maximum
+    mem_clock_max: int | None = None
+    idle_sm_clock: int | None = None
+    idle_mem_clock: int | None = None
 
 
 class Fields(BaseModel):
@@ -95,23 +99,71 @@ def _processes(ev: dict[str, Any]) -> list[str] | None:
     return table(head or [f"field {i + 1}" for i in range(len(rows[0]))], rows, inline_one=True)
 
 
+def _nvml_readings(ev: dict[str, Any]) -> list[str] | None:
+    out = ev.get("output") or {}
+    lines = _readings(ev)
+    if lines is None:
+        return None
+    if out.get("source") == "nvml":
+        head = (f"Read through NVML ({out.get('api') or 'reasons API unknown'}), one GPU's sample "
+                f"{out.get('sample_us')} µs; compute processes: "
+                + (", ".join(f"pid {p['pid']} on GPU {p['gpu']}" for p in out.get("processes") or []) or "none"))
+    else:
+        head = "Read with nvidia-smi (no interpreter on the host read the GPUs through pynvml)"
+    return [head, *lines]
+
+
+def _q_xml(ev: dict[str, Any]) -> list[str] | None:
+    out = ev.get("output")
+    if not out:
+        return None
+    gpus = "; ".join(f"{g.get('bus_id')}: reasons {', '.join(g.get('event_reasons') or []) or 'none'} "
+                     f"({g.get('reasons_section') or 'no reasons section'})" for g in out.get("gpus") or [])
+    return [f"Output: driver {code(out.get('driver_version') or '?')}, CUDA {code(out.get('cuda_version') or '?')}; {gpus}"]
+
+
+def _xid(ev: dict[str, Any]) -> list[str] | None:
+    out = ev.get("output")
+    if not out:
+        return None
+    if not out.get("readable"):
+        return [f"Output: the kernel log is not readable here ({out.get('why') or 'no reason given'})"]
+    xids = out.get("xids") or []
+    head = f"Output: {plural(len(xids), 'Xid line')} in the kernel log"
+    return [head, *(f"- {code(x.get('line') or '')}" for x in xids[:20])]
+
+
 # ---------------------------------------------------------------- snapshot
 def _first(g: Gathering) -> list[Call]:
     return [("gpu_query", None, "GPU clocks, power, PCIe, reasons (idle reading)"),
             ("gpu_q", None, "driver and CUDA versions, clock reasons, reset state")]
 
 
+def _xid_call(g: Gathering) -> list[Call]:
+    return [("gpu_xid", None, "the GPU driver's Xid errors in the kernel log")]
+
+
 def _second(g: Gathering) -> list[Call]:
-    if not g.bench:
+    """The GPUs read while the benchmark runs: through NVML with the host's Python (``nvidia-smi`` where none imports
+    it, in the same call); replaying a recording made before that call existed, with ``nvidia-smi`` as it was."""
+    if not g.bench or not g.want("gpu_sample_under_load"):
         return []
-    return [("gpu_sample_under_load", {"load": g.bench, "cwd": g.repo, "seconds": g.sample_seconds},
-             "clocks and PCIe read while the benchmark runs")]
+    recorded = getattr(getattr(g.runner, "transport", None), "recorded_tools", None)
+    if recorded is not None and "gpu_nvml_under_load" not in recorded:
+        return [("gpu_sample_under_load", {"load": g.bench, "cwd": g.repo, "seconds": g.sample_seconds},
+                 "clocks and PCIe read while the benchmark runs")]
+    return [("gpu_nvml_under_load", {"load": g.bench, "cwd": g.repo, "seconds": g.sample_seconds, "python": g.python},
+             "clocks, PCIe and clock event reasons read through NVML at 10 Hz while the benchmark runs")]
+
+
+def _wave2(g: Gathering) -> list[Call]:
+    return [*_xid_call(g), *_second(g)]
 
 
 def _fill(g: Gathering) -> dict[str, Any]:
     """Each GPU: the idle query's limits and maxima, the busy sample's readings where one was taken."""
     idle: GpuList | None = g.output("gpu_query")
-    load: gpu.LoadSample | None = g.output("gpu_sample_under_load")
+    load: gpu.LoadSample | None = g.output("gpu_nvml_under_load") or g.output("gpu_sample_under_load")
     q: gpu.DriverInfo | None = g.output("gpu_q")
     loaded = load.per_gpu() if load else {}
     details = {d.bus_id: d for d in q.gpus} if q else {}
@@ -126,6 +178,7 @@ def _fill(g: Gathering) -> dict[str, Any]:
             temperature=src.temperature, pcie_gen=src.pcie_gen, pcie_gen_max=x.pcie_gen_max, pcie_width=src.pcie_width,
             pcie_width_max=x.pcie_width_max, event_reasons=[r for r in src.event_reasons if r != "gpu_idle"],
             reset_required=d.reset_required if d else None, under_load=lg is not None and "gpu_idle" not in lg.event_reasons,
+            mem_clock_max=x.mem_clock_max, idle_sm_clock=x.sm_clock, idle_mem_clock=x.mem_clock,
         ))
     # by pid: the server's whole tree is left out, a second server is a tenant
     return {"gpus": gpus, "gpu_processes": g.discovery.tenants() if g.discovery else []}
@@ -170,6 +223,8 @@ def gpu_view(g: dict[str, Any], thermal: Collection[str] = THERMAL) -> dict[str,
         "thermal": bool(set(thermal) & set(reasons)),
         "hw_slowdown": bool(HW_SLOW & set(reasons)),
         "power_capped": "sw_power_cap" in reasons,
+        # clocks held by `nvidia-smi -lgc`/`-lmc` or lowered applications clocks (NVML's reason 0x2), read under load
+        "clocks_locked": bool(g.get("under_load")) and "applications_clocks_setting" in reasons,
         "limit_lowered": bool(plm and pl and pl < 0.95 * plm),
         "pcie_degraded": bool(g.get("under_load") and ((gen and genm and gen < genm) or (w and wm and w < wm))),
     }
@@ -195,8 +250,13 @@ PROBE = Probe(
            Tool("gpu_processes", gpu.GpuProcesses,
                 lambda i, r: GpuProcessList(processes=gpu.parse_compute_apps(r.stdout)), summary=_processes, check=True),
            Tool("gpu_sample_under_load", gpu.GpuSampleUnderLoad, lambda i, r: gpu.parse_load_samples(r.stdout),
-                timeout=120.0, checked=False, summary=_readings, optional=True, wave=2, check=True)),
-    first=_first, second=_second, fill=_fill,
+                timeout=120.0, checked=False, summary=_readings, optional=True, wave=2, check=True),
+           # sent in its place (it is chosen with it): NVML, or nvidia-smi in the same call
+           Tool("gpu_nvml_under_load", nvml.GpuNvmlUnderLoad, lambda i, r: nvml.parse_under_load(r.stdout),
+                timeout=120.0, checked=False, summary=_nvml_readings, stands_for="gpu_sample_under_load"),
+           Tool("gpu_q_xml", gpu.GpuQXml, lambda i, r: gpu.parse_q_xml(r.stdout), summary=_q_xml, check=True),
+           Tool("gpu_xid", gpu.GpuXid, gpu.parse_xid, summary=_xid, optional=True, wave=2, check=True)),
+    first=_first, second=_wave2, fill=_fill,
     diff_paths=tuple(f"gpus.N.{f}" for f in (*GPU_EXACT, *GPU_TOLERANCE, "temperature")) + ("gpu_processes",),
     diff=_diff, facts=_facts,
 )

@@ -1,0 +1,206 @@
+"""A server in a "container" of real namespaces (tests/realhost/container.py), diagnosed from outside it through
+``--host nsenter:PID``: every command, the benchmark and the experiment's restart run inside its namespaces; the
+server inside, the namespace's /tmp and the machine's as found afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import Host, pids_with, proc_state
+from .container import Box, bench_in, make_box, start_in, why_not
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(bool(why_not()), reason=why_not() or "-")]
+
+
+def run_in(box: Box, h: Host, *args: str, out: Path, host: str | None = None, timeout: float = 240) -> dict:
+    """``debugagent run --host nsenter:PID …`` from this machine, as a subprocess: its JSON, exit, events."""
+    cli = Path(sys.executable).parent / "debugagent"
+    argv = [str(cli), "run", "--host", host or f"nsenter:{box.pid}", "--server-pattern", h.pattern, "--bench",
+            h.bench_cmd(), "--allow-mutations", "--json", "--out", str(out), "--ready-timeout", "60", *args]
+    t0 = time.monotonic()
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=h.dir)
+    wall = time.monotonic() - t0
+    assert r.stdout.strip().startswith("{"), f"exit {r.returncode}; stderr: {r.stderr[-3000:]}"
+    o = json.loads(r.stdout)
+    o["exit"] = r.returncode
+    o["run_id"] = json.loads((out / "run.json").read_text())["run_id"]
+    o["events"] = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    print(f"\n[{host or 'nsenter'}] exit {o['exit']}, {o['commands']} commands, {o['bench_runs']} benchmark runs, {wall:.1f} s")
+    return o
+
+
+def server_in(box: Box, h: Host) -> dict:
+    """The server as found: its argv, environment and folder (from this machine's /proc), and that it runs in the box."""
+    pids = [p for p in pids_with(h.tag) if "infer.serve" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")]
+    assert len(pids) == 1, pids
+    ns = {n: os.readlink(f"/proc/{pids[0]}/ns/{n}") for n in ("mnt", "pid", "net")}
+    assert ns == {n: os.readlink(f"/proc/{box.pid}/ns/{n}") for n in ("mnt", "pid", "net")}, "the server left the box"
+    return proc_state(pids[0])
+
+
+@pytest.fixture
+def box(tmp_path):
+    b = make_box(tmp_path)
+    yield b
+    b.stop()
+
+
+def test_flag_regression_inside_namespaces_is_found_through_nsenter(realhost, box, tmp_path):
+    """A server started with --disable-cuda-graph in its own mount, pid and net namespaces, its port reachable only
+    there: `--host nsenter:PID` reproduces the regression there, restarts the server there without the flag (the
+    restart happens inside the namespaces), names the flag by experiment, and leaves the server, the box's /tmp and
+    this machine's /tmp as found."""
+    h = realhost("boxed")
+    h.cwd = h.dir / "srv"
+    h.write_code(h.cwd)
+    start_in(box, h)
+    base = min(bench_in(box, h) or 1e9 for _ in range(3))
+    subprocess.run(box.enter("pkill", "-f", "--", h.pattern), check=True)
+    h.flags = ["--disable-cuda-graph"]
+    start_in(box, h)
+    assert h.bench_once() is None, "the server's port must not be reachable from this machine's network"
+    bad = sorted(bench_in(box, h) or 0 for _ in range(3))[1]
+    before, box_tmp, host_tmp = server_in(box, h), box.tmp(), sorted(os.listdir("/tmp"))
+
+    o = run_in(box, h, "--symptom", f"latency {bad:.2f} ms", "--baseline", f"latency {base:.2f} ms", "--max-runs", "4", out=tmp_path / "run")
+
+    causes = {c["hypothesis"]: c for c in o["root_causes"] or []}
+    assert o["exit"] == 0 and "serving_config" in causes, o["summary"]
+    assert causes["serving_config"]["how"] == "experiment"
+    restarts = [e for e in o["events"] if e["event"] == "tool_call" and e["tool"] == "restart_server"]
+    assert restarts and all("--disable-cuda-graph" not in e["input"]["argv"] for e in restarts[:1])
+    deadline = time.monotonic() + 60
+    while bench_in(box, h) is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    after = server_in(box, h)
+    assert after == before and "--disable-cuda-graph" in after["argv"]
+    assert box.tmp() == box_tmp and o["run_id"] not in " ".join(os.listdir("/tmp"))
+    assert [n for n in os.listdir("/tmp") if n not in host_tmp and o["run_id"] in n] == []
+    # each command is recorded as the probe wrote it, shown as the line a person would paste here: nsenter into the box
+    calls = [e for e in o["events"] if e["event"] == "tool_call"]
+    assert calls and all(e["display"].startswith(f"nsenter --target {box.pid} --mount ") for e in calls)
+    assert not any(e["command"].startswith("nsenter") for e in calls)
+
+
+# ---------------------------------------------------------------- a real container (podman with runc)
+def podman_env(tmp: Path) -> dict[str, str]:
+    """podman's settings for a store of this test's own (vfs, runc, cgroupfs, no default ulimits: this machine's
+    RLIMIT_NOFILE is below podman's default)."""
+    conf, store = tmp / "containers.conf", tmp / "storage.conf"
+    conf.write_text('[containers]\ndefault_ulimits = []\n[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\n'
+                    'events_logger = "file"\n')
+    store.write_text(f'[storage]\ndriver = "vfs"\nrunroot = "{tmp / "prun"}"\ngraphroot = "{tmp / "graph"}"\n')
+    return {**os.environ, "CONTAINERS_CONF": str(conf), "CONTAINERS_STORAGE_CONF": str(store)}
+
+
+def podman_image(tmp: Path, env: dict[str, str]) -> str:
+    """An image of symlinks into /usr (mounted read-only from this machine), imported: no registry is contacted."""
+    root = tmp / "rootfs"
+    for d in ("usr", "etc", "tmp", "proc", "dev", "sys", "run"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    for link in ("bin", "lib", "lib64", "sbin"):
+        os.symlink(f"usr/{link}", root / link)
+    tar = subprocess.run(["tar", "-C", str(root), "-c", "."], capture_output=True, check=True).stdout
+    subprocess.run(["podman", "import", "-", "localhost/box:1"], input=tar, env=env, capture_output=True, check=True,
+                   timeout=120)
+    return "localhost/box:1"
+
+
+def why_no_podman(tmp: Path) -> str:
+    import shutil
+    if not shutil.which("podman") or not shutil.which("runc"):
+        return "needs podman and runc (apt-get install podman runc)"
+    env = podman_env(tmp)
+    img = podman_image(tmp, env)
+    r = subprocess.run(["podman", "run", "--rm", "--network", "none", "-v", "/usr:/usr:ro", img, "true"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    return "" if r.returncode == 0 else f"podman cannot start a container here: {r.stderr.strip()[-300:]}"
+
+
+def test_a_real_podman_container_is_entered_and_its_recreate_commands_work(tmp_path, monkeypatch):
+    """A server that is a real podman container's main process: `--host podman:NAME` runs commands in it; the flag
+    experiment is refused with the commands, the container untouched; then the printed commands, run as printed,
+    start a container without the flag that serves faster, and the printed undo puts the very container back."""
+    if os.environ.get("DEBUGAGENT_TEST_PODMAN") != "1":
+        pytest.skip("a real podman container takes 60-100 s of podman's own time on a loaded 2-core machine: "
+                    "DEBUGAGENT_TEST_PODMAN=1 runs it (podman and runc installed: apt-get install podman runc)")
+    from debugagent.agent.hosts import open_transport
+    from debugagent.agent.lab.errors import ExperimentError
+    from debugagent.agent.lab.server import LabSetup, Server, ServerRun
+    from debugagent.tools.discovery import DiscoveryInput
+    from debugagent.tools.registry import Runner
+    why = why_no_podman(tmp_path)
+    if why:
+        pytest.skip(why)
+    env = podman_env(tmp_path)
+    for k in ("CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF"):
+        monkeypatch.setenv(k, env[k])
+    h = Host(dir=tmp_path / "h", python="/usr/bin/python3")
+    h.dir.mkdir()
+    h.cwd = h.dir / "srv"
+    h.write_code(h.cwd)
+    (h.dir / "bench.py").write_text(__import__("tests.realhost.conftest", fromlist=["BENCH"]).BENCH)
+    h.flags = ["--disable-cuda-graph"]
+    name = f"srv-{h.port}"
+    bench = ["podman", "exec", name, "/usr/bin/python3", str(h.dir / "bench.py"), str(h.port)]
+
+    def ready() -> float:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            r = subprocess.run(bench, env=env, capture_output=True, text=True, timeout=60)
+            if r.returncode == 0:
+                return float(r.stdout.split("=")[1].split()[0])
+            time.sleep(0.2)
+        raise AssertionError("the container's server did not answer")
+
+    def inspect() -> dict:
+        return json.loads(subprocess.run(["podman", "inspect", name], env=env, capture_output=True, text=True,
+                                         check=True, timeout=60).stdout)[0]
+
+    subprocess.run(["podman", "run", "-d", "--name", name, "--network", "none", "-v", "/usr:/usr:ro", "-v",
+                    f"{h.dir}:{h.dir}", "--workdir", str(h.cwd), "-e", "LANG=C.UTF-8", "--shm-size", "256m",
+                    "--label", "team=inference", "localhost/box:1", *h.argv()],
+                   env=env, capture_output=True, check=True, timeout=120)
+    try:
+        slow = ready()
+        found = inspect()
+        with open_transport(f"podman:{name}") as t:
+            assert t.run("cat /proc/1/cmdline | tr '\\0' ' '").stdout.split() == h.argv()
+            server = Server(LabSetup(server_pattern=h.pattern), "run1", lambda *a, **k: None, 30.0,
+                            DiscoveryInput(server_pattern=h.pattern), lambda *a: pytest.fail("nothing is journalled"),
+                            lambda: None)
+            r = Runner(t)
+            srv = server.find(r)
+            with pytest.raises(ExperimentError) as e:
+                server.start(r, srv, ServerRun(argv=[a for a in srv.argv if a != "--disable-cuda-graph"], cwd=srv.cwd),
+                             "without --disable-cuda-graph")
+        assert inspect() == found
+        text = str(e.value)
+        cmds = [c for c in text.split("`") if c.startswith("podman ")]
+        do, undo = cmds[:3], cmds[3:]
+        assert [c.split()[1] for c in do] == ["stop", "rename", "run"] and "--disable-cuda-graph" not in do[2]
+        for c in do:
+            subprocess.run(c, shell=True, env=env, capture_output=True, check=True, timeout=120)
+        fast = ready()
+        changed = inspect()
+        assert changed["Id"] != found["Id"] and fast < slow - 10, (slow, fast)
+        for f in ("Mounts", "HostConfig.NetworkMode", "HostConfig.ShmSize", "Config.WorkingDir", "Config.Labels"):
+            a, b = changed, found
+            for k in f.split("."):
+                a, b = a[k], b[k]
+            assert a == b, f
+        assert changed["HostConfig"]["Ulimits"] == found["HostConfig"]["Ulimits"]
+        for c in undo:
+            subprocess.run(c, shell=True, env=env, capture_output=True, check=True, timeout=120)
+        ready()
+        back = inspect()
+        assert back["Id"] == found["Id"] and back["Args"] == found["Args"] and back["Name"] == found["Name"]
+    finally:
+        subprocess.run(["podman", "rm", "-f", "-a"], env=env, capture_output=True, timeout=120)

@@ -12,6 +12,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from debugagent.tools.probes.text import clip_words
+
 HEADLINE_MAX = 160
 ITEM_MAX = 220
 
@@ -21,11 +23,7 @@ def _pct(share: float) -> str:
 
 
 def clip(text: str, n: int) -> str:
-    text = " ".join(str(text).split())
-    if len(text) <= n:
-        return text
-    cut = text[:max(1, n - 2)].rsplit(" ", 1)[0].rstrip(",;:")
-    return cut + " …"
+    return clip_words(str(text), n)   # a clause's end where it can, never "mean …"
 
 
 def _share(c: Mapping[str, Any]) -> str:
@@ -57,6 +55,16 @@ def headline(c: Mapping[str, Any]) -> str:
             what = _what(causes[0])
             room = HEADLINE_MAX - len(head) - 2
             return f"{head}: {clip(what, room)}" if what and room > 20 else clip(head, HEADLINE_MAX)
+        joint = c.get("joint") or {}
+        if joint.get("share") is not None and joint.get("share_ci"):
+            lo, hi = joint["share_ci"]
+            together = (f"; together they recover {_pct(joint['share'])} (95% CI {_pct(lo)} to {_pct(hi)}); "
+                        f"{_pct(joint['unexplained'] or 0)} unexplained")
+            names = "Root causes: " + ", ".join(str(x["hypothesis"]) + (f" (explains {_pct(x['explains'])})" if x.get(
+                "explains") is not None else "") for x in causes)
+            if len(names + together) > HEADLINE_MAX:   # the joint numbers first: they are the answer's point
+                names = "Root causes: " + ", ".join(str(x["hypothesis"]) for x in causes)
+            return clip(names + together, HEADLINE_MAX)
         return clip("Root causes: " + "; ".join(_share(x) for x in causes) + f"; {by}", HEADLINE_MAX)
     if suspects:
         top = suspects[0]

@@ -41,6 +41,18 @@ class Open(BaseModel):
     hypothesis: str
     because: str
     next: str | None = None
+    rule: str | None = None                     # ruled out: what decided it (the bound, or the evidence's rule)
+
+
+class Joint(BaseModel):
+    """Two or more confirmed causes reverted together in one experiment."""
+
+    causes: list[str]
+    share: float | None                         # of the regression they recover together; None when not measured
+    share_ci: tuple[float, float] | None        # its 95% interval
+    unexplained: float | None                   # 1 - share (at least 0)
+    sum_alone: float                            # their shares measured one at a time, added
+    text: str = ""
 
 
 class Conclusion(BaseModel):
@@ -53,6 +65,7 @@ class Conclusion(BaseModel):
     not_judged: NotJudged
     summary: str
     exit_code: int
+    joint: Joint | None = None                  # the confirmed causes measured together (two or more)
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)
@@ -103,6 +116,8 @@ def no_regression_summary(regression: Regression) -> str:
     if regression.outcome == "better":
         return (f"No regression: the host measures better than the baseline ({regression.why}); "
                 "were --symptom and --baseline swapped? Nothing is blamed.")
+    if regression.outcome == "noise":
+        return f"Not shown to be a regression: {regression.why}. Nothing is blamed."
     if regression.outcome == "more":
         return (f"Regression smaller than the noise can show in {len(regression.samples)} runs "
                 f"({regression.why}); {more_runs_advice(regression.runs_needed)}. Nothing is blamed.")
@@ -110,9 +125,10 @@ def no_regression_summary(regression: Regression) -> str:
 
 
 def conclude(hyps: dict[str, Hyp], order: list[str], regression: Regression, *, baseline_snapshot: bool,
-             next_steps: dict[str, str], not_judged: NotJudged) -> Conclusion:
+             next_steps: dict[str, str], not_judged: NotJudged, joint: dict[str, Any] | None = None) -> Conclusion:
     def closed(status: str) -> list[Open]:
-        return [Open(hypothesis=h, because="; ".join(hyps[h].because), next=hyps[h].next)
+        return [Open(hypothesis=h, because="; ".join(hyps[h].because), next=hyps[h].next,
+                     rule=hyps[h].rule if status == "ruled_out" else None)
                 for h in order if hyps[h].status == status]
     ruled, undecided = closed("ruled_out"), closed("inconclusive")
     if regression.refuted:
@@ -129,6 +145,10 @@ def conclude(hyps: dict[str, Hyp], order: list[str], regression: Regression, *, 
                      if c.explains is not None and c.explains_ci else "share not measured")
             parts.append(f"{c.hypothesis} ({share}, by {c.how}): {c.summary}")
         summary = "Root cause" + ("s" if len(causes) > 1 else "") + ": " + " | ".join(parts) + "."
+        if joint and joint.get("share") is not None and joint.get("share_ci"):
+            lo, hi = joint["share_ci"]
+            summary += (f" Together they recover {_pct(joint['share'])} (95% CI {_pct(lo)} to {_pct(hi)}); "
+                        f"{_pct(joint['unexplained'])} unexplained.")
     else:
         summary = "No confirmed root cause."
         if suspects:
@@ -143,7 +163,8 @@ def conclude(hyps: dict[str, Hyp], order: list[str], regression: Regression, *, 
         summary += " Not judged: " + ", ".join([f"--{f}" for f in not_judged.flags] + not_judged.env) + "."
     return Conclusion(root_cause=causes[0] if causes else None, root_causes=causes, suspects=suspects,
                       ruled_out=ruled, inconclusive=undecided, not_judged=not_judged, summary=summary,
-                      exit_code=0 if causes else 3)
+                      exit_code=0 if causes else 3,
+                      joint=Joint.model_validate(joint) if joint and causes and joint.get("share") is not None else None)
 
 
 class TableRow(BaseModel):
@@ -170,10 +191,10 @@ class RunConclusion(Conclusion):
 
 def run_conclusion(hyps: dict[str, Hyp], order: list[str], regression: Regression, *, baseline_snapshot: bool,
                    next_steps: dict[str, str], not_judged: NotJudged, commands: int, bench_runs: int,
-                   notes: list[str]) -> RunConclusion:
+                   notes: list[str], joint: dict[str, Any] | None = None) -> RunConclusion:
     """The verdicts as a conclusion, with the table of every hypothesis and the run's counts."""
     c = conclude(hyps, order, regression, baseline_snapshot=baseline_snapshot, next_steps=next_steps,
-                 not_judged=not_judged)
+                 not_judged=not_judged, joint=joint)
     table = [TableRow(id=h, status=hyps[h].status, how=hyps[h].how, because=hyps[h].because, share=hyps[h].share,
                       share_ci=hyps[h].share_ci, next=hyps[h].next) for h in order]
     return RunConclusion(**dict(c), commands=commands, bench_runs=bench_runs,

@@ -255,6 +255,7 @@ class Open(Row):
     hypothesis: str
     because: str = ""
     next: str | None = None
+    rule: str | None = None
 
 
 class TableRow(Row):
@@ -286,6 +287,8 @@ class RegressionFacts(Row):
 class NotJudged(Row):
     flags: list[str] = Field(default_factory=list)
     env: list[str] = Field(default_factory=list)
+    workload: list[str] = Field(default_factory=list)
+    at_default: list[str] = Field(default_factory=list)
 
 
 class Conclusion(EventBase):
@@ -304,6 +307,7 @@ class Conclusion(EventBase):
     regression: RegressionFacts = Field(default_factory=RegressionFacts)
     notes: list[str] = Field(default_factory=list)
     table: list[TableRow] = Field(default_factory=list)
+    joint: Row | None = None   # the confirmed causes reverted together (conclusion.Joint)
 
 
 class Error(EventBase):

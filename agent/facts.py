@@ -33,7 +33,7 @@ def baseline_facts(snap: Snapshot, baseline: Snapshot | None, group: Callable[[l
 
 
 def server_facts(server: dict[str, Any] | None, packages: dict[str, dict[str, Any]],
-                 knowledge: dict[str, Any]) -> dict[str, Any]:
+                 knowledge: dict[str, Any], bench_cmd: str | None = None) -> dict[str, Any]:
     """Where the server's code comes from (an editable checkout or a package), and what no list judges."""
     top = ((server or {}).get("entry") or "").split(".")[0]
     pk = packages.values()
@@ -41,7 +41,7 @@ def server_facts(server: dict[str, Any] | None, packages: dict[str, dict[str, An
         "server_editable": any(p.get("editable") and top in (p.get("modules") or [p["name"]]) for p in pk),
         "server_package": next((f"{p['name']} {p['version']}" for p in pk if top and top in (p.get("modules") or [])),
                                top),
-        "not_judged": not_judged(server, knowledge).model_dump(),
+        "not_judged": not_judged(server, knowledge, bench_cmd).model_dump(),
         "install_times_distinct": len({p.get("installed_at") for p in pk
                                        if p.get("installed_at") and not p.get("editable")}),
     }
@@ -60,7 +60,8 @@ def build_facts(snap: Snapshot, *, baseline: Snapshot | None, regression: dict[s
     return {
         **facts, "diff": d, "changes": changes, "baseline": base,
         "regression": regression or {}, "knowledge": knowledge, "symptom": symptom,
-        **server_facts(facts.get("server"), facts.get("packages") or {}, knowledge),
+        **server_facts(facts.get("server"), facts.get("packages") or {}, knowledge,
+                       (facts.get("bench") or {}).get("cmd")),
     }
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from debugagent.tools.units import plain
+
 from .fleet import FleetDiff
 
 
@@ -14,7 +16,7 @@ def show(v: Any) -> str:
     if isinstance(v, str):
         return v
     if isinstance(v, float):
-        return f"{v:.4g}"
+        return f"{plain(v, 4)}"
     return json.dumps(v, sort_keys=True, default=str)
 
 
@@ -35,12 +37,12 @@ def render_text(fd: FleetDiff) -> list[str]:
     b = fd.bench
     if b is not None and b.median is not None:
         unit = f" {b.unit}" if b.unit else ""
-        lines.append(f"benchmark {b.metric or ''}: median {b.median:.4g}{unit}, MAD {b.mad or 0:.3g}{unit} over {len(b.values)} hosts")
+        lines.append(f"benchmark {b.metric or ''}: median {plain(b.median, 4)}{unit}, MAD {plain(b.mad or 0)}{unit} over {len(b.values)} hosts")
         for h, v in sorted(b.values.items(), key=lambda kv: kv[1]):
             z = b.z.get(h)
             mark = "  outlier" if h in b.outliers else ""
             zs = "off a MAD of 0" if z is None and b.z else f"z {z:+.1f}" if z is not None else ""
-            lines.append(f"  {h}: {v:.4g}{unit}" + (f" ({zs})" if zs else "") + mark)
+            lines.append(f"  {h}: {plain(v, 4)}{unit}" + (f" ({zs})" if zs else "") + mark)
         lines.append(f"  outliers by {b.test}: {', '.join(b.outliers) or 'none'}" if b.z else f"  {b.note}")
     if not fd.splits and not (b and b.outliers):
         lines.append("the hosts agree on every field compared")
@@ -65,7 +67,7 @@ def render_html(fd: FleetDiff) -> str:
         b = fd.bench
         bench = None
         if b is not None and h in b.values:
-            bench = {"text": f"{b.values[h]:.4g}", "odd": h in b.outliers, "z": b.z.get(h)}
+            bench = {"text": f"{plain(b.values[h], 4)}", "odd": h in b.outliers, "z": b.z.get(h)}
         rows.append({"host": h, "cells": cells, "bench": bench, "odd": h in fd.odd_hosts})
     return t.render(fd=fd, rows=rows, bench=fd.bench, odd=fd.odd_hosts)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+from debugagent.tools.errors import UsageError
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 
@@ -79,6 +80,8 @@ def discover(ctx: Ctx, state: RunState) -> dict[str, Any]:
     for line in narrate(d):
         ctx.say(line)
     found = state_of(d)
+    if not found.get("bench") and ctx.transport.live and not ctx.transport.sandbox:
+        raise no_benchmark(ctx)
     raw = found.get("bench")
     found["bench"] = server_bench(raw, found.get("server"))   # `{port}` in --bench: the server's port
     notes = list(state.notes)
@@ -87,6 +90,16 @@ def discover(ctx: Ctx, state: RunState) -> dict[str, Any]:
         notes += [f"shadow experiments: {n}" for n in found["shadow"]["notes"]]   # in the answer and --json too
     found["first_run"] = check_benchmark(ctx, found)   # the reproduce step's first run
     return {"discovered": found, **({"notes": notes} if notes != state.notes else {})}
+
+
+def no_benchmark(ctx: Ctx) -> UsageError:
+    """A real host with no benchmark (no --bench, none in its host profile): nothing could be reproduced or
+    measured, so every hypothesis would stay undecided; refused before any probe."""
+    m = ctx.symptom.metric
+    return UsageError(f"no benchmark for {ctx.transport.host}: no --bench was given and the host has no host profile "
+                      f"naming one, so the regression cannot be reproduced nor any experiment measured",
+                      fix=f"give the command that measures it: --bench 'CMD' (it prints `{m}=VALUE UNIT`; or add "
+                          f"--bench-regex 'REGEX'), or name it once in the host's /etc/debugagent/host.json")
 
 
 def probe(ctx: Ctx, state: RunState) -> dict[str, Any]:
@@ -119,6 +132,10 @@ def judge(ctx: Ctx, state: RunState) -> dict[str, Any]:
     """The experiment's result applied to its hypothesis."""
     cur = state.current
     assert cur is not None and cur.result is not None
+    if cur.spec.get(vd.JOINT):
+        joint = vd.joint_result(cur.spec[vd.JOINT], cur.result, state.hyps)
+        ctx.say(steps.joint_words(joint))
+        return {"joint": joint, "current": None, "done": state.done + [vd.exp_key(cur.hyp, cur.spec)]}
     h = vd.after_experiment(cur.hyp, state.hyps[cur.hyp], cur.spec, cur.result)
     steps.emit_verdict(ctx, cur.hyp, h, h.because[-1])
     return {"hyps": {**state.hyps, cur.hyp: h}, "current": None, "done": state.done + [vd.exp_key(cur.hyp, cur.spec)]}
@@ -130,7 +147,8 @@ def conclude(ctx: Ctx, state: RunState) -> dict[str, Any]:
                              baseline_snapshot=ctx.baseline_snapshot is not None,
                              next_steps=ctx.playbook.knowledge.get("next_steps") or {},
                              not_judged=vd.NotJudged.model_validate((state.facts or {}).get("not_judged") or {}),
-                             commands=ctx.commands, bench_runs=state.bench_runs, notes=state.notes)
+                             commands=ctx.commands, bench_runs=state.bench_runs, notes=state.notes,
+                             joint=state.joint)
     ctx.transcript.emit("conclusion", **c.to_json())
     return {"conclusion": c}
 

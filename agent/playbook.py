@@ -439,7 +439,8 @@ def evaluate(h: Hypothesis, facts: dict[str, Any], file: str = "") -> list[Findi
                 ctx = dict(facts, item=item) if r.foreach else facts
                 if not _ENV.compile_expression(r.when)(**ctx):
                     continue
-                because = _LENIENT.from_string(r.because).render(**ctx).strip()[:MAX_TEXT]
+                # a loop's separator left after its last item (`x16; `) is not part of the sentence
+                because = _LENIENT.from_string(r.because).render(**ctx).strip().rstrip(";, ")[:MAX_TEXT]
                 exp = None
                 if r.experiment:
                     # the fix stays a template: it reads the run's results, rendered by the report (``render_fix``)

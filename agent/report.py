@@ -17,6 +17,7 @@ from typing import Any
 
 from debugagent.tools.escape import html_text
 from debugagent.tools.probes.text import clip_words, when
+from debugagent.tools.units import plain
 from jinja2 import Environment, select_autoescape
 from markupsafe import Markup
 from pydantic import BaseModel, Field
@@ -64,7 +65,7 @@ def strip_plot(before: list[float], after: list[float], baseline: float | None, 
     def x(v: float) -> float:
         return p.left + (v - lo) / (hi - lo) * (p.w - p.left - p.right)
 
-    p.ticks = [(x(v), f"{v:.4g}") for v in (lo + (hi - lo) * i / 4 for i in range(5))]
+    p.ticks = [(x(v), f"{plain(v, 4)}") for v in (lo + (hi - lo) * i / 4 for i in range(5))]
     if baseline is not None:
         p.baseline_x = x(baseline)
     for row, (name, data, colour) in enumerate([("before", before, "#e03131"), (label_after, after, "#1c7ed6")]):
@@ -102,7 +103,7 @@ def regression_text(f: RunFacts) -> str:
     if reg.baseline is not None:
         text += f" against a baseline of {fmt(reg.baseline)} {f.unit}".rstrip()
     if reg.delta is not None:
-        text += f" (worse by {reg.delta:.3g} {f.unit})".replace("  ", " ").replace(" )", ")")
+        text += f" (worse by {plain(reg.delta)} {f.unit})".replace("  ", " ").replace(" )", ")")
     return text
 
 

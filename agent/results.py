@@ -24,7 +24,7 @@ class Regression(BaseModel):
     delta: float | None = None        # worse than the baseline by (positive = worse)
     delta_se: float | None = None
     sd: float | None = None
-    outcome: Literal["regression", "none", "better", "more"] | None = None
+    outcome: Literal["regression", "none", "better", "more", "noise"] | None = None
     runs_needed: int | None = None
 
     @model_serializer(mode="wrap")
@@ -64,6 +64,7 @@ class ExperimentResult(BaseModel):
     share_se: float | None = None
     significant: bool = False
     decision: str = ""                 # stats.decide's text
+    rule: str | None = None            # the bound that decided "not a cause", in words
     outcome: Outcome | None = None
     improvement: float | None = None
     group: list[str] | None = None     # the not-judged flags or variables it removed together

@@ -110,7 +110,8 @@ def investigate(opts: RunConfig, *, folder: Path | None = None, resume: bool = F
             session.close()
     if session.transcript.broken:   # the run finished, the host restored, but its folder is not whole
         raise RunFolderError(folder, session.transcript.broken)
-    if state is None:
+    if isinstance(state, Stopped):   # said now, under the live view's last frame (a line under a live panel is drawn over)
+        say_err(state.line)
         return {"interrupted": True, "transcript": str(folder)}
     return output_of(conclusion_of(state), folder, time.monotonic() - started)
 
@@ -162,7 +163,7 @@ def output_of(conclusion: dict[str, Any], folder: Path, wall: float) -> dict[str
     """The ``--json`` object from the conclusion; ``regression.runs`` is the reproduce step's run count as the
     run folder's events give it (``runfacts``: the number the live view and the transcript show)."""
     output = {k: conclusion.get(k) for k in ("schema", "root_cause", "root_causes", "suspects", "ruled_out",
-                                             "inconclusive", "not_judged", "commands")}
+                                             "inconclusive", "not_judged", "joint", "commands")}
     regression = conclusion.get("regression")
     if isinstance(regression, dict):
         regression = {**regression, "runs": reproduce_runs(folder)}
@@ -199,9 +200,16 @@ def reproduce_runs(folder: Path) -> int | None:
     return len(gather(read_events(path)).reproduce) if path.is_file() else None
 
 
-def drive(session: Session, resume: bool) -> dict[str, Any] | None:
+class Stopped:
+    """An interrupted run (every change undone): the line that says so and how to continue."""
+
+    def __init__(self, line: str) -> None:
+        self.line = line
+
+
+def drive(session: Session, resume: bool) -> dict[str, Any] | Stopped:
     """The graph over the run folder's SQLite checkpoints, the host restored at the end or on a signal or an
-    error; the final state, or None when interrupted (every change undone)."""
+    error; the final state, or ``Stopped`` when interrupted (every change undone)."""
     ctx, folder = session.ctx, session.folder
     conn = sqlite3.connect(str(private_file(folder / "checkpoints.sqlite")), check_same_thread=False)
     graph = build_graph(ctx, checkpointer=SqliteSaver(conn, serde=RedactingSerde(JsonPlusSerializer())))
@@ -209,7 +217,10 @@ def drive(session: Session, resume: bool) -> dict[str, Any] | None:
     try:
         if resume:
             check_checkpoints(folder, conn, config)
-        with Signals(on_held=held_note):
+        view = session.view
+        live = view is not None and view.live is not None
+        with Signals(on_held=(lambda signum: None) if live else held_note,
+                     on_first=view.stopping if view is not None else None):
             return _guarded(ctx, folder, lambda: graph.invoke(None if resume else RunState(), config))
     except RestoreError as exc:
         if not exc.fix:
@@ -220,7 +231,7 @@ def drive(session: Session, resume: bool) -> dict[str, Any] | None:
         conn.close()
 
 
-def _guarded(ctx: Ctx, folder: Path, invoke: Any) -> dict[str, Any] | None:
+def _guarded(ctx: Ctx, folder: Path, invoke: Any) -> dict[str, Any] | Stopped:
     """Settle what a crashed run left, run the graph, and restore the host whatever happens."""
     try:
         try:
@@ -243,8 +254,7 @@ def _guarded(ctx: Ctx, folder: Path, invoke: Any) -> dict[str, Any] | None:
         ctx.transcript.close()
         from .outputs import write_outputs
         write_outputs(folder)
-        say_err(f"interrupted ({name}); {found_line(ctx.undo)}. Continue with: debugagent resume {folder}")
-        return None
+        return Stopped(f"interrupted ({name}); {found_line(ctx.undo)}. Continue with: debugagent resume {folder}")
     except DebugAgentError as exc:
         left = restore(ctx)
         ctx.transcript.emit("error", message=str(exc), kind="transport" if isinstance(exc, TransportError)

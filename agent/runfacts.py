@@ -12,6 +12,7 @@ from collections import Counter
 from typing import Any
 
 from debugagent.tools.probes import stands_for
+from debugagent.tools.units import plain
 from pydantic import BaseModel, Field
 
 from .events import (
@@ -325,5 +326,5 @@ def timeline(f: RunFacts) -> list[tuple]:
     if f.baseline_snapshot and f.baseline_snapshot.get("taken_at"):
         rows.append((f.baseline_snapshot["taken_at"], "the baseline snapshot was taken (the good state)", None))
     if f.started_at and f.reproduce:
-        rows.append((f.started_at, f"this run: {f.metric} {statistics.fmean(f.reproduce):.4g} {f.unit} (the regression)", None))
+        rows.append((f.started_at, f"this run: {f.metric} {plain(statistics.fmean(f.reproduce), 4)} {f.unit} (the regression)", None))
     return rows

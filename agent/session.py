@@ -178,6 +178,7 @@ class Session:
     folder: Path
     lock: HostLock | None = None
     owned: bool = True
+    view: View | None = None   # the live view: told at once of a signal (its header stops promising time left)
 
     @property
     def transcript(self) -> Transcript:
@@ -254,7 +255,7 @@ def open_run(opts: RunConfig, inputs: Inputs, folder: Path, *, resume: bool, tra
     lock = _locked(HostLock(remote, run_id), opts, transcript, folder, transport, owned)
     transport.on_event = lambda kind, text: transcript.emit("error", kind=kind, message=text)
     ctx = make_ctx(inputs, transport, transcript, undo, run_id, advisor=advisor_for(opts), confirm=make_ask(view))
-    return Session(ctx=ctx, folder=folder, lock=lock, owned=owned)
+    return Session(ctx=ctx, folder=folder, lock=lock, owned=owned, view=view)
 
 
 def _locked(lock: HostLock, opts: RunConfig, transcript: Transcript, folder: Path, transport: Any,

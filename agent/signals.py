@@ -35,16 +35,20 @@ class Signals:
     NAMES = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     active: ClassVar[Signals | None] = None
 
-    def __init__(self, on_held: Callable[[int], object] | None = None) -> None:
+    def __init__(self, on_held: Callable[[int], object] | None = None,
+                 on_first: Callable[[int, bool], object] | None = None) -> None:
         self.old: dict[int, Handler] = {}
         self.received: list[int] = []
         self.depth = 0
         self.pending: int | None = None
         self.on_held: Callable[[int], object] = on_held or (lambda signum: None)
+        # told of the first signal at once (signum, whether it waits for a held section): the live view's header
+        self.on_first: Callable[[int, bool], object] = on_first or (lambda signum, waits: None)
 
     def handler(self, signum: int, frame: FrameType | None) -> None:
         self.received.append(signum)
         if len(self.received) == 1:
+            self.on_first(signum, bool(self.depth))
             if self.depth:
                 self.pending = signum
                 self.on_held(signum)

@@ -53,6 +53,7 @@ class RunState(BaseModel):
     done: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
     bench_runs: int = 0
+    joint: dict[str, Any] | None = None   # the confirmed causes reverted together (verdicts.joint_result)
     conclusion: RunConclusion | None = None
 
 

@@ -20,6 +20,7 @@ import statistics
 from functools import lru_cache
 from typing import Literal
 
+from debugagent.tools.units import plain
 from pydantic import BaseModel
 from scipy import stats as sps
 
@@ -37,6 +38,10 @@ ALPHA_FRESH = 0.2
 MIN_SHARE = 0.10
 # The reproduce step.
 ALPHA_REPRODUCE = 0.002
+# A baseline given as one number is one measurement of unknown noise: the current state's noise is assumed for it,
+# and the shift must also lie beyond what one run of the current state gives this often (one-sided).
+ALPHA_ONE_READING = 0.01
+SD_UPPER = 0.80   # the budget's look uses this upper bound of the SD: more runs rarely show a quieter state
 RELEVANT_PCT = 1.0      # a regression must be at least this percent of the baseline to be reported
 MIN_BUDGET = 4         # an experiment may stop earlier once decided, but never gives up before this
 AUTO_CAP = 24           # the most runs of the changed state when no --max-runs is given
@@ -132,6 +137,7 @@ class Decision(BaseModel):
     n_changed: int
     n_reference: int
     text: str
+    rule: str = ""                  # the bound that decided "not a cause", in words
 
     @property
     def significant(self) -> bool:
@@ -140,6 +146,12 @@ class Decision(BaseModel):
     @property
     def decided(self) -> bool:
         return self.outcome != "more"
+
+
+def _pct(x: float) -> str:
+    """A share as a whole percent, as every output prints it: runfacts.pct of the share as the results keep it
+    (3 decimals), so this sentence and the conclusion never round one share two ways."""
+    return f"{math.floor(round(x, 3) * 100 + 0.5):.0f}%"
 
 
 def share_interval(improvement: float, se: float, df: int, regression: float, regression_se: float = 0.0,
@@ -198,15 +210,22 @@ def decide(reference: list[float], changed: list[float], regression: float | Non
         outcome = "more"
     mc, mr = statistics.fmean(changed), statistics.fmean(reference)
     how = {"cause": "a cause", "not_cause": "not a cause", "more": "undecided" + (" at the run budget" if final else "")}
-    share_txt = (f", {share:.0%} of the regression (95% CI {share_ci[0]:.0%} to {share_ci[1]:.0%})"
-                 if share_ci is not None else "")
+    share_txt = (f", {_pct(share)} of the regression (95% CI {_pct(share_ci[0])} to {_pct(share_ci[1])})"
+                 if share_ci is not None and share is not None else "")
     test = "t-test" if e.normal else "t-test and Mann-Whitney U (the noise is not normal)"
-    text = (f"mean {mc:.4g} vs {mr:.4g} in the reference state ({len(changed)} vs {len(reference)} runs): "
-            f"{'recovers' if e.improvement > 0 else 'changes'} {e.improvement:+.3g}{share_txt}; "
-            f"{test} p={e.p_better:.2g}: {how[outcome]}")
+    of = "of the regression" if reg is not None else "of a 5% change of the reference mean (no regression was measured)"
+    rule = ""
+    if outcome == "not_cause":
+        rule = (f"the {1 - ALPHA_NOT:.0%} upper bound of what it recovers is {max(upper, 0.0) / relevant:.1%} {of}, "
+                f"below the {NOT_CAUSE_SHARE:.0%} a cause must recover" if upper >= 0 else
+                f"it made things worse: the {1 - ALPHA_NOT:.0%} upper bound of what it recovers is below zero")
+    text = (f"mean {plain(mc, 4)} vs {plain(mr, 4)} in the reference state ({len(changed)} vs {len(reference)} runs): "
+            f"{'recovers' if e.improvement > 0 else 'changes'} {plain(e.improvement, sign=True)}{share_txt}; "
+            f"{test} p={e.p_better:.2g}: {how[outcome]}" + (f" ({rule})" if rule else ""))
     return Decision(outcome=outcome, improvement=e.improvement, share=share if share is not None else 0.0,
                     share_ci=share_ci, share_se=share_se,
-                    improvement_se=e.se, df=e.df, p=e.p_better, n_changed=len(changed), n_reference=len(reference), text=text)
+                    improvement_se=e.se, df=e.df, p=e.p_better, n_changed=len(changed), n_reference=len(reference), text=text,
+                    rule=rule)
 
 
 def run_budget(sd: float, regression: float | None, n_reference: int, cap: int | None = None) -> int:
@@ -255,7 +274,8 @@ class Control(BaseModel):
 
 
 def control(reference: list[float], ctrl: list[float], changed: list[float], regression: float | None,
-            lower_is_better: bool, *, final: bool = False, noise: tuple[list[float], ...] = ()) -> Control:
+            lower_is_better: bool, *, final: bool = False, noise: tuple[list[float], ...] = (),
+            regression_se: float = 0.0) -> Control:
     """The control of an experiment that restarted the server: ``ctrl`` holds the runs of the server as found,
     restarted. It is also the reference re-measured after the change, so a lucky reproduce sample cannot
     decide alone.
@@ -274,7 +294,7 @@ def control(reference: list[float], ctrl: list[float], changed: list[float], reg
     part, lo, hi = share_interval(e.improvement, e.se, e.df, gain if gain > 0 else 1e-12, level=2 * CONTROL_LEVEL - 1)
     if hi < RESTART_PART:
         return Control(outcome="change", part=part, low=lo, high=hi)
-    d = decide(ctrl, changed, regression, lower_is_better, final=True, noise=noise)
+    d = decide(ctrl, changed, regression, lower_is_better, final=True, noise=noise, regression_se=regression_se)
     relevant = regression if regression and regression > 0 else 0.05 * abs(statistics.fmean(reference))
     if len(ctrl) >= 3 and d.p < ALPHA_CONTROL and d.improvement >= MIN_SHARE * relevant:
         return Control(outcome="beyond", part=part, low=lo, high=hi, decision=d)
@@ -293,7 +313,8 @@ def more_runs_advice(runs_needed: int | None) -> str:
     return f"run with --reproduce-runs {runs_needed}" if runs_needed else MORE_BASELINE_RUNS
 
 
-ReproOutcome = Literal["regression", "none", "better", "more"]
+ReproOutcome = Literal["regression", "none", "better", "more", "noise"]
+NOT_SHOWN = "not shown to be a regression: give a snapshot (--baseline-snapshot) or more baseline runs"
 
 
 class Reproduction(BaseModel):
@@ -306,9 +327,22 @@ class Reproduction(BaseModel):
     runs_needed: int | None = None   # runs that would show the claimed regression, when undecided
 
 
+def one_reading_p(delta: float, sd: float, n: int) -> float:
+    """One-sided p of a shift ``delta`` between ``n`` runs and one reading of the same noise ``sd`` (the reading's
+    own noise assumed equal to the runs')."""
+    return float(sps.t.sf(delta / (sd * math.sqrt(1 + 1 / n)), max(n - 1, 1)))
+
+
 def reproduce(samples: list[float], baseline: float, lower_is_better: bool, claimed: float | None, *,
-              baseline_samples: list[float] | None = None, final: bool = False) -> Reproduction:
+              baseline_samples: list[float] | None = None, final: bool = False, most: int | None = None,
+              exact_baseline: bool = False) -> Reproduction:
     """Is the host worse than ``baseline`` beyond its noise?
+
+    A baseline given as a number (no ``baseline_samples``, not ``exact_baseline``) is one measurement of unknown
+    noise: the current state's noise is assumed for it, and a regression must also beat one reading of that noise
+    (one-sided p < ALPHA_ONE_READING, t with the runs' degrees of freedom). A shift that stays inside it, and that
+    even ``most`` runs (the budget) could not take outside it at the SD's SD_UPPER upper bound, is ``noise``: not
+    shown to be a regression.
 
     regression: significantly worse (one-sided p < ALPHA_REPRODUCE) by at least RELEVANT_PCT.
     better: significantly better (symptom and baseline swapped, or the problem is gone).
@@ -335,9 +369,23 @@ def reproduce(samples: list[float], baseline: float, lower_is_better: bool, clai
         outcome = "none"
     else:
         outcome = "more"
+    one = not bs and not exact_baseline and len(samples) >= 2
+    p_one = one_reading_p(delta, sd, len(samples)) if one else 0.0
+    if one and delta > 0 and p_one >= ALPHA_ONE_READING and (outcome == "regression" or (outcome == "more" and final)):
+        # the shift is inside the noise one reading carries: more runs help only while the budget could show it
+        n = len(samples)
+        sd_up = sd * math.sqrt((n - 1) / float(sps.chi2.ppf(1 - SD_UPPER, n - 1)))
+        hopeless = final or one_reading_p(delta, sd_up, max(most or n, n)) >= ALPHA_ONE_READING
+        outcome = "noise" if hopeless else "more"
     pct = abs(delta) / abs(baseline) if baseline else 0.0
-    text = (f"measured {m:.4g} ± {sd:.2g} over {len(samples)} runs against a baseline of {baseline:.4g}: "
-            f"{'worse' if delta > 0 else 'better'} by {abs(delta):.3g} ({pct:.1%}); one-sided p={p_worse:.2g}")
+    text = (f"measured {plain(m, 4)} ± {plain(sd, 2)} over {len(samples)} runs against a baseline of {plain(baseline, 4)}: "
+            f"{'worse' if delta > 0 else 'better'} by {plain(abs(delta))} ({pct:.1%}); one-sided p={p_worse:.2g}")
+    if one and delta > 0:
+        text += (f"; the baseline is one number, so this state's noise (SD {plain(sd, 2)}) is assumed for it: against one "
+                 f"reading p={p_one:.2g}")
+    if outcome == "noise":
+        text += (f", not below {ALPHA_ONE_READING:g}: the shift ({abs(delta) / sd:.1f} SD) is inside the noise one reading "
+                 f"carries; {NOT_SHOWN}")
     need = None
     if outcome == "more":
         target = claim or max(abs(delta), relevant)

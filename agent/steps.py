@@ -11,6 +11,7 @@ from debugagent.tools.errors import UsageError
 from debugagent.tools.host import HostFacts, ServerInfo
 from debugagent.tools.redact import redact
 from debugagent.tools.snapshot import OPTIONAL_PROBES, Snapshot, collect
+from debugagent.tools.units import plain
 
 from . import verdicts as vd
 from .context import Ctx
@@ -81,6 +82,7 @@ def _baseline_for(ctx: Ctx, unit: str | None) -> tuple[float | None, list[float]
 
 
 LEAD = {"regression": "The regression is real: ", "none": "No reproducible regression: ",
+        "noise": "Not shown to be a regression: ",
         "better": "Better than the baseline, not worse (swapped?): "}
 
 
@@ -104,7 +106,7 @@ def reproduce_regression(ctx: Ctx, d: dict[str, Any]) -> tuple[Regression, int]:
         if base is not None and len(vals) >= looks:
             claimed = ctx.symptom.worse(ctx.symptom.in_unit(unit or ctx.symptom.unit), base)
             rep = reproduce(vals, base, ctx.symptom.direction == "lower", claimed, baseline_samples=base_samples,
-                            final=runs >= most)
+                            final=runs >= most, most=most)
             if rep.outcome != "more":
                 break
         if runs >= most:
@@ -136,7 +138,7 @@ def reproduce_words(reg: Regression, rep: Reproduction | None, n: int) -> str:
     if not reg.samples:
         return "The benchmark failed every time; experiments cannot be measured."
     if rep is None:
-        return (f"Measured {statistics.fmean(reg.samples):.4g} over {n} runs; no baseline number to compare with, "
+        return (f"Measured {plain(statistics.fmean(reg.samples), 4)} over {n} runs; no baseline number to compare with, "
                 "so the user's report is taken as the regression and no share can be measured.")
     lead = LEAD.get(rep.outcome) or f"Undecided after {n} runs ({more_runs_advice(rep.runs_needed)}): "
     return lead + rep.text + "."
@@ -173,6 +175,8 @@ def jsonable(v: Any) -> Any:
 
 # ---------------------------------------------------------------- verdicts in the transcript
 def emit_verdict(ctx: Ctx, hid: str, h: vd.Hyp, because: str) -> None:
+    if h.status == "ruled_out" and h.rule and h.rule not in because:   # thin evidence never reads as proof
+        because = f"{because} (decided by {h.rule})"
     ctx.transcript.emit("verdict", hypothesis=hid, status=h.status, how=h.how, because=because, share=h.share,
                         share_ci=list(h.share_ci) if h.share_ci else None, next=h.next)
     ctx.on_status("verdict", {"hypothesis": hid, "status": h.status})
@@ -198,14 +202,27 @@ def candidates(ctx: Ctx, s: RunState, hyps: dict[str, vd.Hyp]) -> list[tuple[str
 
 
 def add_groups(ctx: Ctx, s: RunState, hyps: dict[str, vd.Hyp]) -> bool:
-    """The known suspects do not explain the regression: test the not-judged flags and variables, in groups."""
+    """The confirmed causes do not explain the regression (none is confirmed, or their measured share's upper bound
+    stays below 100%): test the not-judged flags and variables by removal, in groups. Not with a baseline snapshot
+    (its differences are the suspects), nor when a cause confirmed by evidence alone has no measured share (what it
+    leaves unexplained is unknown)."""
     if ctx.baseline_snapshot is not None:
+        return False
+    if any(h.status == "confirmed" and h.share is None for h in hyps.values()):
         return False
     nj = vd.NotJudged.model_validate((s.facts or {}).get("not_judged") or {})
     added = vd.add_groups(hyps, nj, ctx.playbook.group_targets())
+    total, ci = vd.explained(hyps)
+    why = ("no confirmed cause explains the regression" if ci is None else
+           f"the confirmed causes explain {total:.0%} of the regression (95% CI {ci[0]:.0%} to {ci[1]:.0%}), "
+           f"{max(0.0, 1 - total):.0%} unexplained")
     for hid, items in added:
-        ctx.say(f"The known suspects do not explain the regression; testing what no knowledge list judges, as a "
-                f"group: {', '.join(items)} (split like a bisection if it recovers).", hid)
+        workload = (f" The workload's own flags are never removed (removing one changes the work measured, not how "
+                    f"it runs): {', '.join('--' + f for f in nj.workload)}."
+                    if nj.workload and ctx.playbook.group_targets().get(hid) == "flags" else "")
+        ctx.say(f"The known suspects do not explain the regression ({why}); testing what no knowledge list judges by "
+                f"removal (back to the engine's default), as a group: {', '.join(items)} (split like a bisection if it "
+                f"recovers).{workload}", hid)
     return bool(added)
 
 
@@ -222,15 +239,62 @@ def choose(ctx: Ctx, s: RunState) -> dict[str, Any]:
         rest = [c for c in cands if c[1].get("group") or (total < vd.EXPLAINED_ENOUGH and hyps[c[0]].status == "suspect")]
         if not rest:
             ctx.say(vd.enough_words(hyps))
-            return {"current": None}
+            return joint_or_stop(ctx, s, hyps)
         if any(not c[1].get("group") for c in rest):
             ctx.say(vd.enough_words(hyps, suspects=sorted({c[0] for c in rest if not c[1].get("group")})))
         cands = rest
     elif not cands and add_groups(ctx, s, hyps):
         cands = candidates(ctx, s, hyps)
+    if not cands:
+        return joint_or_stop(ctx, s, hyps)
     if ctx.advisor is not None and len(cands) > 1:
         cands = ctx.advisor.order(cands, s.facts or {}, dump_hyps(hyps), ctx.transcript)
     return ask(ctx, s, hyps, cands)
+
+
+def joint_words(j: dict[str, Any]) -> str:
+    """What reverting the causes together recovered, in one sentence."""
+    if j.get("share") is None:
+        return (f"Reverted together ({', '.join(j['causes'])}), the causes could not be measured: "
+                f"{j.get('error') or j.get('text')}.")
+    lo, hi = j["share_ci"]
+    return (f"Together {', '.join(j['causes'])} recover {j['share']:.0%} of the regression (95% CI {lo:.0%} to "
+            f"{hi:.0%}; one at a time their shares add to {j['sum_alone']:.0%}); {j['unexplained']:.0%} unexplained.")
+
+
+def resolve_restore(ctx: Ctx, s: RunState, spec: dict[str, Any]) -> dict[str, Any]:
+    """A restoring restart's spec as the flags and variables it puts back (for the joint restart)."""
+    if spec.get("kind") not in ("restore_baseline_flags", "restore_baseline_env"):
+        return spec
+    from .playbook import restored
+    out = {**spec, "set_flags": dict(spec.get("set_flags") or {}), "unset_flags": list(spec.get("unset_flags") or []),
+           "set_env": dict(spec.get("set_env") or {}), "unset_env": list(spec.get("unset_env") or [])}
+    for c in restored(spec, lab_facts(ctx, s).changes):
+        area, _, name = c.path.partition(".")[2].partition(".")
+        if area == "args":
+            (out["unset_flags"].append(name) if c.a is None else out["set_flags"].__setitem__(name, c.a))
+        elif c.a is None:
+            out["unset_env"].append(name)
+        elif c.a != "[REDACTED]":
+            out["set_env"][name] = c.a
+    return out
+
+
+def joint_or_stop(ctx: Ctx, s: RunState, hyps: dict[str, vd.Hyp]) -> dict[str, Any]:
+    """Before stopping: two or more causes confirmed by experiment are reverted together once, so the run can say
+    what they recover together and what is left unexplained."""
+    hids = vd.joint_causes(hyps)
+    if len(hids) < 2 or s.joint is not None or any(k.endswith("reverted together") for k in s.done):
+        return {"current": None, "hyps": hyps}
+    spec, why = vd.joint_experiment(hyps, lambda sp: resolve_restore(ctx, s, sp))
+    if spec is None:
+        total, _ = vd.explained(hyps)
+        ctx.say(f"{len(hids)} causes are confirmed ({', '.join(hids)}), but they are not measured together: {why}; "
+                f"their shares measured one at a time add to {total:.0%}.")
+        return {"current": None, "hyps": hyps}
+    ctx.say(f"{len(hids)} causes are confirmed ({', '.join(hids)}), each measured alone; reverting them together "
+            "measures what they recover jointly (causes can overlap or compound) and what is left unexplained.")
+    return ask(ctx, s, hyps, [(hids[0], spec)])
 
 
 def ask(ctx: Ctx, s: RunState, hyps: dict[str, vd.Hyp], cands: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
@@ -274,7 +338,7 @@ def lab_for(ctx: Ctx, s: RunState, hid: str) -> Lab:
     assert bench is not None, "an experiment is planned only once discovery has a benchmark"
     return Lab(ctx.runner, lambda ev, **kw: ctx.transcript.emit(ev, hypothesis=hid, **kw), ctx.undo,
                Measure(bench=bench, metric=d["metric"], cwd=d.get("repo"), regex=ctx.overrides.bench_regex,
-                       ready_timeout_s=ctx.overrides.ready_timeout,
+                       ready_timeout_s=ctx.overrides.ready_timeout, regression_se=reg.delta_se or 0.0,
                        max_runs=max(2, max_runs - fresh - (warm if fresh else 0)) if max_runs else 0),
                ctx.run_id, ctx.symptom.direction == "lower",
                LabSetup.from_inputs(ctx.overrides, (d.get("host_facts") or {}).get("profile")), ctx.warmth,

@@ -39,6 +39,9 @@ class Hyp(BaseModel):
     next: str | None = None           # what would decide it
     culprit: dict[str, Any] | None = None
     groups_tried: bool = False
+    rule: str | None = None           # what decided "ruled out": the bound an experiment fell below, or the rule
+    cause_specs: list[dict[str, Any]] = Field(default_factory=list)   # the experiments that confirmed it (a group's
+    # narrowest half replaces the group)
 
 
 def from_findings(findings: list[Finding], next_step: str | None) -> Hyp:
@@ -56,7 +59,10 @@ def from_findings(findings: list[Finding], next_step: str | None) -> Hyp:
                next=next_step if f.verdict == "inconclusive" else None)
 
 
-def _combine(h: Hyp, share: float, se: float | None) -> tuple[float, float | None, tuple[float, float] | None]:
+def _combine(h: Hyp, share: float, se: float | None,
+             ci: tuple[float, float] | None = None) -> tuple[float, float | None, tuple[float, float] | None]:
+    if h.share is None and ci is not None:   # the first measurement: its own interval, as its sentence says it
+        return share, se, ci
     total = (h.share or 0.0) + share
     if se is None:
         return total, h.share_se, h.share_ci
@@ -86,15 +92,20 @@ def apply_result(h: Hyp, spec: dict[str, Any], res: ExperimentResult, max_runs_h
     h.because.append(res.text)
     if outcome == "cause":
         h.status, h.how, h.next = "confirmed", "experiment", None
+        narrower = set(spec.get("group") or [])
+        h.cause_specs = [c for c in h.cause_specs if not (narrower and narrower < set(c.get("group") or []))]
+        h.cause_specs.append(dict(spec))
         if res.share_ci is not None and within_group:   # the narrower group's measurement replaces the wider one's
             h.share, h.share_se, h.share_ci = float(res.share), res.share_se, (res.share_ci[0], res.share_ci[1])
         elif res.share_ci is not None:
-            h.share, h.share_se, h.share_ci = _combine(h, float(res.share), res.share_se)
+            h.share, h.share_se, h.share_ci = _combine(h, float(res.share), res.share_se,
+                                                       (res.share_ci[0], res.share_ci[1]))
         if res.culprit:
             h.culprit = res.culprit
     elif outcome == "not_cause":
         if h.status == "suspect" and nothing_left and not any(r.outcome == "more" for r in h.results):
             h.status, h.how = "ruled_out", "experiment"
+            h.rule = res.rule or h.rule
     else:
         runs = len(res.samples)
         hint = max_runs_hint or max(2 * runs, 8)
@@ -115,7 +126,11 @@ def after_experiment(hid: str, h: Hyp, spec: dict[str, Any], res: ExperimentResu
 def judge(playbook: Playbook, hid: str, facts: dict[str, Any]) -> Hyp:
     """A hypothesis' verdict on the evidence alone: its rules over the facts."""
     steps = playbook.knowledge.get("next_steps") or {}
-    return from_findings(evaluate(playbook.get(hid), facts, playbook.source), steps.get(hid))
+    hp = playbook.get(hid)
+    h = from_findings(evaluate(hp, facts, playbook.source), steps.get(hid))
+    if h.status == "ruled_out" and h.findings and 0 <= h.findings[0].rule < len(hp.rules):
+        h.rule = f"the evidence, by the playbook's rule {h.findings[0].rule + 1} of {hid}: when {hp.rules[h.findings[0].rule].when}"
+    return h
 
 
 def explained(hyps: dict[str, Hyp]) -> tuple[float, tuple[float, float] | None]:
@@ -124,6 +139,9 @@ def explained(hyps: dict[str, Hyp]) -> tuple[float, tuple[float, float] | None]:
     total = sum(h.share or 0.0 for h in measured)
     if not measured:
         return 0.0, None
+    if len(measured) == 1 and measured[0].share_ci is not None:   # one cause: its own interval, the one it reports
+        lo, hi = measured[0].share_ci
+        return total, (lo, hi)
     se = math.sqrt(sum((h.share_se or 0.0) ** 2 for h in measured))
     return total, (total - 1.96 * se, total + 1.96 * se)
 
@@ -140,29 +158,53 @@ def explains_enough(hyps: dict[str, Hyp]) -> bool:
 class NotJudged(BaseModel):
     flags: list[str] = Field(default_factory=list)
     env: list[str] = Field(default_factory=list)
+    # flags of the workload itself (the knowledge's ``workload_flags``, or a flag the benchmark's own command line
+    # gives too): never removed, since removing one changes the work measured, not how it runs
+    workload: list[str] = Field(default_factory=list)
+    # flags set to a value as fast as the engine's default (the knowledge's ``default_values``): nothing to test
+    at_default: list[str] = Field(default_factory=list)
 
 
 def _matches(item: dict[str, Any], value: Any) -> bool:
     return value is not None and ("value" not in item or str(value) == str(item["value"]))
 
 
-def not_judged(server: dict[str, Any] | None, knowledge: dict[str, Any]) -> NotJudged:
-    """Flags and performance variables that no knowledge list names (as set, or as harmless)."""
+def bench_flags(bench_cmd: str | None) -> set[str]:
+    """The flags the benchmark's own command line gives (``--input-len 1024`` -> input-len)."""
+    import shlex
+
+    from debugagent.tools.host import parse_flags
+    try:
+        words = shlex.split(bench_cmd or "")
+    except ValueError:
+        return set()
+    return {str(f).replace("_", "-").lower() for f in parse_flags(words)}
+
+
+def not_judged(server: dict[str, Any] | None, knowledge: dict[str, Any], bench_cmd: str | None = None) -> NotJudged:
+    """Flags and performance variables that no knowledge list names (as set, or as harmless); the workload's own
+    flags and those at a value as fast as the engine's default apart."""
     if not server:
         return NotJudged()
     flags = server.get("flags") or {}
     env = server.get("env") or {}
     norm = lambda s: str(s).replace("_", "-").lower()  # noqa: E731
     usual = {norm(f) for f in knowledge.get("usual_flags") or []}
+    workload_names = {norm(f) for f in knowledge.get("workload_flags") or []} | bench_flags(bench_cmd)
+    defaults = {norm(k): {str(x).lower() for x in (v if isinstance(v, list) else [v])}
+                for k, v in (knowledge.get("default_values") or {}).items()}
     costly = [c for c in knowledge.get("costly_flags") or []]
-    nj_flags = [f for f in flags if norm(f) not in usual
-                and not any(norm(c["flag"]) == norm(f) and _matches(c, flags[f]) for c in costly)]
+    candidates = [f for f in flags if norm(f) not in usual
+                  and not any(norm(c["flag"]) == norm(f) and _matches(c, flags[f]) for c in costly)]
+    workload = [f for f in candidates if norm(f) in workload_names]
+    at_default = [f for f in candidates if f not in workload and str(flags[f]).lower() in defaults.get(norm(f), set())]
+    nj_flags = [f for f in candidates if f not in workload and f not in at_default]
     prefixes = tuple(knowledge.get("perf_env_prefixes") or [])
     usual_env = set(knowledge.get("usual_env") or [])
     costly_env = knowledge.get("costly_env") or []
     nj_env = [v for v in env if prefixes and v.startswith(prefixes) and v not in usual_env
               and not any(c["var"] == v and _matches(c, env[v]) for c in costly_env)]
-    return NotJudged(flags=sorted(nj_flags), env=sorted(nj_env))
+    return NotJudged(flags=sorted(nj_flags), env=sorted(nj_env), workload=sorted(workload), at_default=sorted(at_default))
 
 
 def group_experiment(what: str, items: list[str]) -> dict[str, Any]:
@@ -207,7 +249,9 @@ def not_run(h: Hyp, spec: dict[str, Any], title: str) -> Hyp:
 
 def enough_words(hyps: dict[str, Hyp], suspects: list[str] | None = None) -> str:
     total, ci = explained(hyps)
-    said = f"The confirmed causes explain {total:.0%} of the regression" + (f" (95% CI {ci[0]:.0%} to {ci[1]:.0%})" if ci else "")
+    def pct(x: float) -> str:   # half up, as every output rounds a share (runfacts.pct)
+        return f"{math.floor(x * 100 + 0.5):.0f}%"
+    said = f"The confirmed causes explain {pct(total)} of the regression" + (f" (95% CI {pct(ci[0])} to {pct(ci[1])})" if ci else "")
     if suspects:
         return (f"{said}: it may be all of it, but that is not measured, and the evidence still points at "
                 f"{', '.join(suspects)}; testing {'it' if len(suspects) == 1 else 'them'} too.")
@@ -223,10 +267,12 @@ def exp_key(hid: str, spec: dict[str, Any]) -> str:
 def candidates(hyps: dict[str, Hyp], order: list[str], done: list[str], costs: dict[str, int],
                baseline_head: str | None) -> list[tuple[str, dict[str, Any]]]:
     """The experiments still to run, best first: of hypotheses not closed, none done yet; a hypothesis an
-    experiment confirmed runs only its groups' halves."""
+    experiment confirmed runs its groups' halves and its other values known to cost (a second costly variable is a
+    second cause), not its weaker evidence."""
     cands = [(hid, e) for hid in order for e in hyps[hid].experiments
              if hyps[hid].status in ("suspect", "confirmed", "inconclusive") and exp_key(hid, e) not in done
-             and not (hyps[hid].status == "confirmed" and hyps[hid].how == "experiment" and not e.get("group"))]
+             and not (hyps[hid].status == "confirmed" and hyps[hid].how == "experiment" and not e.get("group")
+                      and evidence_rank(e, baseline_head) > 0)]
     return order_experiments(cands, order, costs, baseline_head)
 
 
@@ -243,3 +289,46 @@ def order_experiments(cands: list[tuple[str, dict[str, Any]]], order: list[str],
                       baseline_head: str | None) -> list[tuple[str, dict[str, Any]]]:
     """Best expected value first: strength of evidence, then the playbook's cost, then its order."""
     return sorted(cands, key=lambda c: (evidence_rank(c[1], baseline_head), costs.get(c[0], 1), order.index(c[0])))
+
+
+# ---------------------------------------------------------------- the confirmed causes measured together
+RESTART_KINDS = ("server_restart", "restore_baseline_flags", "restore_baseline_env")
+JOINT = "joint"
+
+
+def joint_causes(hyps: dict[str, Hyp]) -> list[str]:
+    """The causes an experiment confirmed with a measured share: two or more are measured together."""
+    return [hid for hid, h in hyps.items() if h.status == "confirmed" and h.how == "experiment"
+            and h.share is not None and h.cause_specs]
+
+
+def joint_experiment(hyps: dict[str, Hyp], resolve: Any) -> tuple[dict[str, Any] | None, str]:
+    """One restart with every confirmed cause's change at once (their experiments are restarts with flags or
+    variables changed: ``resolve`` turns a restoring spec into the flags and variables it puts back), or None and
+    why not."""
+    hids = joint_causes(hyps)
+    specs = [sp for h in hids for sp in hyps[h].cause_specs]
+    if any(sp.get("kind") not in RESTART_KINDS for sp in specs):
+        kinds = sorted({str(sp.get("kind")) for sp in specs})
+        return None, f"their experiments ({', '.join(kinds)}) are not all server restarts, which one restart could combine"
+    joint: dict[str, Any] = {"kind": "server_restart", "set_flags": {}, "unset_flags": [], "set_env": {}, "unset_env": []}
+    for sp in specs:
+        sp = resolve(sp)
+        joint["set_flags"].update({k: v for k, v in (sp.get("set_flags") or {}).items() if k})
+        joint["unset_flags"] += [f for f in sp.get("unset_flags") or [] if f and f not in joint["unset_flags"]]
+        joint["set_env"].update({k: v for k, v in (sp.get("set_env") or {}).items() if k})
+        joint["unset_env"] += [v for v in sp.get("unset_env") or [] if v and v not in joint["unset_env"]]
+    joint["title"] = f"restart the server with {', '.join(hids)} reverted together"
+    joint[JOINT] = hids
+    return joint, ""
+
+
+def joint_result(hids: list[str], res: ExperimentResult, hyps: dict[str, Hyp]) -> dict[str, Any]:
+    """What reverting the causes together recovered: its share with the interval, and what is left unexplained."""
+    alone = sum(hyps[h].share or 0.0 for h in hids)
+    out: dict[str, Any] = {"causes": hids, "title": res.title, "error": res.error, "share": None, "share_ci": None,
+                           "unexplained": None, "sum_alone": round(alone, 3), "text": res.text}
+    if not res.error and res.share_ci is not None:
+        out.update(share=round(float(res.share), 3), share_ci=(round(res.share_ci[0], 3), round(res.share_ci[1], 3)),
+                   unexplained=round(max(0.0, 1 - float(res.share)), 3))
+    return out

@@ -10,6 +10,8 @@ it is silent. Fed the events already recorded, it is right after ``resume`` too.
 
 from __future__ import annotations
 
+import re
+import shlex
 import statistics
 import threading
 import time
@@ -61,10 +63,36 @@ class Series:
     share: float | None = None   # the experiment's result: the share of the regression it recovered
     done: bool = False
 
-    def text(self, unit: str) -> str:
+    def text(self, unit: str, activity: str = "") -> str:
+        """Its runs so far; before the first, what the step is doing now (``activity``: a download, a restart)."""
         if not self.values:
-            return f"{self.label}: waiting for the first run"
+            return f"{self.label}: " + ("no runs" if self.done else activity or "waiting for the first run")
         return f"{self.label}: {runs_text(self.values, unit)}"
+
+
+def unwrapped(display: str) -> str | None:
+    """The command of an ``ssh TARGET 'COMMAND'`` display line, as it runs on the host; None when it is not one."""
+    m = re.match(r"ssh (?:-p \d+ )?\S+ (.+)\Z", display or "", re.S)
+    if not m:
+        return None
+    try:
+        words = shlex.split(m.group(1))
+    except ValueError:
+        return None
+    return words[0] if len(words) == 1 else None
+
+
+def typed(ev: ToolCall) -> str:
+    """The command of a tool call as a person would type it on the host: the benchmark as given, the server's own
+    command line for a restart, never the ssh line nor the shell script wrapped around it."""
+    i = ev.input or {}
+    if ev.tool == "bench" and i.get("cmd"):
+        return str(i["cmd"])
+    if ev.tool == "gpu_sample_under_load" and i.get("load"):
+        return f"{i['load']}   (GPU clocks and PCIe read while it runs)"
+    if ev.tool == "restart_server" and i.get("argv"):
+        return "restart: " + shlex.join(str(a) for a in i["argv"])
+    return unwrapped(ev.display) or ev.command or ev.display
 
 
 @dataclass
@@ -75,6 +103,7 @@ class ViewState:
     status: dict[str, str] = field(default_factory=dict)
     phase: str = "starting"
     command: str = ""
+    activity: str = ""   # what the call in flight does (its stated reason), when it is not a benchmark run
     unit: str = ""
     lower: bool = True
     baseline: float | None = None
@@ -84,8 +113,10 @@ class ViewState:
     max_runs: int = 8
     experiments_done: int = 0
     in_experiment: str | None = None
+    in_label: str | None = None   # the series the experiment under way measures (causes reverted together: "together (…)")
     counting: bool = False   # the benchmark call in flight adds to the last series (not a warm-up, not a control)
     result: str = ""
+    stopped: str | None = None   # a signal's name once one arrived: no more time is promised
     lines: list[str] = field(default_factory=list)   # plain lines not yet printed (non-TTY mode)
 
     def _say(self, line: str) -> None:
@@ -136,8 +167,9 @@ class ViewState:
         elif isinstance(ev, Resumed):
             self.set_phase("resumed")
         elif isinstance(ev, ToolCall):
-            self.command = ev.display or ev.command
+            self.command = typed(ev)
             self.counting = False
+            self.activity = "" if ev.tool == "bench" else ev.why
             if ev.tool != "bench":
                 if ev.tool in ("gpu_query", "python_packages", "git_state", "gpu_sample_under_load") and not ev.hypothesis:
                     self.set_phase("probe: the read-only evidence pass")
@@ -162,7 +194,7 @@ class ViewState:
                     s.values.append(val)
                     self._say(f"[measure] {s.text(self.unit)}{self.recovered_text(s)}")
             self.counting = False
-            self.command = ""
+            self.command = self.activity = ""
         elif isinstance(ev, HypothesisOpened):
             rep = self.reproduce()
             if rep is not None:
@@ -182,12 +214,15 @@ class ViewState:
                 if rep is not None:
                     rep.done = True
                 self.in_experiment = hyp
-                self.series.append(Series(str(hyp)))
+                joint = (ev.spec or {}).get("joint")   # the confirmed causes reverted together
+                self.in_label = f"together ({', '.join(joint)})" if joint else str(hyp)
+                self.series.append(Series(self.in_label))
                 self.set_phase(f"experiment on {hyp}: {ev.text}")
             elif ev.phase == "undo":
-                self.set_phase(f"experiment on {hyp}: undoing ({ev.text})")
+                self.set_phase((f"experiment on {hyp}: " if hyp else "") + f"undoing ({ev.text})")
             elif ev.phase == "result":
-                cur = next((s for s in reversed(self.series) if s.label == str(hyp) and not s.done), None)
+                label = self.in_label or str(hyp)
+                cur = next((s for s in reversed(self.series) if s.label == label and not s.done), None)
                 if cur is not None:
                     cur.share, cur.done = ev.share, True
                     if cur.values and ev.share is not None:
@@ -205,9 +240,11 @@ class ViewState:
             self._say(f"[result] {self.result}")
         elif isinstance(ev, Interrupted):
             self.set_phase("interrupted")
-            self.command = ""
+            self.command = self.activity = ""
 
     def set_phase(self, phase: str) -> None:
+        if self.stopped and not phase.startswith("interrupted"):   # what is under way after a signal: the undo
+            phase = f"interrupted ({self.stopped}): {phase}"
         if phase != self.phase:
             self.phase = phase
             self._say(f"[phase] {phase}")
@@ -262,31 +299,56 @@ class View:
             for ln in lines:
                 self.console.print(ln, markup=False, highlight=False)
 
+    def stopping(self, signum: int, waits: bool) -> None:
+        """A signal arrived (called from its handler, so no lock is taken): the header says so at once and no
+        longer promises time left; what follows is the undo."""
+        import signal
+        name = signal.Signals(signum).name
+        self.state.stopped = name
+        self.state.set_phase(f"interrupted ({name}): " + ("the change under way finishes first, then every change is "
+                                                          "undone" if waits else "undoing what was changed, if anything"))
+
     # ------------------------------------------------------------ rendering
     def __rich__(self) -> Group:
         with self._lock:
             return self.render()
 
+    def header(self, width: int) -> Text:
+        """``debugagent PHASE · N s elapsed · about M s left (…)`` in one line of ``width``: the estimate is kept,
+        the rest cut first (the estimate's detail, the word "elapsed", then the phase). No estimate once
+        interrupted."""
+        s = self.state
+        elapsed = f"{time.monotonic() - self.start:.0f} s"
+        est = s.estimate_s()
+        left = detail = ""
+        if est is not None and s.phase != "done" and not s.stopped and not s.phase.startswith("interrupted"):
+            more = " + the experiments" if not any(v != "pending" for v in s.status.values()) else ""
+            left = f" · about {est:.0f} s left{more}"
+            detail = f" ({statistics.fmean(s.bench_ms) / 1000:.2f} s a run × {s.planned_runs()} planned)"
+        lead = "debugagent "
+        tail = ""
+        for tail, extra in ((f" · {elapsed} elapsed", detail), (f" · {elapsed} elapsed", ""), (f" · {elapsed}", "")):
+            if len(lead) + len(s.phase) + len(tail) + len(left) + len(extra) <= width:
+                return Text.assemble((lead, "bold"), (s.phase, "cyan"), tail, (left + extra, "dim"))
+        room = max(8, width - len(lead) - len(tail) - len(left))
+        phase = s.phase if len(s.phase) <= room else s.phase[:room - 1].rstrip() + "…"
+        return Text.assemble((lead, "bold"), (phase, "cyan"), tail, (left, "dim"))
+
     def render(self) -> Group:
         s = self.state
         width = max(40, self.console.width - 2)
-        elapsed = time.monotonic() - self.start
-        est = s.estimate_s()
-        head = Text.assemble(("debugagent ", "bold"), (s.phase, "cyan"), f" · {elapsed:.0f} s elapsed")
-        if est is not None and s.phase != "done":
-            more = " + the experiments" if not any(v != "pending" for v in s.status.values()) else ""
-            head.append(f" · about {est:.0f} s left{more} ({statistics.fmean(s.bench_ms) / 1000:.2f} s a run × "
-                        f"{s.planned_runs()} planned)", style="dim")
-        parts: list[Any] = [head]
-        for ser in s.series[-3:]:
-            parts.append(Text(clip(ser.text(s.unit) + s.recovered_text(ser), width)))
+        parts: list[Any] = [self.header(width)]
+        shown = s.series[-3:]
+        for i, ser in enumerate(shown):
+            now = s.activity if i == len(shown) - 1 and not ser.done else ""
+            parts.append(Text(clip(ser.text(s.unit, now) + s.recovered_text(ser), width)))
         t = Table(box=None, show_header=False, padding=(0, 1))
         for h in s.order:
             st = s.status.get(h, "pending")
             t.add_row(ICON.get(st, "?"), h, Text(st.replace("_", " "), style=STYLE.get(st, "")))
         parts.append(t)
         if s.command:
-            parts.append(Text("$ " + clip(s.command, width - 2), style="dim"))
+            parts.append(Text("$ " + clip(s.command, width - 2), style="dim", no_wrap=True, overflow="ellipsis"))
         # the answer is not in the panel: the command prints it once, in full, under the panel's last frame
         return Group(*parts)
 

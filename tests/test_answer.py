@@ -24,7 +24,13 @@ def test_headline_is_short_and_says_cause_share_and_how(run):
     c = conclusion(run)
     h = headline(c)
     assert len(h) <= HEADLINE_MAX, (len(h), h)
-    if c["root_causes"]:
+    if c.get("joint"):   # two or more causes reverted together: the joint share and what is left
+        j = c["joint"]
+        for cause in c["root_causes"]:
+            assert cause["hypothesis"] in h
+        assert (f"together they recover {pct(j['share'])} (95% CI {pct(j['share_ci'][0])} to {pct(j['share_ci'][1])}); "
+                f"{pct(j['unexplained'])} unexplained") in h
+    elif c["root_causes"]:
         for cause in c["root_causes"]:
             assert cause["hypothesis"] in h
             if cause["explains"] is not None:

@@ -185,3 +185,30 @@ def test_sigterm_while_starting_exits_130(tmp_path):
     _, err = p.communicate(timeout=120)
     assert p.returncode == 130, (p.returncode, err[-2000:])
     assert "Traceback" not in err and "interrupted (SIGTERM)" in err, err
+
+
+# ---------------------------------------------------------------- no benchmark on a real host
+@pytest.mark.skipif(Path("/etc/debugagent/host.json").exists(), reason="this machine has a host profile (it may name a benchmark)")
+def test_a_real_host_with_no_benchmark_is_refused_up_front(tmp_path, monkeypatch, capsys):
+    """`run --host local` with no --bench and no host profile naming one would take no benchmark run and leave
+    every hypothesis undecided (exit 3): refused at discovery instead, exit 2 naming --bench, before any probe;
+    with --json the same refusal is the JSON error object. (In-process, through the command line's own `main`.)"""
+    from debugagent.agent.cli import main
+
+    def run_main(*args: str) -> tuple[int, str, str]:
+        monkeypatch.setattr(sys, "argv", ["debugagent", "run", "--host", "local", "--symptom", "verify 30ms",
+                                          "--server-pattern", "no-such-server-[0-9]{9}", "--read-only", *args])
+        with pytest.raises(SystemExit) as ex:
+            main()
+        got = capsys.readouterr()
+        return int(ex.value.code or 0), got.out, got.err
+
+    out = tmp_path / "run"
+    code, _, err = run_main("--baseline", "verify 20ms", "--out", str(out))
+    refused(subprocess.CompletedProcess([], code, "", err), "no benchmark", "--bench")
+    events = [json.loads(ln) for ln in (out / "events.jsonl").read_text().split("\n") if ln]
+    assert not any(e.get("type") in ("conclusion", "verdict") for e in events), events
+    assert not any(e.get("tool") in ("bench", "gpu", "packages") for e in events), events   # nothing probed
+    code, stdout, _ = run_main("--json", "--out", str(tmp_path / "run2"))
+    assert code == 2
+    assert "--bench" in json.loads(stdout)["error"]["fix"], stdout

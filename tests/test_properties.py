@@ -33,6 +33,8 @@ INPUTS = {"server_details": {"pid": 7}, "gpu_sample_under_load": {"load": "gpu-b
                          "pid_file": "/p", "log": "/l"},
           "stop_copy": {"pid_file": "/p", "env_file": "/e", "log": "/l", "expect_argv": ["x"], "cwd": "/"},
           "set_power_limit": {"gpu": 0, "watts": 500}, "set_governor": {"governor": "performance"},
+          "reset_clocks": {"gpu": 0, "memory": True}, "lock_clocks": {"gpu": 0, "sm_min": 1650, "sm_max": 1650},
+          "find_older_wheels": {"name": "n"},
           "git_worktree_checkout": {"path": "/p", "commit": "c"}, "remove_file": {"path": "/p"},
           "restart_hook": {"cmd": "systemctl restart x", "argv": ["x"], "cwd": "/"},
           "overlay_install": {"python": "/usr/bin/python3", "wheel": "/w.whl", "overlay": "/tmp/debugagent-o"},

@@ -24,13 +24,76 @@ KEPT = sorted(p.parent for p in [*(ROOT / "transcripts").glob("*/events.jsonl"),
 def outputs(run: Path) -> dict:
     events = read_events(run / "events.jsonl")
     view_out = io.StringIO()
-    view = View([], quiet=False, console=Console(file=view_out, width=300, force_terminal=False))
+    view = View([], quiet=False, console=Console(file=view_out, width=4000, force_terminal=False))
     for ev in events:
         view.feed(ev.event, ev)
     conclusion = next(ev for ev in events if ev.event == "conclusion")
     texts = render_all(events)
     return {"facts": gather(events), "md": texts["markdown"], "html": html.unescape(texts["html"]),
             "view": view_out.getvalue(), "json": output_of(conclusion.model_dump(mode="json", by_alias=True), run, 0.0)}
+
+
+# ---------------------------------------------------------------- what a person should never read
+
+CODE = re.compile(r"```.*?```|`[^`\n]*`|<code>.*?</code>|<pre>.*?</pre>", re.S)
+CHECKS = {
+    "a number in e-notation": re.compile(r"(?<![\w.=<])(?<!p=)[+-]?\d(?:\.\d+)?e[+-]\d+"),
+    "a cut after a word that leads to a number": re.compile(
+        r"\b(?:mean|median|to|of|by|vs|at|a|an|the|gives|CI|and|or|with|recovers|explains)\s+…"),
+    "a parenthesis cut open": re.compile(r"\([^()\n]*…(?![^()\n]*\))"),
+    "one with a plural": re.compile(r"(?<!GPU )(?<![\w.])1 (?:commits|runs|commands|steps|changes|hosts|hypotheses|"
+                                    r"experiments|files|packages)\b"),
+    "a doubled or dangling separator": re.compile(r";;|;[ \t]*\||;[ \t]*$|;\.(?!\d)", re.M),
+}
+INTERVAL = re.compile(r"(-?\d+)% of the regression \(95% CI (-?\d+)% to (-?\d+)%\)|explains (-?\d+)%\)?, (?:95% CI|interval) "
+                      r"(-?\d+)%(?: to |–)(-?\d+)%")
+
+
+def garbled(text: str) -> list[str]:
+    """What a person should never read: e-notation, a cut after "mean", "1 commits", ";;", and one share given two
+    different 95% intervals."""
+    prose = CODE.sub(" ", text)
+    found = [f"{what}: …{prose[max(0, m.start() - 50):m.end() + 10]}…" for what, rx in CHECKS.items()
+             for m in rx.finditer(prose)]
+    seen: dict[str, set[tuple[str, str]]] = {}
+    for m in INTERVAL.finditer(prose):
+        share, lo, hi = (m.group(1), m.group(2), m.group(3)) if m.group(1) else (m.group(4), m.group(5), m.group(6))
+        seen.setdefault(share, set()).add((lo, hi))
+    found += [f"{share}% with two intervals: {sorted(iv)}" for share, iv in seen.items() if len(iv) > 1]
+    return found
+
+
+def human(o: dict) -> str:
+    """What `debugagent run` prints at the end (the headline, the evidence list, the counts)."""
+    from debugagent.agent import run as runmod
+    buf = io.StringIO()
+    old = runmod.console
+    runmod.console = lambda *a, **k: Console(file=buf, width=4000, force_terminal=False)   # type: ignore[assignment]
+    try:
+        runmod.print_human(o["json"])
+    finally:
+        runmod.console = old
+    return buf.getvalue()
+
+
+def garbled_outputs(run: Path) -> list[str]:
+    """``garbled`` over every output of a run folder: transcript.md, report.html's text, the live view's lines and
+    the printed answer."""
+    o = outputs(run)
+    page = re.sub(r"<[^>]+>", "\n", re.sub(r"<code>.*?</code>|<pre>.*?</pre>", " ", o["html"], flags=re.S))
+    return [f"{name}: {g}" for name, text in (("transcript.md", o["md"]), ("report.html", page), ("live view", o["view"]),
+                                               ("printed answer", human(o))) for g in garbled(text)]
+
+
+def test_garbled_catches_what_people_reported():
+    """Each defect of the kind reported once (numbers as `+1.77e+03`, "mean …", "1 commits", "x16;", ";;", two
+    intervals for one share) is caught; p-values and a shell's `;;` in code are not."""
+    for bad in ("recovers +1.77e+03 tok/s", "gives mean …", "(95% CI -42% to …", "(1 commits apart)", "gen 5 x16; |",
+                "float32;; with", "99% of the regression (95% CI 72% to 126%) and 99% of the regression (95% CI 73% to 126%)"):
+        assert garbled(bad), bad
+    for good in ("t-test p=5.6e-05: a cause", "`case x in a) echo;; esac`", "GPU 1 runs SM 1980 MHz", "(attention mode, …)",
+                 "explains 99%, interval 73%–126% … 99% of the regression (95% CI 73% to 126%)"):
+        assert not garbled(good), (good, garbled(good))
 
 
 def last_measure(view: str, label: str) -> str:
@@ -80,7 +143,8 @@ def test_experiment_numbers_agree(run):
             if share is None:
                 continue
             assert f"after {after}; recovered {pct(share)} of the regression" in page
-            assert last_measure(o["view"], hid) == f"[measure] {hid}: {after}; recovered {pct(share)}"
+            label = f"together ({', '.join(x.spec['joint'])})" if x.spec.get("joint") else hid   # causes reverted together
+            assert last_measure(o["view"], label) == f"[measure] {label}: {after}; recovered {pct(share)}"
             said = re.findall(r"(-?\d+)% of the regression", x.result)
             assert said and f"{said[-1]}%" == pct(share), x.result   # the engine's sentence, in the transcript
             assert f"Result: {x.result}." in o["md"]

@@ -138,8 +138,10 @@ def test_reproduce_is_sequential_and_detects_a_swap():
     """Far outside the noise 3 runs decide; within it the answer is 'more' with the runs it would need; better is said."""
     from debugagent.agent.stats import reproduce
     assert reproduce(noisy(30, 2, 3, 41), 20, True, 10).outcome == "regression"
-    thin = reproduce(noisy(20.3, 8, 3, 43), 20, True, 1.0, final=True)
+    thin = reproduce(noisy(20.3, 8, 3, 43), 20, True, 1.0, final=True, exact_baseline=True)
     assert thin.outcome == "more" and thin.runs_needed > 3 and "needs about" in thin.text
+    # the same runs against one reading of unknown noise: inside that noise, not "more runs"
+    assert reproduce(noisy(20.3, 8, 3, 43), 20, True, 1.0, final=True).outcome == "noise"
     assert reproduce(noisy(20, 1, 3, 43), 30, True, 10).outcome == "better"
     assert reproduce(noisy(89, 2, 8, 44), 89, False, 5.0).outcome == "none"
 
@@ -185,7 +187,7 @@ def test_runs_needed_counts_the_baseline_snapshots_own_runs():
     assert never.outcome == "more" and never.runs_needed is None
     assert "no number of runs" in never.text and "--bench-runs" in never.text and "needs about" not in never.text
     with_base = reproduce(bad[:4], 1768.0, False, 450.0, baseline_samples=base * 3, final=True)
-    against_number = reproduce(bad[:4], 1768.0, False, 450.0, final=True)
+    against_number = reproduce(bad[:4], 1768.0, False, 450.0, final=True, exact_baseline=True)
     assert with_base.outcome == against_number.outcome == "more"
     assert with_base.runs_needed == 10 and against_number.runs_needed == 5
 
@@ -212,3 +214,17 @@ def test_units_are_compared_in_one_place():
     check_pair(parse_symptom("video 20 frames/s"), parse_symptom("video 24 frames/s"))
     with pytest.raises(UsageError, match="same kind of unit"):
         check_pair(parse_symptom("video 20 frames/s"), parse_symptom("video 2 s"))
+
+
+def test_a_baseline_number_is_one_reading_whose_noise_is_assumed():
+    """A healthy bimodal server (3800-5500 tok/s) read 4510 ± 430 over 6 runs against a user's one reading of 5426:
+    the shift is inside the noise one reading carries, so it is not shown to be a regression (no more runs, since
+    the budget could not show it either); the same runs against the baseline as an exact mean, or against a
+    snapshot's runs, still read a regression; a regression far outside the noise is real after 3 runs."""
+    from debugagent.agent.stats import NOT_SHOWN, reproduce
+    bimodal = [4020.0, 4950.0, 4110.0, 5010.0, 4230.0, 4740.0]
+    one = reproduce(bimodal, 5426.0, False, 916.0, most=12)
+    assert one.outcome == "noise" and NOT_SHOWN in one.text and "assumed" in one.text
+    assert reproduce(bimodal, 5426.0, False, 916.0, most=12, exact_baseline=True).outcome == "regression"
+    assert reproduce(bimodal, 5426.0, False, 916.0, baseline_samples=[5426.0, 5380.0, 5470.0, 5410.0]).outcome == "regression"
+    assert reproduce(noisy(30, 2, 3, 41), 20, True, 10, most=12).outcome == "regression"

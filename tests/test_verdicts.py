@@ -204,3 +204,83 @@ def test_lower_clocks_under_load_than_the_baseline_stay_a_suspect():
     h = _gpu_facts_against_the_h200_baseline(sm_clock=1500, power_draw=206.57)
     assert h.status == "suspect" and "gpus.0.sm_clock 1980 -> 1500" in " ".join(h.because)
     assert "power_draw" not in " ".join(h.because)
+
+
+def test_identity_is_narrow_performance_flags_are_suspects_and_workload_flags_are_never_removed():
+    """Only what is served and where names the server; dtype, speculative settings, chunked prefill, batch sizes are
+    performance flags (not judged, tested by removal); dtype float32 is a known cost; a value as fast as the default
+    is nothing to test; an offline script's --batch-size, and a flag the benchmark's own command gives, are the
+    workload's and never removed. The rules say which are which."""
+    pb = load_playbook(None)
+    server = {"flags": {"model-path": "x", "tp": "8", "port": "30000", "speculative-algorithm": "EAGLE3",
+                        "speculative-num-steps": "3", "chunked-prefill-size": "512", "max-running-requests": "64",
+                        "kv-cache-dtype": "auto", "batch-size": "64", "num-prompts": "2000"}, "env": {}}
+    nj = vd.not_judged(server, pb.knowledge, bench_cmd="python /root/offline.py --num-prompts 2000")
+    assert nj.flags == ["chunked-prefill-size", "max-running-requests", "speculative-algorithm", "speculative-num-steps"]
+    assert nj.workload == ["batch-size", "num-prompts"] and nj.at_default == ["kv-cache-dtype"]
+    assert vd.not_judged({"flags": {"model-path": "x", "dtype": "float32"}, "env": {}}, pb.knowledge).flags == []
+    facts = {"server": server, "diff": None, "knowledge": pb.knowledge, "not_judged": nj.model_dump()}
+    f = evaluate(pb.get("serving_config"), facts)
+    assert [x.verdict for x in f] == ["inconclusive"]
+    assert "--speculative-algorithm EAGLE3" in f[0].because and "never removed" in f[0].because
+    assert "--batch-size 64" in f[0].because
+    fp32 = {"model-path": "x", "dtype": "float32"}
+    facts = {"server": {"flags": fp32, "env": {}}, "diff": None, "knowledge": pb.knowledge,
+             "not_judged": vd.not_judged({"flags": fp32, "env": {}}, pb.knowledge).model_dump()}
+    f = evaluate(pb.get("serving_config"), facts)
+    assert f[0].verdict == "suspect" and f[0].experiment["set_flags"] == {"dtype": "auto"}
+    quiet = {"model-path": "x", "tp": "2", "dtype": "bfloat16"}
+    facts = {"server": {"flags": quiet, "env": {}}, "diff": None, "knowledge": pb.knowledge,
+             "not_judged": vd.not_judged({"flags": quiet, "env": {}}, pb.knowledge).model_dump()}
+    f = evaluate(pb.get("serving_config"), facts)
+    assert f[0].verdict == "inconclusive" and "model-path=x tp=2" in f[0].because and "--dtype bfloat16" in f[0].because
+
+
+def test_confirmed_causes_are_reverted_together_and_the_joint_share_is_reported():
+    """Two causes confirmed by restarts are merged into one restart (every flag and variable of each, a restoring
+    spec turned into what it puts back); the joint share, its interval and the unexplained rest reach the summary,
+    the headline and --json; a cause of another kind (a governor) is not combined, and says why."""
+    from debugagent.agent.answer import headline
+    flag = {"kind": "server_restart", "title": "restart the server with --dtype auto", "set_flags": {"dtype": "auto"},
+            "unset_flags": [""], "set_env": {}, "unset_env": []}
+    env1 = {"kind": "server_restart", "title": "without CUDA_LAUNCH_BLOCKING", "unset_env": ["CUDA_LAUNCH_BLOCKING"]}
+    env2 = {"kind": "restore_baseline_env", "title": "the baseline's environment"}
+    hs = {"serving_config": vd.Hyp(status="confirmed", how="experiment", share=0.6, share_se=0.05, share_ci=(0.5, 0.7),
+                                   because=["--dtype float32"], cause_specs=[flag]),
+          "env_var": vd.Hyp(status="confirmed", how="experiment", share=0.3, share_se=0.05, share_ci=(0.2, 0.4),
+                            because=["CUDA_LAUNCH_BLOCKING=1"], cause_specs=[env1, env2]),
+          "code_change": vd.Hyp(status="ruled_out")}
+    resolve = lambda sp: {**sp, "unset_env": ["NCCL_PROTO"]} if sp["kind"] == "restore_baseline_env" else sp  # noqa: E731
+    spec, why = vd.joint_experiment(hs, resolve)
+    assert spec is not None and not why
+    assert spec["kind"] == "server_restart" and spec["set_flags"] == {"dtype": "auto"} and spec["unset_flags"] == []
+    assert spec["unset_env"] == ["CUDA_LAUNCH_BLOCKING", "NCCL_PROTO"] and spec[vd.JOINT] == ["serving_config", "env_var"]
+    res = ExperimentResult(kind="server_restart", title=spec["title"], text="with …: recovers 80%", share=0.8,
+                           share_ci=(0.7, 0.9), outcome="cause", significant=True)
+    joint = vd.joint_result(spec[vd.JOINT], res, hs)
+    assert joint["share"] == 0.8 and joint["unexplained"] == 0.2 and joint["sum_alone"] == 0.9
+    c = concl.conclude({**hs, "compiled_dependency": vd.Hyp(status="ruled_out")}, ORDER + ["env_var"], REG,
+                       baseline_snapshot=False, next_steps={}, not_judged=vd.NotJudged(), joint=joint)
+    assert c.joint is not None and "Together they recover 80% (95% CI 70% to 90%); 20% unexplained." in c.summary
+    h = headline(c.model_dump(mode="json", by_alias=True))
+    assert h.startswith("Root causes: serving_config (explains 60%), env_var (explains 30%); together they recover 80% "
+                        "(95% CI 70% to 90%)")
+    assert h.endswith("20% unexplained") and len(h) <= 160
+    hs["env_var"].cause_specs = [{"kind": "governor", "governor": "performance"}]
+    spec, why = vd.joint_experiment(hs, resolve)
+    assert spec is None and "governor" in why
+
+
+def test_a_ruled_out_experiment_says_the_bound_that_decided_it():
+    """'Not a cause' names the bound that decided it, in the result's text and as its rule; the verdict keeps it."""
+    from debugagent.agent.stats import decide
+    d = decide([30.0, 30.2, 29.9, 30.1], [29.95, 30.05, 30.1, 30.0], 10.0, True)
+    assert d.outcome == "not_cause" and d.rule.startswith("the 80% upper bound of what it recovers is ")
+    assert "of the regression, below the 20% a cause must recover" in d.rule and d.rule in d.text
+    h = vd.Hyp(status="suspect", experiments=[{"kind": "server_restart", "title": "t"}])
+    res = ExperimentResult(kind="server_restart", title="t", text=d.text, outcome="not_cause", rule=d.rule)
+    h = vd.apply_result(h, {"kind": "server_restart", "title": "t"}, res)
+    assert h.status == "ruled_out" and h.rule == d.rule
+    c = concl.conclude({**hyps(), "code_change": h}, ORDER, REG, baseline_snapshot=False, next_steps={},
+                       not_judged=vd.NotJudged())
+    assert c.ruled_out[0].rule == d.rule

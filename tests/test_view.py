@@ -121,3 +121,70 @@ def test_live_view_in_tmux(tmp_path):
     table = final[:final.index("No confirmed root cause")]
     assert re.search(r"compiled_dependency\s+suspect", table)   # the table's rows are final: no stale "pending"
     assert not re.search(r"\bpending\b", table) and "$ ssh" not in final
+
+
+def lines_at(view: View, width: int) -> list[str]:
+    con = Console(file=io.StringIO(), width=width, force_terminal=False, color_system=None)
+    view.console = con
+    con.print(view.render())
+    return con.file.getvalue().splitlines()
+
+
+def in_experiment() -> View:
+    view = View(["code_change", "env_var", "compiled_dependency"], quiet=True)
+    view.load(recorded(Path(".")))
+    view.feed("experiment", {"hypothesis": "compiled_dependency", "phase": "start",
+                             "text": "restart the server with another build of flashinfer-python 0.5.3 in an overlay"})
+    return view
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_the_header_keeps_the_estimate_at_80_and_120_columns(width):
+    """A long phase at 80 and 120 columns: the header is one line that still says how long is left (the phase and
+    the estimate's detail are cut first)."""
+    view = in_experiment()
+    head = lines_at(view, width)[0]
+    assert len(head) <= width and re.search(r"about \d+ s left", head), head
+    assert head.startswith("debugagent experiment on compiled_dependency"), head
+
+
+def test_the_step_shows_what_it_does_before_its_first_run_and_the_command_as_typed():
+    """Before an experiment's first benchmark run, its line says what runs (a pip download), not "waiting for the
+    first run"; the command line is the command on the host, not the ssh line nor a wrapper script."""
+    view = in_experiment()
+    dl = ("/root/ml-env/bin/python3 -m pip download --no-deps --only-binary=:all: flashinfer-python==0.5.3 "
+          "-d /tmp/debugagent-dl")
+    view.feed("tool_call", {"tool": "pip_download", "hypothesis": "compiled_dependency", "command": dl,
+                            "display": f"ssh root@gpu-node-3 {shlex.quote(dl)}",
+                            "why": "download another build of flashinfer-python 0.5.3 with pip"})
+    text = "\n".join(lines_at(view, 140))
+    assert "compiled_dependency: download another build of flashinfer-python 0.5.3 with pip" in text, text
+    assert "waiting for the first run" not in text and "$ /root/ml-env/bin/python3 -m pip download" in text, text
+    view.feed("tool_result", {"tool": "pip_download", "exit_code": 0, "duration_ms": 8600.0})
+    wrapper = "bash -c 'trap : HUP INT TERM; export LC_ALL=C; exec python3 -m sglang.launch_server --tp 8'"
+    view.feed("tool_call", {"tool": "restart_server", "hypothesis": "compiled_dependency", "command": wrapper,
+                            "display": f"ssh root@gpu-node-3 {shlex.quote(wrapper)}", "why": "restart with the overlay",
+                            "input": {"argv": ["/root/ml-env/bin/python3", "-m", "sglang.launch_server", "--tp", "8"]}})
+    text = "\n".join(lines_at(view, 140))
+    assert "$ restart: /root/ml-env/bin/python3 -m sglang.launch_server --tp 8" in text, text
+    assert "ssh root@" not in text and "trap" not in text, text
+    view.feed("tool_result", {"tool": "restart_server", "exit_code": 0})
+    view.feed("tool_call", {"tool": "bench", "hypothesis": "compiled_dependency", "why": "measure",
+                            "display": "ssh root@gpu-node-3 \"cd /root && gpu-bench --n 8\"",
+                            "input": {"cmd": "gpu-bench --n 8", "cwd": "/root"}})
+    text = "\n".join(lines_at(view, 140))
+    assert "compiled_dependency: waiting for the first run" in text and "$ gpu-bench --n 8" in text, text
+
+
+def test_once_interrupted_the_header_promises_no_time():
+    """A signal during a run: the header says it at once, and never "about N s left" again, the undo's phases
+    included."""
+    view = in_experiment()
+    assert "s left" in lines_at(view, 150)[0]
+    view.stopping(2, False)
+    assert lines_at(view, 150)[0].startswith("debugagent interrupted (SIGINT): undoing"), lines_at(view, 150)[0]
+    view.feed("experiment", {"hypothesis": "compiled_dependency", "phase": "undo", "text": "restart as found"})
+    head = lines_at(view, 150)[0]
+    assert "interrupted (SIGINT): experiment on compiled_dependency: undoing" in head and "left" not in head, head
+    view.feed("interrupted", {"text": "interrupted (SIGINT); every change was undone"})
+    assert "left" not in lines_at(view, 150)[0]

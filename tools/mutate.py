@@ -697,16 +697,17 @@ def parse_server_ready(text: str) -> Readiness:
 
 # ---------------------------------------------------------------- package overlays
 class FindWheels(BaseModel):
-    """Wheels of ``name`` ``version`` on the host: in ``places`` (wheelhouses, wheel paths) and pip's cache."""
+    """Wheels of ``name`` ``version`` (every version where it is empty) on the host: in ``places`` (wheelhouses,
+    wheel paths) and pip's cache."""
 
     model_config = ConfigDict(extra="forbid")
     name: str
-    version: str
+    version: str = ""
     places: list[str] = Field(default_factory=list)
 
     def command(self) -> str:
         stem = re.sub(r"[-_.]+", "_", self.name)
-        pat = q(f"{stem}-{self.version}-*.whl")
+        pat = q(f"{stem}-{self.version}-*.whl" if self.version else f"{stem}-*.whl")
         places = " ".join(q(p) for p in self.places)
         return (f"for d in {places} \"$HOME/.cache/pip/wheels\" \"$HOME/.cache/pip\"; do "
                 f"if [ -f \"$d\" ]; then case \"${{d##*/}}\" in {pat}) echo \"$d\";; esac; "
@@ -715,6 +716,28 @@ class FindWheels(BaseModel):
 
 class WheelList(BaseModel):
     wheels: list[str]
+
+
+def wheel_version(path: str) -> str | None:
+    """The version a wheel's file name gives (``NAME-VERSION-…whl``, PEP 427)."""
+    parts = path.rsplit("/", 1)[-1].split("-")
+    return parts[1] if len(parts) >= 5 and path.endswith(".whl") else None
+
+
+def release_key(version: str) -> tuple[tuple[int, ...], int, int]:
+    """A version's order, enough to find an older release: its release numbers, then pre-releases (``rc``, ``a``,
+    ``b``, ``dev``) before the release and ``.postN`` after it; a local label (``+cu130``) is left out."""
+    v = version.split("+", 1)[0].lower()
+    m = re.match(r"^v?([0-9]+(?:\.[0-9]+)*)(.*)$", v)
+    if not m:
+        return ((), 0, 0)
+    rel = tuple(int(x) for x in m.group(1).split("."))
+    while len(rel) > 1 and rel[-1] == 0:
+        rel = rel[:-1]
+    rest = m.group(2)
+    post = re.search(r"post([0-9]*)", rest)
+    pre = re.search(r"(a|b|rc|dev)([0-9]*)", rest)
+    return (rel, -1 if pre and not post else 0, int(post.group(1) or 0) if post else 0)
 
 
 def parse_wheels(text: str) -> WheelList:
@@ -792,6 +815,36 @@ class SetPowerLimit(BaseModel):
 
     def command(self) -> str:
         return f"nvidia-smi -i {int(self.gpu)} -pl {float(self.watts):.2f}"
+
+
+class ResetClocks(BaseModel):
+    """``nvidia-smi -i N -rgc`` (and ``-rmc``): the GPU's clocks back to the driver's default."""
+
+    model_config = ConfigDict(extra="forbid")
+    gpu: int
+    memory: bool = False
+
+    def command(self) -> str:
+        g = int(self.gpu)
+        return f"nvidia-smi -i {g} -rgc" + (f" && nvidia-smi -i {g} -rmc" if self.memory else "")
+
+
+class LockClocks(BaseModel):
+    """``nvidia-smi -i N -lgc MIN,MAX`` (and ``-lmc MIN,MAX``): a GPU's clocks locked again as they were found."""
+
+    model_config = ConfigDict(extra="forbid")
+    gpu: int
+    sm_min: int = Field(ge=0)
+    sm_max: int = Field(ge=0)
+    mem_min: int | None = Field(default=None, ge=0)
+    mem_max: int | None = Field(default=None, ge=0)
+
+    def command(self) -> str:
+        g = int(self.gpu)
+        out = f"nvidia-smi -i {g} -lgc {int(self.sm_min)},{int(self.sm_max)}"
+        if self.mem_max:
+            out += f" && nvidia-smi -i {g} -lmc {int(self.mem_min or self.mem_max)},{int(self.mem_max)}"
+        return out
 
 
 class SetGovernor(BaseModel):

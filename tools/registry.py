@@ -45,6 +45,8 @@ MUTATIONS: tuple[Tool, ...] = (
     Tool("restart_server", mutate.RestartServer, lambda i, r: mutate.parse_restart(r.stdout), timeout=300.0, mutates=True),
     Tool("set_power_limit", mutate.SetPowerLimit, _done(), mutates=True),
     Tool("set_governor", mutate.SetGovernor, _done(), mutates=True),
+    Tool("reset_clocks", mutate.ResetClocks, _done(), mutates=True),
+    Tool("lock_clocks", mutate.LockClocks, _done(), mutates=True),
     Tool("git_worktree_checkout", mutate.WorktreeCheckout, _done(), mutates=True),
     Tool("remove_file", mutate.RemoveFile, _done(), mutates=True),
     Tool("restart_hook", mutate.RestartHook, _done(3), timeout=600.0, mutates=True),

@@ -73,3 +73,14 @@ def convert(value: float, unit: str | None, to: str | None) -> float | None:
         return None
     fa, fb = unit_family(unit), unit_family(to)
     return value if fa is None or fb is None else value * fa[1] / fb[1]
+
+
+def plain(value: float, digits: int = 3, sign: bool = False) -> str:
+    """``value`` to ``digits`` significant digits as a person writes it: never ``1.77e+03`` (a number of more
+    digits than that is rounded to a whole number, 1770 → ``1770``), with ``+`` in front when ``sign`` asks."""
+    s = "+" if sign else ""
+    if value != value or value in (float("inf"), float("-inf")):
+        return f"{value:{s}}"
+    if abs(value) >= 10 ** digits:
+        return f"{value:{s}.0f}"
+    return f"{value:{s}.{digits}g}"   # below 10**digits this has no exponent but for tiny values (1e-05)

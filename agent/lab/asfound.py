@@ -3,7 +3,7 @@
 The areas (``areas_of``): the server processes (every process the run's server pattern matches, each with its
 process tree, command line, environment, folder, listening ports and who it runs as: uid, gid, groups, umask, nice,
 resource limits), a checkout (HEAD, its branch, the worktrees
-registered), a GPU's power limit, the CPU governor, and the run's names under ``/tmp``. A reading is plain
+registered), a GPU's power limit, a GPU's idle clocks and clock reasons (a clock lock), the CPU governor, and the run's names under ``/tmp``. A reading is plain
 data (``read``: one read-only command, its output parsed); command lines and environment values are kept only as
 keyed digests (``journal.digest``: bytes, never decoded text, so a non-UTF-8 byte compares as itself) with the
 names beside them. ``compare`` says each difference with the command that fixes it; "the host is as it was
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from debugagent.tools.discovery import is_debugagent
-from debugagent.tools.mutate import Identity, parse_identity
+from debugagent.tools.mutate import Identity, LockClocks, parse_identity
 from debugagent.tools.transport import CommandResult, q
 from pydantic import BaseModel
 
@@ -71,6 +71,8 @@ def areas_of(tool: str, inp: dict[str, Any], run_id: str, pattern: str | None) -
         out[f"gpu:{int(inp.get('gpu', 0))}"] = {"gpu": int(inp.get("gpu", 0))}
     elif tool == "set_governor":
         out["governor"] = {}
+    elif tool == "lock_clocks":
+        out[f"clocks:{int(inp.get('gpu', 0))}"] = {k: inp.get(k) for k in ("gpu", "sm_min", "sm_max", "mem_min", "mem_max")}
     return out
 
 
@@ -90,6 +92,9 @@ def read_command(area: str, how: dict[str, Any]) -> str:
     if area.startswith("gpu:"):
         return (f"printf 'power_limit=%s\\n' \"$(nvidia-smi -i {int(how['gpu'])} --query-gpu=power.limit "
                 "--format=csv,noheader,nounits 2>/dev/null)\"")
+    if area.startswith("clocks:"):   # idle: a lock's MIN holds the clocks; the reasons as the driver gives them
+        return (f"printf 'clocks=%s\\n' \"$(nvidia-smi -i {int(how['gpu'])} --query-gpu=clocks.sm,clocks.mem,"
+                "clocks_throttle_reasons.active --format=csv,noheader,nounits 2>/dev/null)\"")
     if area == "governor":
         return ("printf 'governors=%s\\n' \"$(cat /sys/devices/system/cpu/cpu[0-9]*/cpufreq/scaling_governor "
                 "2>/dev/null | sort | uniq -c | tr -s ' \\n' ' ')\"")
@@ -231,6 +236,12 @@ def parse_reading(area: str, text: str, digest: Callable[[bytes], str]) -> dict[
     if area.startswith("gpu:"):
         m = re.search(r"^power_limit=\s*([0-9.]+)", text, re.M)
         return {"power_limit": float(m.group(1))} if m else None
+    if area.startswith("clocks:"):
+        m = re.search(r"^clocks=\s*([0-9]+),\s*([0-9]+),\s*(0x[0-9A-Fa-f]+|[0-9]+)\s*$", text, re.M)
+        if not m:
+            return None
+        mask = int(m.group(3), 0)
+        return {"sm": int(m.group(1)), "mem": int(m.group(2)), "applications_clocks": bool(mask & 0x2)}
     if area == "governor":
         m = re.search(r"^governors=(.*)$", text, re.M)
         return {"governors": m.group(1).strip()} if m and m.group(1).strip() else None
@@ -356,6 +367,14 @@ def compare(area: str, before: dict[str, Any], after: dict[str, Any] | None) -> 
             return [Difference(area=area, text=f"GPU {g}'s power limit is {after['power_limit']:.0f} W, found "
                                f"{before['power_limit']:.0f} W", fix=f"nvidia-smi -i {g} -pl {before['power_limit']:.2f}")]
         return []
+    if area.startswith("clocks:"):
+        g = int(area[7:])
+        if (after["sm"], after["mem"], after["applications_clocks"]) != (before["sm"], before["mem"], before["applications_clocks"]):
+            return [Difference(area=area, text=f"GPU {g}'s idle clocks are SM {after['sm']}, memory {after['mem']} MHz, "
+                               f"found SM {before['sm']}, memory {before['mem']} MHz",
+                               fix=LockClocks.model_validate(before["how"]).command() if before.get("how", {}).get("sm_max")
+                               else f"nvidia-smi -i {g} -rgc")]
+        return []
     if area == "governor":
         if after["governors"] != before["governors"]:
             gov = before["governors"].split()[-1] if before["governors"].split() else "?"
@@ -377,6 +396,8 @@ def describe(area: str) -> str:
         return f"the file {area[5:]}"
     if area.startswith("gpu:"):
         return f"GPU {area[4:]}'s power limit"
+    if area.startswith("clocks:"):
+        return f"GPU {area[7:]}'s clocks"
     if area == "governor":
         return "the CPU governor"
     return "the run's /tmp names"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from debugagent.tools.registry import Runner
+from debugagent.tools.units import plain
 
 from ..stats import bisect_step, culprit_confidence
 
@@ -52,7 +53,7 @@ def bisect(lab: Lab, r: Runner, wt: str, bench_cwd: str, facts: LabFacts, good_s
         seen[mid] = vals
         steps.append({"sha": c["sha"], "mean": st.mean, "bad": is_bad, "runs": len(vals),
                       "confidence": round(st.confidence, 4)})
-        lab.emit("experiment", phase="bisect", text=f"{c['short']} \"{c['subject']}\": mean {st.mean:.4g} over "
+        lab.emit("experiment", phase="bisect", text=f"{c['short']} \"{c['subject']}\": mean {plain(st.mean, 4)} over "
                  f"{len(vals)} run(s) -> {'bad' if is_bad else 'good'} (confidence {st.confidence:.3f})")
         if is_bad:
             hi = mid

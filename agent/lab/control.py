@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING
 
 from debugagent.tools.probes.text import plural
 from debugagent.tools.registry import Runner
+from debugagent.tools.units import plain
 
 from ..results import ExperimentResult
-from ..stats import CONTROL_LEVEL, CONTROL_RUNS, control
+from ..stats import CONTROL_LEVEL, CONTROL_RUNS, RESTART_PART, control
 
 if TYPE_CHECKING:
     from .lab import Lab
@@ -53,7 +54,8 @@ def restart_control(lab: Lab, r: Runner, result: ExperimentResult, bad: list[flo
             ctrl.append(b.measured(r, b.spec.cwd, f"control: the server as found, restarted (run {len(ctrl) + 1})"))
             lab.found_restarted.append(ctrl[-1])
         final = n >= most
-        c = control(bad, ctrl, vals, regression, b.lower, final=final, noise=b.noise)
+        c = control(bad, ctrl, vals, regression, b.lower, final=final, noise=b.noise,
+                    regression_se=b.spec.regression_se)
         if c.outcome != "more":
             break
         n += 1
@@ -62,7 +64,7 @@ def restart_control(lab: Lab, r: Runner, result: ExperimentResult, bad: list[flo
     if earlier:
         runs += (", measured after an earlier experiment's undo" if len(ctrl) == len(earlier) else
                  f", {len(earlier)} of them measured after an earlier experiment's undo")
-    said = (f"control: the server as found, restarted, gives mean {statistics.fmean(ctrl):.4g} ({runs}): "
+    said = (f"control: the server as found, restarted, gives mean {plain(statistics.fmean(ctrl), 4)} ({runs}): "
             f"a plain restart recovers {c.part:.0%} of what the change did ({2 * CONTROL_LEVEL - 1:.0%} CI "
             f"{c.low:.0%} to {c.high:.0%})")
     if c.outcome == "change":
@@ -80,6 +82,12 @@ def restart_control(lab: Lab, r: Runner, result: ExperimentResult, bad: list[flo
         d = d.model_copy(update={"outcome": "not_cause"})
         why = ("so the restart, not the change, recovered it: the server slows down while it runs, or the "
                "reproduce step's runs were slower than the server as found is now")
+        rule = (f"the {CONTROL_LEVEL:.0%} lower bound of what a plain restart recovers is {c.low:.0%} of what the change "
+                f"did, above the {RESTART_PART:.0%} a change may share with a restart, and the change does not beat it")
+        b.last_decision = d
+        return result.model_copy(update={"control": ctrl, "significant": False, "outcome": d.outcome,
+                                         "share": round(d.share, 3), "share_ci": None, "decision": why, "rule": rule,
+                                         "text": f"{result.text}; {said}, {why}"})
     else:
         d = d.model_copy(update={"outcome": "more"})
         why = "so what the change adds to a plain restart is undecided"

@@ -124,7 +124,8 @@ class Lab:
 
     def result(self, spec: Any, vals: list[float], d: Any, text: str, **extra: Any) -> ExperimentResult:
         return ExperimentResult(kind=spec.kind, title=spec.title, samples=vals, mean=statistics.fmean(vals),
-                                share=round(d.share, 3), significant=d.significant, decision=d.text, text=text, **extra)
+                                share=round(d.share, 3), significant=d.significant, decision=d.text, text=text,
+                                rule=getattr(d, "rule", None) or None, **extra)
 
     def control(self, r: Runner, result: ExperimentResult, bad: list[float], regression: float | None) -> ExperimentResult:
         return restart_control(self, r, result, bad, regression)
@@ -169,6 +170,7 @@ class Lab:
         if self.shadow is not None and self.server.started is not None:
             # the unchanged copy, started the same way at the same time and measured in turn, is the control
             return result.model_copy(update={"text": f"{self.shadow.describe()}: {result.text}"})
-        if self.server.started is not None and result.significant:
+        # the causes reverted together were each controlled alone already
+        if self.server.started is not None and result.significant and not spec.get("joint"):
             result = self.control(r, result, bad, regression)
         return result

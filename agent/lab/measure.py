@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from debugagent.tools.registry import Runner
+from debugagent.tools.units import plain
 
 from ..config import READY_TIMEOUT_S
 from ..stats import AUTO_CAP, PROMISING, decide, noise_sd, pooled_sd, run_budget
@@ -27,6 +28,9 @@ class Measure:
     regex: str | None = None
     ready_timeout_s: float = READY_TIMEOUT_S
     max_runs: int = 8
+    # the regression's own standard error: the share's interval carries it, so the one interval an experiment's
+    # sentence gives is the one the conclusion reports
+    regression_se: float = 0.0
 
 
 def _warmth() -> Warmth:
@@ -125,8 +129,8 @@ class Bench:
         worse = (w - m) if self.lower else (m - w)
         self.warmth.needed = worse > sd
         self.emit("experiment", phase="warm_up", needed=self.warmth.needed, text=(
-            f"the warm-up run read {w:.4g} against {m:.4g} ± {sd:.2g} over the {len(following)} runs after it: "
-            + (f"worse by {worse:.3g}, more than the noise, so this server is slow on its first run after a restart "
+            f"the warm-up run read {plain(w, 4)} against {plain(m, 4)} ± {plain(sd, 2)} over the {len(following)} runs after it: "
+            + (f"worse by {plain(worse)}, more than the noise, so this server is slow on its first run after a restart "
                f"and every restart is warmed up" if self.warmth.needed else
                ("within the noise" if worse > 0 else "no slower than the runs after it")
                + ", so this server is not slow on its first run after a restart, and later restarts are not warmed up")))
@@ -181,7 +185,8 @@ class Bench:
                 fresh += 1
             capped = bool(cap and runs + (self.warmups - w0) + (2 if interleave else 1) > cap)
             final = len(vals) >= most or capped
-            d = decide(ref, vals, regression, self.lower, final=final, fresh=fresh, noise=self.noise)
+            d = decide(ref, vals, regression, self.lower, final=final, fresh=fresh, noise=self.noise,
+                       regression_se=self.spec.regression_se)
             if final and not d.decided and not capped and not extended and d.p < PROMISING \
                     and len(vals) < (limit or AUTO_CAP):
                 extended = True

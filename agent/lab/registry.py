@@ -9,13 +9,14 @@ from typing import TYPE_CHECKING, Annotated, Any, Union
 
 from pydantic import Field
 
+from .kinds.clocks import ClockReset
 from .kinds.code import CodeRevert
 from .kinds.knobs import Governor, PowerLimit
 from .kinds.package import PackageRestore
 from .kinds.restart import RestoreBaselineEnv, RestoreBaselineFlags, ServerRestart
 from .spec import ExperimentSpec, Kind
 
-ALL: tuple[type[Kind], ...] = (CodeRevert, ServerRestart, RestoreBaselineFlags, RestoreBaselineEnv, PowerLimit,
+ALL: tuple[type[Kind], ...] = (CodeRevert, ServerRestart, RestoreBaselineFlags, RestoreBaselineEnv, PowerLimit, ClockReset,
                                Governor, PackageRestore)
 
 KINDS: dict[str, type[Kind]] = {k.name(): k for k in ALL}

@@ -34,7 +34,7 @@ from .errors import ExperimentError
 UNDO_TOOLS: dict[str, tuple[str, ...]] = {
     "remove_file": ("path",), "remove_tree": ("path",), "git_worktree_remove": ("path",),
     "git_worktree_checkout": ("path",), "restart_server": ("stop_pid_file", "env_file", "pid_file"),
-    "restart_hook": (), "set_power_limit": (), "set_governor": (), "stop_copy": ("pid_file", "env_file", "log"),
+    "restart_hook": (), "set_power_limit": (), "set_governor": (), "lock_clocks": (), "stop_copy": ("pid_file", "env_file", "log"),
     "supervisor_restore": ("backup",), "systemd_dropin_remove": (),
 }
 PREFIX = "/tmp/debugagent-"

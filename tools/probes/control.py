@@ -47,6 +47,7 @@ PROBE = Probe(
                 lambda i, r: supervise.parse_supervisor_program(r.stdout)),
            Tool("server_ready", mutate.ServerReady, lambda i, r: mutate.parse_server_ready(r.stdout)),
            Tool("find_wheels", mutate.FindWheels, lambda i, r: mutate.parse_wheels(r.stdout)),
+           Tool("find_older_wheels", mutate.FindWheels, lambda i, r: mutate.parse_wheels(r.stdout)),
            Tool("container_inspect", recreate.ContainerInspect,
                 lambda i, r: recreate.ContainerSpec.of_inspect(r.stdout, runtime=i.runtime)),
            Tool("overlay_packages", mutate.OverlayPackages, lambda i, r: host.parse_python_packages(r.stdout),

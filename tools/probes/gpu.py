@@ -47,6 +47,10 @@ class GpuFacts(gpu.GpuReading):
     index: int
     reset_required: bool | None = None
     under_load: bool = False
+    # the idle reading's clocks (a clock lock's MIN holds an idle GPU there) and the memory clock's maximum
+    mem_clock_max: int | None = None
+    idle_sm_clock: int | None = None
+    idle_mem_clock: int | None = None
 
 
 class Fields(BaseModel):
@@ -174,6 +178,7 @@ def _fill(g: Gathering) -> dict[str, Any]:
             temperature=src.temperature, pcie_gen=src.pcie_gen, pcie_gen_max=x.pcie_gen_max, pcie_width=src.pcie_width,
             pcie_width_max=x.pcie_width_max, event_reasons=[r for r in src.event_reasons if r != "gpu_idle"],
             reset_required=d.reset_required if d else None, under_load=lg is not None and "gpu_idle" not in lg.event_reasons,
+            mem_clock_max=x.mem_clock_max, idle_sm_clock=x.sm_clock, idle_mem_clock=x.mem_clock,
         ))
     # by pid: the server's whole tree is left out, a second server is a tenant
     return {"gpus": gpus, "gpu_processes": g.discovery.tenants() if g.discovery else []}
@@ -218,6 +223,8 @@ def gpu_view(g: dict[str, Any], thermal: Collection[str] = THERMAL) -> dict[str,
         "thermal": bool(set(thermal) & set(reasons)),
         "hw_slowdown": bool(HW_SLOW & set(reasons)),
         "power_capped": "sw_power_cap" in reasons,
+        # clocks held by `nvidia-smi -lgc`/`-lmc` or lowered applications clocks (NVML's reason 0x2), read under load
+        "clocks_locked": bool(g.get("under_load")) and "applications_clocks_setting" in reasons,
         "limit_lowered": bool(plm and pl and pl < 0.95 * plm),
         "pcie_degraded": bool(g.get("under_load") and ((gen and genm and gen < genm) or (w and wm and w < wm))),
     }

@@ -20,13 +20,33 @@ def plural(n: int | float, word: str, many: str | None = None) -> str:
     return f"{n:g} {word if n == 1 else (many or word + 's')}"
 
 
+# words that lead to what follows them (a number, its interval): a cut never ends on one ("mean …", "to …")
+LEADING = frozenset("a an the of to by at in on vs vs. with from over than and or is was mean median gives read "
+                    "recovers changes p ci share explains".split())
+
+
 def clip_words(text: str, n: int = 220) -> str:
-    """Cut at a word boundary, never mid-word, and say so with an ellipsis."""
+    """Cut where a clause ends (``; ``, ``: ``, ``, `` in the second half), else at a word boundary, never
+    mid-word, inside a parenthesis or after a word that leads to a number (``mean …``); an ellipsis says so."""
     text = " ".join(text.split())
     if len(text) <= n:
         return text
-    cut = text[:n].rsplit(" ", 1)[0].rstrip(",;:")
-    return cut + " …"
+    head = text[:max(1, n - 2)]
+    for sep in ("; ", ": ", ", "):
+        i = head.rfind(sep)
+        if i >= n // 2 and head.count("(", 0, i) == head.count(")", 0, i):
+            return head[:i] + " …"
+    cut = head.rsplit(" ", 1)[0]
+    while True:
+        if cut.count("(") > cut.count(")"):   # an interval or a note cut in half: drop it whole
+            cut = cut[:cut.rfind("(")].rstrip()
+            continue
+        words = cut.rsplit(" ", 1)
+        if len(words) == 2 and words[1].strip(",;:").lower() in LEADING:
+            cut = words[0]
+            continue
+        break
+    return cut.rstrip(",;: ") + " …"
 
 
 def code(text: str) -> str:

@@ -95,7 +95,10 @@ class Controller:
 
         class Handler(socketserver.StreamRequestHandler):
             def handle(self) -> None:
-                ctl._handle(self)
+                try:
+                    ctl._handle(self)
+                except ConnectionError:   # the simulated tool that asked is gone (Ctrl-C reaches it too): no one to answer
+                    pass
 
         self.server = socketserver.ThreadingUnixStreamServer(str(socket_path), Handler)
         self.server.daemon_threads = True

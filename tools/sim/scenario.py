@@ -101,6 +101,9 @@ class Gpu(Strict):
     event_reasons: list[str] = Field(default_factory=list)
     reset_required: bool = False
     locked_sm_clock: int | None = None  # `nvidia-smi -lgc MIN,MAX` (MAX); `-rgc` clears it
+    locked_sm_clock_min: int | None = None  # its MIN (where an idle GPU sits); default: MAX
+    locked_mem_clock: int | None = None  # `nvidia-smi -lmc MIN,MAX` (MAX); `-rmc` clears it
+    locked_mem_clock_min: int | None = None
 
 
 class PackageSpec(Strict):

@@ -94,7 +94,10 @@ def start(sim: SimHost) -> tuple[subprocess.Popen[bytes], int]:
     info_r, info_w = os.pipe()
     data = b"".join(x.encode() + b"\0" for x in [*bwrap_args(sim), "--info-fd", str(info_w)])
     proc = subprocess.Popen(["bwrap", "--args", str(args_r), "sleep", "infinity"], pass_fds=(args_r, info_w), env=CLEAN_ENV,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            # a session of its own: a terminal's Ctrl-C reaches debugagent, which undoes and then ends
+                            # the host (--die-with-parent), not the host under the undo's feet
+                            start_new_session=True)
     os.close(args_r)
     os.close(info_w)
     with os.fdopen(args_w, "wb") as w:

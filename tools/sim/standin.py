@@ -64,14 +64,21 @@ def gpu_view(ctl: HostView, i: int, loaded: bool) -> dict:
     servers = ctl.servers()
     used = int(g["memory_mib"] * 0.88) if servers else 0
     used += sum(p["used_memory_mib"] for p in ctl.host.get("gpu_processes", []) if p.get("gpu", 0) == i)
+    lock_sm, lock_mem = g.get("locked_sm_clock"), g.get("locked_mem_clock")
+    mem = g["mem_clock"]
     if loaded:
         reasons = list(g.get("event_reasons", []))
         sm, power, temp, gen, util = g["sm_clock"], g["power_draw"], g["temperature"], g["pcie_gen"], 97
-        if g.get("locked_sm_clock"):
-            sm = min(sm, int(g["locked_sm_clock"]))
+        # a lock below the clock the GPU would run at holds it there, and says so (NVML's applications-clocks reason)
+        if lock_sm and int(lock_sm) < sm or lock_mem and int(lock_mem) < mem:
+            sm, mem = min(sm, int(lock_sm or sm)), min(mem, int(lock_mem or mem))
+            reasons = [*reasons, "applications_clocks_setting"]
     else:
         reasons = ["gpu_idle"]
         sm, power, temp, gen, util = 345, 79.62 + 0.31 * i, max(30, g["temperature"] - 14), 1, 0
+        # an idle GPU sits at a lock's MIN
+        sm = int(g.get("locked_sm_clock_min") or lock_sm or sm)
+        mem = int(g.get("locked_mem_clock_min") or lock_mem or mem)
     mask = 0
     for r in reasons:
         mask |= REASON_BITS.get(r, 0)
@@ -80,7 +87,7 @@ def gpu_view(ctl: HostView, i: int, loaded: bool) -> dict:
         + "-bfc3-9e86-112e-e6cf153df3fe", "pci.bus_id": f"00000000:{0x18 + 0x10 * i:02X}:00.0",
         "driver_version": ctl.host["driver"]["version"], "vbios_version": "96.00.A5.00.1A",
         "persistence_mode": "Enabled", "compute_mode": "Default", "pstate": "P0",
-        "clocks.current.sm": sm, "clocks.max.sm": g["sm_clock_max"], "clocks.current.memory": g["mem_clock"],
+        "clocks.current.sm": sm, "clocks.max.sm": g["sm_clock_max"], "clocks.current.memory": mem,
         "clocks.max.memory": g["mem_clock"], "clocks.current.graphics": sm,
         "power.draw": f"{power:.2f}", "power.limit": f"{g['power_limit']:.2f}", "enforced.power.limit": f"{g['power_limit']:.2f}",
         "power.max_limit": f"{g['power_limit_max']:.2f}", "power.default_limit": f"{g['power_limit_max']:.2f}",
@@ -106,6 +113,7 @@ def nvsmi(ctl: HostView, args: list[str], out: TextIO, err: TextIO) -> int:
     i = 0
     pl = None
     lgc: str | None = None
+    lmc: str | None = None
     while i < len(args):
         a = args[i]
         if a.startswith("--query-gpu="):
@@ -129,6 +137,13 @@ def nvsmi(ctl: HostView, args: list[str], out: TextIO, err: TextIO) -> int:
             lgc = a.split("=", 1)[1]
         elif a in ("-rgc", "--reset-gpu-clocks"):
             lgc = ""
+        elif a in ("-lmc", "--lock-memory-clocks") and i + 1 < len(args):
+            lmc = args[i + 1]
+            i += 1
+        elif a.startswith("--lock-memory-clocks="):
+            lmc = a.split("=", 1)[1]
+        elif a in ("-rmc", "--reset-memory-clocks"):
+            lmc = ""
         elif a in ("-q", "--query"):
             query = query or ["-q"]
         elif a in ("-d", "--display"):
@@ -143,6 +158,8 @@ def nvsmi(ctl: HostView, args: list[str], out: TextIO, err: TextIO) -> int:
         return 6
     if lgc is not None:
         return lock_clocks(ctl, indices, lgc, out, err)
+    if lmc is not None:
+        return lock_clocks(ctl, indices, lmc, out, err, "mem")
     if pl is not None:
         for idx in indices:
             g = ctl.gpu(idx)
@@ -213,28 +230,38 @@ def nvsmi(ctl: HostView, args: list[str], out: TextIO, err: TextIO) -> int:
     return 0
 
 
-def lock_clocks(ctl: HostView, indices: list[int], spec: str, out: TextIO, err: TextIO) -> int:
-    """``-lgc MIN,MAX`` locks the SM clock at most MAX under load; ``-rgc`` (spec "") resets it."""
+def lock_clocks(ctl: HostView, indices: list[int], spec: str, out: TextIO, err: TextIO, which: str = "sm") -> int:
+    """``-lgc MIN,MAX`` (``-lmc`` for memory, ``which`` "mem") holds the clock between MIN and MAX: at most MAX under
+    load, MIN at idle; one value is MIN and MAX; ``-rgc`` / ``-rmc`` (spec "") resets it."""
     clocks: tuple[int, int] | None = None
+    flag = "-lgc" if which == "sm" else "-lmc"
     if spec:
         try:
-            lo, hi = (int(x) for x in spec.split(","))
+            parts = [int(x) for x in spec.split(",")]
+            lo, hi = (parts[0], parts[0]) if len(parts) == 1 else (parts[0], parts[1])
+            if len(parts) > 2:
+                raise ValueError(spec)
         except ValueError:
-            print(f"Invalid clock values: {spec}; give MIN,MAX in MHz, e.g. -lgc 1980,1980", file=err)
+            print(f"Invalid clock values: {spec}; give MIN,MAX in MHz, e.g. {flag} 1980,1980", file=err)
             return 2
         if lo > hi:
             print("Invalid clock values: MIN is above MAX", file=err)
             return 2
         clocks = (lo, hi)
+    key = "locked_sm_clock" if which == "sm" else "locked_mem_clock"
+    what = "GPU" if which == "sm" else "Memory"
     for idx in indices:
         bus = f"00000000:{0x18 + 0x10 * idx:02X}:00.0"
         if clocks is not None:
             lo, hi = clocks
-            ctl.save_override(idx, "locked_sm_clock", hi)
-            print(f"GPU clocks set to \"(gpuClkMin {lo}, gpuClkMax {hi})\" for GPU {bus}", file=out)
+            ctl.save_override(idx, key, hi)
+            ctl.save_override(idx, key + "_min", lo)
+            print(f"{what} clocks set to \"({'gpuClkMin' if which == 'sm' else 'memClkMin'} {lo}, "
+                  f"{'gpuClkMax' if which == 'sm' else 'memClkMax'} {hi})\" for GPU {bus}", file=out)
         else:
-            ctl.save_override(idx, "locked_sm_clock", None)
-            print(f"All done.\nGPU clocks reset to default for GPU {bus}", file=out)
+            ctl.save_override(idx, key, None)
+            ctl.save_override(idx, key + "_min", None)
+            print(f"All done.\n{what} clocks reset to default for GPU {bus}", file=out)
     if spec:
         print("All done.", file=out)
     return 0

@@ -8,6 +8,7 @@ import re
 import shlex
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from debugagent.tools.mutate import release_key, wheel_version
 from debugagent.tools.registry import Runner
 from pydantic import BaseModel
 
@@ -79,6 +80,12 @@ def build_matches(t: PackageTarget, version: str | None, build: str | None) -> b
     return t.current_version != version or build != t.current_build
 
 
+def diffed(facts: LabFacts, targets: list[PackageTarget]) -> bool:
+    """Whether the baseline snapshot named these versions (a version change in its diff)."""
+    paths = {c.path for c in facts.changes}
+    return any(f"packages.{t.name}.version" in paths for t in targets)
+
+
 def _wanted(t: PackageTarget) -> str:
     return f"{t.name} {t.version}" + (f" (build {t.build})" if t.build else " (another build)")
 
@@ -104,9 +111,10 @@ class PackageRestore(Kind):
         found: list[tuple[PackageTarget, str, str]] = []  # target, wheel, overlay folder
         missing: list[PackageTarget] = []
         for t in targets:
-            got = self.baseline_build(lab, r, python, t, f"{root}/{re.sub(r'[^A-Za-z0-9_.-]', '_', t.name)}")
+            overlay = f"{root}/{re.sub(r'[^A-Za-z0-9_.-]', '_', t.name)}"
+            got = self.baseline_build(lab, r, python, t, overlay)
             if got:
-                found.append((t, *got))
+                found.append(got)
             else:
                 missing.append(t)
         if not found:
@@ -118,8 +126,11 @@ class PackageRestore(Kind):
                                   "folder of wheels, or give the .whl), then restart the server with that folder first on "
                                   "PYTHONPATH and benchmark; or run again with --wheelhouse DIR")
         overlays = [o for _, _, o in found]
-        change = "the baseline build" + ("s" if len(found) > 1 else "") + " of " + ", ".join(
-            f"{t.name} {t.version}" for t, _, _ in found) + f" first on PYTHONPATH ({root})"
+        down = [t for t, _, _ in found if t.current_version and t.version != t.current_version]
+        change = ("the " + ("previous version" if len(down) == len(found) and not diffed(facts, down) else "baseline build")
+                  + ("s" if len(found) > 1 else "") + " of " + ", ".join(
+            f"{t.name} {t.version}" + (f" (instead of {t.current_version})" if t in down else "") for t, _, _ in found)
+                  + f" first on PYTHONPATH ({root})")
         if srv is not None:
             lab.server.start(r, srv, ServerRun(argv=list(srv.argv), cwd=srv.cwd, path_first=overlays), change)
             vals, d = lab.sample(r, lab.measure_spec.cwd, bad, regression, why=f"the benchmark with {change}")
@@ -137,11 +148,62 @@ class PackageRestore(Kind):
         return lab.result(spec, vals, d, text, change=change, fix=fix,
                           packages=[{"name": t.name, "version": t.version, "build": t.build, "wheel": w} for t, w, _ in found])
 
-    def baseline_build(self, lab: Lab, r: Runner, python: str, t: PackageTarget, overlay: str) -> tuple[str, str] | None:
-        """A wheel of ``t`` on the host, installed into ``overlay`` and checked by hashing its compiled files."""
+    def previous_version(self, lab: Lab, r: Runner, python: str, t: PackageTarget,
+                         overlay: str) -> tuple[PackageTarget, str, str] | None:
+        """The newest wheel of ``t`` older than its installed version in the wheelhouse or pip's cache, installed into
+        ``overlay`` and checked: (its target, the wheel, the overlay)."""
+        recorded = getattr(getattr(r, "transport", None), "recorded_tools", None)
+        if recorded is not None and "find_older_wheels" not in recorded:
+            return None   # a recording made before this step existed replays without it
+        o = r.call("find_older_wheels", {"name": t.name, "places": lab.setup.wheelhouse},
+                   why=f"older versions of {t.name} than {t.version} on the host: the wheelhouse and pip's cache")
+        now = release_key(t.version)
+        by_version: dict[str, list[str]] = {}
+        for w in o.output.wheels if o.ok else []:
+            v = wheel_version(w)
+            if v and release_key(v) < now:
+                by_version.setdefault(v, []).append(w)
+        for v in sorted(by_version, key=release_key, reverse=True):
+            older = t.model_copy(update={"version": v, "build": None})
+            lab.emit("experiment", phase="plan", text=f"no baseline names {t.name}'s previous version: trying {v}, the "
+                     f"newest older than {t.version} found on the host")
+            for w in by_version[v]:
+                got = self.install_checked(lab, r, python, older, w, overlay)
+                if got:
+                    return older, *got
+            return None   # the newest older version only: an older one still is another question
+        return None
+
+    def install_checked(self, lab: Lab, r: Runner, python: str, t: PackageTarget, w: str,
+                        overlay: str) -> tuple[str, str] | None:
+        """``w`` installed into ``overlay``, when the server would then see the build ``t`` asks for."""
+        inst = r.call("overlay_install", {"python": python, "wheel": w, "overlay": overlay},
+                      why=f"install {w.rsplit('/', 1)[-1]} beside the environment (never into it)")
+        if not inst.ok:
+            return None
+        chk = r.call("overlay_packages", {"python": python, "overlay": overlay},
+                     why=f"which build of {t.name} the server would see with the overlay first")
+        if not chk.ok:
+            return None
+        p = chk.output.get(t.name)
+        if p is not None and build_matches(t, p.version, p.build_hash):
+            lab.emit("experiment", phase="plan", text=f"{w} is {t.name} {p.version} with compiled files hashing to "
+                     f"{p.build_hash}" + (" (the baseline's)" if t.build else f" (installed: {t.current_build})"))
+            return w, overlay
+        return None
+
+    def baseline_build(self, lab: Lab, r: Runner, python: str, t: PackageTarget,
+                       overlay: str) -> tuple[PackageTarget, str, str] | None:
+        """A wheel of ``t`` on the host, installed into ``overlay`` and checked by hashing its compiled files: (the
+        target it is, the wheel, the overlay). Where no baseline names the version (``t`` is the installed one) and
+        the host holds no other build of it, the newest older version the host holds comes before the index."""
         o = r.call("find_wheels", {"name": t.name, "version": t.version, "places": lab.setup.wheelhouse},
                    why=f"wheels of {t.name} {t.version} on the host: the wheelhouse and pip's cache")
         wheels = o.output.wheels if o.ok else []
+        if not wheels and t.build is None and t.version == t.current_version:
+            older = self.previous_version(lab, r, python, t, overlay)
+            if older is not None:
+                return older
         if not wheels:
             dest = f"/tmp/debugagent-dl-{lab.run_id}"
             lab.push_undo("remove_tree", {"path": dest}, f"remove the downloaded wheels {dest}")
@@ -149,17 +211,7 @@ class PackageRestore(Kind):
                         why=f"{t.name}=={t.version} from the package index, if the host reaches one")
             wheels = dl.output.wheels if dl.ok else []
         for w in wheels:
-            inst = r.call("overlay_install", {"python": python, "wheel": w, "overlay": overlay},
-                          why=f"install {w.rsplit('/', 1)[-1]} beside the environment (never into it)")
-            if not inst.ok:
-                continue
-            chk = r.call("overlay_packages", {"python": python, "overlay": overlay},
-                         why=f"which build of {t.name} the server would see with the overlay first")
-            if not chk.ok:
-                continue
-            p = chk.output.get(t.name)
-            if p is not None and build_matches(t, p.version, p.build_hash):
-                lab.emit("experiment", phase="plan", text=f"{w} is {t.name} {p.version} with compiled files hashing to "
-                         f"{p.build_hash}" + (" (the baseline's)" if t.build else f" (installed: {t.current_build})"))
-                return w, overlay
+            got = self.install_checked(lab, r, python, t, w, overlay)
+            if got:
+                return t, *got
         return None

@@ -1,0 +1,48 @@
+"""Deeper diagnosis on hosts written from public reports (tests/scenarios/, each citing its thread): a performance
+flag no list names (`--dtype float32`), speculative decoding left on for a throughput job, two and three causes at
+once (each confirmed, then reverted together: the joint share), a healthy bimodal server against one good reading
+(never blamed), and an offline script whose own `--batch-size` is its workload (never removed). Each is run once,
+with numbers only; the two-cause host also with a snapshot of its good state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from debugagent.agent.run import RunOptions, investigate
+from debugagent.tools.registry import Runner
+from debugagent.tools.sim import SimTransport, parse_scenario
+from debugagent.tools.snapshot import collect, dump
+
+from tests.test_agent import check
+
+pytestmark = pytest.mark.slow
+HERE = Path(__file__).parent / "scenarios"
+NAMES = ["dtype-float32", "speculative-throughput", "env-and-dtype", "three-causes", "bimodal-one-reading",
+         "offline-batch-size"]
+
+
+def scenario(name: str):
+    path = HERE / f"{name}.yaml"
+    return path, parse_scenario(path.read_text(), str(path))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_scenario_with_numbers(name, tmp_path):
+    path, sc = scenario(name)
+    out = investigate(RunOptions(host=f"sim:{path}", symptom=sc.symptom, baseline=sc.baseline, as_json=True,
+                                 out=str(tmp_path / "run"), bench=None if sc.host.profile else sc.bench.command()))
+    check(sc, out)
+    if sc.expect.also:   # two or more causes: measured together too
+        assert out.get("joint"), out.get("root_causes")
+
+
+def test_two_causes_with_a_baseline_snapshot_report_what_reverting_both_recovers(tmp_path):
+    path, sc = scenario("env-and-dtype")
+    snap = tmp_path / "good.json"
+    with SimTransport(f"sim:{path}@good") as t:
+        snap.write_text(dump(collect(Runner(t), bench_runs=3)))
+    out = investigate(RunOptions(host=f"sim:{path}", symptom=sc.symptom, baseline_snapshot=str(snap), as_json=True,
+                                 out=str(tmp_path / "run")))
+    check(sc, out)
+    assert len(out["root_causes"]) >= 2 and out.get("joint"), out.get("joint")

@@ -85,7 +85,7 @@ def apply_result(h: Hyp, spec: dict[str, Any], res: ExperimentResult, max_runs_h
         # nothing was measured: the evidence still points where it did (a suspect stays a suspect),
         # and what stopped the experiment says how to run it
         h.because.append(f"experiment failed: {res.error}")
-        if h.status == "suspect" and nothing_left:
+        if h.status == "suspect":
             h.next = f"\"{title}\", once what stopped it (above) is fixed"
         return h
     outcome = res.decided
@@ -103,7 +103,8 @@ def apply_result(h: Hyp, spec: dict[str, Any], res: ExperimentResult, max_runs_h
         if res.culprit:
             h.culprit = res.culprit
     elif outcome == "not_cause":
-        if h.status == "suspect" and nothing_left and not any(r.outcome == "more" for r in h.results):
+        # a failed experiment measured nothing: what it was to test is still a suspect, whatever the others showed
+        if h.status == "suspect" and nothing_left and not any(r.outcome == "more" or r.error for r in h.results):
             h.status, h.how = "ruled_out", "experiment"
             h.rule = res.rule or h.rule
     else:

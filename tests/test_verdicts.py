@@ -58,6 +58,20 @@ def test_undecided_experiment_is_inconclusive_never_ruled_out():
     assert h.status == "inconclusive" and "--max-runs" in h.next
 
 
+def test_a_failed_experiment_keeps_its_suspect_when_a_later_one_finds_nothing():
+    """On a real H200 the known-cost flag's experiment failed (the server would not start with `--dtype auto`) and
+    the group of other flags tested next recovered nothing: the flag was never measured, so the hypothesis stays a
+    suspect with the failed experiment as its next step; never 'ruled out'."""
+    dtype = {"kind": "server_restart", "title": "restart the server with --dtype auto"}
+    group = {"kind": "server_restart", "title": "restart the server without the not-judged flags --backend"}
+    h = vd.Hyp(status="suspect", experiments=[dtype, group])
+    failed = ExperimentResult(kind="server_restart", title=dtype["title"], text="", error="the restarted server exited")
+    h = vd.apply_result(h, dtype, failed)
+    h = vd.apply_result(h, group, result("not_cause"))
+    assert h.status == "suspect" and h.how != "experiment", (h.status, h.how)
+    assert "--dtype auto" in (h.next or "")
+
+
 def test_not_a_cause_rules_out_and_a_cause_confirms_with_its_interval():
     """'not a cause' rules out by experiment; 'cause' confirms with the measured share and interval."""
     h = vd.apply_result(vd.Hyp(status="suspect", experiments=[SPEC]), SPEC, result("not_cause"))

@@ -41,7 +41,7 @@ ALPHA_REPRODUCE = 0.002
 # A baseline given as one number is one measurement of unknown noise: the current state's noise is assumed for it,
 # and the shift must also lie beyond what one run of the current state gives this often (one-sided).
 ALPHA_ONE_READING = 0.01
-SD_UPPER = 0.80   # the budget's look uses this upper bound of the SD: more runs rarely show a quieter state
+SD_UPPER = 0.50   # the budget's look uses this bound of the SD (its median: the estimate, corrected for its skew)
 RELEVANT_PCT = 1.0      # a regression must be at least this percent of the baseline to be reported
 MIN_BUDGET = 4         # an experiment may stop earlier once decided, but never gives up before this
 AUTO_CAP = 24           # the most runs of the changed state when no --max-runs is given

@@ -48,9 +48,13 @@ def test_a_run_without_mutations_leaves_the_checkout_and_its_index_as_they_were(
     time.sleep(1.1)
     os.utime(repo / "model.py")   # stat data newer than the index: `git status` would refresh and rewrite it
     before = files(repo)
+    bench = tmp_path / "bench.py"   # a real benchmark: one timed request-sized pause, printed as its latency
+    bench.write_text("import time\nt = time.perf_counter()\ntime.sleep(0.02)\n"
+                     "print(f'latency={(time.perf_counter() - t) * 1000:.1f} ms')\n")
     cli = Path(sys.executable).parent / "debugagent"
     env = {**os.environ, "XDG_STATE_HOME": str(tmp_path / "state"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
     r = subprocess.run([str(cli), "run", "--host", "local", "--repo", str(repo), "--server-pattern", "no-such-server-zq9",
+                        "--bench", f"{sys.executable} {bench}",
                         "--symptom", "latency 30ms", "--baseline", "latency 20ms", "--read-only", "--json", "--out", str(tmp_path / "run")],
                        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, cwd=tmp_path, env=env)
     assert r.returncode == 3, r.stderr[-2000:]

@@ -1,5 +1,6 @@
 """A "container" made of real namespaces on this machine: bubblewrap's new mount, pid, net, IPC and UTS namespaces,
-``/`` read-only, its own ``/tmp`` and ``/run`` (tmpfs), the test's folder bound in; a ``sleep`` holds it (as a
+``/`` read-only, its own ``/tmp`` and ``/run`` (tmpfs), the test's folder bound in (and, read-only, the repository and
+this interpreter's prefix where they live under ``/tmp``); a ``sleep`` holds it (as a
 container's init does) and the server is started in it by ``nsenter``, as ``docker exec -d`` would.
 
 Nothing here stands in for debugagent's side: runs reach it through ``--host nsenter:PID`` (or a runtime CLI on
@@ -14,11 +15,24 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from .conftest import Host
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def kept() -> list[str]:
+    """bwrap arguments that bind back, read-only, what the box's own ``/tmp`` and ``/run`` would hide and the runs
+    need: this interpreter's prefixes and the repository (a checkout, or its venv, may live under ``/tmp``)."""
+    paths = sorted({Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, REPO,
+                                                Path(sys.executable).resolve().parent)})
+    hidden = [p for p in paths if p.parts[:2] in (("/", "tmp"), ("/", "run")) and len(p.parts) > 2]
+    outer = [p for p in hidden if not any(q != p and q in p.parents for q in hidden)]
+    return [a for p in outer for a in ("--ro-bind", str(p), str(p))]
 
 
 def why_not() -> str:
@@ -68,7 +82,7 @@ def make_box(folder: Path, hostname: str = "box") -> Box:
     info_r, info_w = os.pipe()
     argv = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--hostname", hostname,
             "--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-            "--tmpfs", "/run", "--bind", str(folder), str(folder), "--info-fd", str(info_w), "sleep", "infinity"]
+            "--tmpfs", "/run", *kept(), "--bind", str(folder), str(folder), "--info-fd", str(info_w), "sleep", "infinity"]
     proc = subprocess.Popen(argv, pass_fds=(info_w,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     os.close(info_w)
@@ -93,7 +107,7 @@ def server_box(folder: Path, h: Host) -> Box:
     (h.dir / "bench.py").write_text(__import__("tests.realhost.conftest", fromlist=["BENCH"]).BENCH)
     argv = ["bwrap", "--as-pid-1", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--hostname", "srv",
             "--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-            "--tmpfs", "/run", "--bind", str(folder), str(folder), "--chdir", str(h.cwd), *h.argv()]
+            "--tmpfs", "/run", *kept(), "--bind", str(folder), str(folder), "--chdir", str(h.cwd), *h.argv()]
     with open(h.log, "ab") as log:
         proc = subprocess.Popen(argv, env=h.server_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                 start_new_session=True)

@@ -125,10 +125,10 @@ def test_flag_regression_is_diagnosed_in_shadow_copies_and_the_server_is_never_t
                for e in events[:first_start])
     benches = [e["input"]["cmd"] for e in events if e["event"] == "tool_call" and e["tool"] == "bench"
                and str(port) in e["input"]["cmd"].split()[-1]]
-    assert len(benches) >= 4
+    assert len(benches) >= 3   # the changed copy's warm-up and at least two measured runs (two pairs may decide)
     ports = [int(e["input"]["cmd"].split()[-1]) for e in events if e["event"] == "tool_call" and e["tool"] == "bench"
              and e["input"]["cmd"].split()[-1] in (str(port), str(port + 1)) and "warm-up" not in (e.get("why") or "")]
-    assert ports[:4] == [port + 1, port, port + 1, port], ports   # interleaved: reference, changed, …
+    assert len(ports) >= 4 and ports == [port + 1, port] * (len(ports) // 2), ports   # interleaved: reference, changed, …
     assert not pids_with(f"--port {port}") and not pids_with(f"--port {port + 1}")
     assert tmp_leftovers(o["run_id"]) == []
     said = " ".join(e.get("text") or "" for e in events if e["event"] == "reasoning")

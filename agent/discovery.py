@@ -42,11 +42,9 @@ def narrate(d: Discovery) -> list[str]:
     s = d.server
     if s:
         flags = " ".join(f"--{k}" + ("" if v is True else f" {v}") for k, v in s.flags.items())
+        # one message; how it runs (server_shape) is in the message that found it
         lines.append(f"The server is pid {s.pid}: `{s.entry}` run by {s.python or s.argv[0]} in "
-                     f"{s.cwd} with {flags or 'no flags'}.")
-        lines.append(d.how)
-        if s.shape is not None:
-            lines.append(f"How it runs: {s.shape.describe()}.")
+                     f"{s.cwd} with {flags or 'no flags'}. {d.how}")
     else:
         lines.append(d.how + " Evidence about the server's flags and environment will be missing.")
     if d.bench:

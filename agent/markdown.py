@@ -195,7 +195,7 @@ def same_step(a: ToolCall, b: ToolCall) -> bool:
     return b.tool == "bench" and (a.purpose, a.hypothesis, a.input) == (b.purpose, b.hypothesis, b.input)
 
 
-REDISCOVER = ("process_table", "gpu_processes", "server_details", "import_roots", "server_control")
+REDISCOVER = ("process_table", "gpu_processes", "server_details", "server_shape", "import_roots", "server_control")
 
 
 def group_of(call: ToolCall) -> str | None:
@@ -228,9 +228,9 @@ def render_group(doc: Doc, kind: str, items: list[Pair], target: str | None) -> 
             found = server_probe.render_process_table(table_res.output, d.inp if d else None,
                                                       d.gpu if d else None)[0].removeprefix("Output: ")
         more = [render_output(c.tool, r, inner.discovery)[0].removeprefix("Output: ") for c, r in items
-                if c.tool in ("server_control", "import_roots") and r.exit_code == 0]
-        text = (f"Where the server is ({', '.join(c.tool for c, _ in items)}): {found or 'see below'}"
-                + "".join(f"; {m}" for m in more) + f"{status}.")
+                if c.tool in ("server_shape", "server_control", "import_roots") and r.exit_code == 0]
+        said = "; ".join([found] + more if found else more) or "see below"
+        text = f"Where the server is ({', '.join(c.tool for c, _ in items)}): {said}{status}."
     body = [ln for ln in inner.lines if not OWN_HTML.fullmatch(ln)]
     span = f"msg {first}" if first == doc.n else f"msg {first}–{doc.n}"
     doc.add(f"[{span}] [assistant] {text}", "<details><summary>the commands and their output</summary>", "", *body, "",
@@ -265,7 +265,7 @@ def render_calls(doc: Doc, pairs: list[Pair], target: str | None, metric: str, u
             j = i
             while j < len(pairs) and group_of(pairs[j][0]) == kind:
                 j += 1
-            if j - i > 1:
+            if j - i > 1 or kind == "find":   # a lone look at the server is as routine: collapsed as well
                 render_group(doc, kind, pairs[i:j], target)
                 i = j
                 continue

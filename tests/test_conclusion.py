@@ -97,13 +97,15 @@ def test_a_refuted_regression_blames_nothing():
 
 
 def test_candidates_skip_what_is_done_and_what_an_experiment_confirmed():
-    """Done experiments are not offered again; a hypothesis confirmed by experiment offers only its groups' halves."""
+    """Done experiments are not offered again; a hypothesis confirmed by experiment offers its groups' halves and
+    its other values known to cost (a second costly value is a second cause), not its weaker evidence."""
     a, b = {"kind": "server_restart", "title": "a"}, {"kind": "server_restart", "title": "b"}
+    weak = {"kind": "code_revert", "title": "w", "to": "HEAD@{1}"}   # the reflog's word, not the baseline's commit
     hyps = {"code_change": vd.Hyp(status="suspect", experiments=[a, b]),
-            "serving_config": vd.Hyp(status="confirmed", how="experiment", experiments=[a, GROUP]),
+            "serving_config": vd.Hyp(status="confirmed", how="experiment", experiments=[a, weak, GROUP]),
             "env_var": vd.Hyp(status="ruled_out", experiments=[a])}
-    got = vd.candidates(hyps, ORDER, [vd.exp_key("code_change", a)], {}, None)
-    assert got == [("code_change", b), ("serving_config", GROUP)]
+    got = vd.candidates(hyps, ORDER, [vd.exp_key("code_change", a)], {}, "abc123")
+    assert got == [("code_change", b), ("serving_config", a), ("serving_config", GROUP)]
 
 
 def test_not_judged_groups_are_added_once():

@@ -74,7 +74,7 @@ def render_output(tool: str, ev: dict[str, Any]) -> list[str]:
     then its stderr and error. The raw text is in events.jsonl."""
     t = tools().get(tool)
     lines = t.summary(ev) if t is not None and t.summary is not None else None
-    return (plain(ev) if lines is None else lines) + tail(tool, ev)
+    return (plain(ev) if lines is None else lines) + tail(tool, ev, lines or [])
 
 
 __all__ = ["PROBES", "Call", "FactsInput", "Fields", "Gathering", "Probe", "Tool", "checks", "diff_paths", "optional", "plan",

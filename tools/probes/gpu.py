@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 
 from .. import gpu, nvml
 from .base import Add, Call, FactsInput, Gathering, Probe, Tool
-from .text import code, csv_rows, plural, table
+from .text import clip_words, code, csv_rows, plural, table
 
 if TYPE_CHECKING:
     from ..snapshot import Snapshot
@@ -110,6 +110,9 @@ def _nvml_readings(ev: dict[str, Any]) -> list[str] | None:
                 + (", ".join(f"pid {p['pid']} on GPU {p['gpu']}" for p in out.get("processes") or []) or "none"))
     else:
         head = "Read with nvidia-smi (no interpreter on the host read the GPUs through pynvml)"
+        why = (ev.get("stderr") or "").strip()
+        if why:   # the reason, once: not again as the stderr line (text.tail)
+            head += ": " + code(clip_words(why, 300))
     return [head, *lines]
 
 

@@ -36,7 +36,7 @@ def clip_words(text: str, n: int = 220) -> str:
         i = head.rfind(sep)
         if i >= n // 2 and head.count("(", 0, i) == head.count(")", 0, i):
             return head[:i] + " …"
-    cut = head.rsplit(" ", 1)[0]
+    cut = head if text[len(head)] == " " else head.rsplit(" ", 1)[0]   # a last word that fits whole stays
     while True:
         if cut.count("(") > cut.count(")"):   # an interval or a note cut in half: drop it whole
             cut = cut[:cut.rfind("(")].rstrip()
@@ -202,10 +202,12 @@ def plain(ev: dict[str, Any]) -> list[str]:
             f"{code(clip_words(text.strip().splitlines()[0], 120))})", *collapsed(text)]
 
 
-def tail(tool: str, ev: dict[str, Any]) -> list[str]:
-    """What every output ends with: its stderr, a failing exit status, the parse error (less the stderr)."""
+def tail(tool: str, ev: dict[str, Any], said: Iterable[str] = ()) -> list[str]:
+    """What every output ends with: its stderr (unless the summary ``said`` quotes it already), a failing exit
+    status, the parse error (less the stderr)."""
     err = (ev.get("stderr") or "").strip()
-    lines = ["stderr: " + code(clip_words(err, 300))] if err else []
+    quoted = code(clip_words(err, 300))
+    lines = ["stderr: " + quoted] if err and not any(quoted in ln for ln in said) else []
     bits = []
     if ev.get("exit_code") not in (0, None):
         bits.append(f"exit {ev.get('exit_code')}")

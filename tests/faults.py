@@ -79,7 +79,7 @@ def cli(*args: str) -> list[str]:
 def run_args(s, name: str, out: Path, *extra: str) -> list[str]:
     sc = load_scenario(name)
     return cli("run", "--host", s.target, "--identity-file", str(s.identity), "--known-hosts", str(s.known_hosts),
-               "--allow-mutations", "--symptom", sc.symptom, "--baseline", sc.baseline, "--reproduce-runs", "5",
+               "--allow-mutations", "--symptom", sc.symptom, "--baseline", sc.baseline, "--reproduce-runs", "8",
                "--max-runs", "3" if name == "launch-blocking" else "8", "--json", "--out", str(out), *extra)
 
 

@@ -104,7 +104,8 @@ def test_flag_regression_is_diagnosed_in_shadow_copies_and_the_server_is_never_t
     assert o["exit"] == 0, o["summary"]
     cause = o["root_cause"]
     assert cause["hypothesis"] == "serving_config" and cause["how"] == "experiment"
-    assert 0.5 < cause["explains"] < 1.6   # measured on a loaded machine: the share, not a fixed answer
+    # measured on a loaded machine: the share, not a fixed answer; its interval reaches full recovery
+    assert cause["explains"] > 0.5 and cause["explains_ci"][0] < 1.3, (cause["explains"], cause["explains_ci"])
     # the server: never restarted, never signalled, answering throughout
     assert not tools_called(o, "restart_server") and not tools_called(o, "restart_hook")
     after = found_state(h)

@@ -163,3 +163,22 @@ def test_a_downgrade_in_the_wheelhouse_is_measured(mode, tmp_path):
     check(sc, out)
     assert out["root_cause"]["how"] == "experiment"
     assert "flashinfer_python-0.6.8.post1-" in out["root_cause"]["fix"] and "0.6.6" not in out["root_cause"]["fix"]
+
+
+def test_a_shadow_run_never_resets_the_production_gpus_clocks(sim_host, tmp_path):
+    """With --shadow-gpus the production server and what it uses stay untouched: an experiment on a knob of the host
+    itself (here the locked clocks) is refused before it changes anything, and the clocks read as they were."""
+    from debugagent.agent.lab.errors import ExperimentError
+    t = sim_host(f"sim:{LOCKED}")
+    r = Runner(t)
+    assert t.run("nvidia-smi -i 0 -lgc 1200,1650").exit_code == 0
+    before = [(g.sm_clock, g.mem_clock) for g in r.call("gpu_query", {}).output.gpus]
+    events: list = []
+    lab = Lab(lambda h: Runner(t), lambda ev, **kw: events.append((ev, kw)),
+              Journal(tmp_path / "journal.json", "clk2", "sim", HostFiles(t)), Measure("gpu-bench", "decode", None),
+              "clk2", False, shadow={"gpus": ["1"], "port": 9001, "ref_port": 9002, "server_port": 8000})
+    with pytest.raises(ExperimentError, match="shadow"):
+        lab.run("gpu_clocks", {"kind": "clock_reset", "title": "reset the locked clocks"}, LabFacts.of(collect(r), None),
+                [80.0, 81.0, 79.0], 9.0)
+    assert [(g.sm_clock, g.mem_clock) for g in r.call("gpu_query", {}).output.gpus] == before
+    assert not any(kw.get("phase") == "undo_recorded" for ev, kw in events)

@@ -144,6 +144,10 @@ class Lab:
         kind = KINDS.get(spec["kind"])
         if kind is None:
             raise ExperimentError(f"unknown experiment kind {spec['kind']}")
+        if self.shadow is not None and not kind.restarts:
+            # a knob of the host itself (a power limit, a governor, locked clocks) is never a copy's own
+            raise ExperimentError(f"a shadow run changes nothing the production server uses, and \"{spec.get('title')}\" "
+                                  "acts on the host itself, not on a copy: run it without --shadow-gpus, with consent")
         try:
             if kind.fresh and kind.fresh_first:
                 self.reference(bad)

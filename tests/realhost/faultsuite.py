@@ -63,6 +63,16 @@ def _start(pid: int) -> str:
         return ""
 
 
+def _running(pid: int, start: str) -> bool:
+    """The process that had ``start`` as its start time still runs (a zombie, which this machine's init may never
+    reap, holds nothing and runs nothing)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return fields[0] != "Z" and fields[19] == start
+
+
 def _cmdline(pid: int) -> bytes:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -443,7 +453,7 @@ def run_case(shape: Shape, phase: str, sig: str, out: Path) -> dict:
     servers = set(tagged(shape.h.tag))
     deadline = time.monotonic() + 30
     while True:   # a benchmark the killed run started ends on its own within its timeout
-        alive = [pid for pid, st in started.items() if pid not in servers and _start(pid) == st]
+        alive = [pid for pid, st in started.items() if pid not in servers and _running(pid, st)]
         if not alive or time.monotonic() > deadline:
             break
         time.sleep(0.2)

@@ -44,6 +44,13 @@ from debugagent.tools.transport import CommandResult, Transport, q
 from pydantic import BaseModel, Field, ValidationError
 
 HOST_DIR = '"${XDG_CACHE_HOME:-$HOME/.cache}"/debugagent'
+# where the home folder cannot be written (a container with a read-only root filesystem, where only /tmp is), a
+# folder of this account's own under $TMPDIR: made with mode 700, never one that is a link or another account's
+HOST_TMP_DIR = '"${TMPDIR:-/tmp}"/debugagent-$(id -u)'
+# sets $d to the first of the two that can be written (made if need be)
+HOST_DIR_PICK = (f'd={HOST_DIR}; if ! {{ mkdir -p "$d" 2>/dev/null && [ -w "$d" ]; }}; then d={HOST_TMP_DIR}; '
+                 'mkdir -m 700 -p "$d" 2>/dev/null; if [ -L "$d" ] || [ ! -O "$d" ]; then '
+                 'echo "$d: not a folder of this account" >&2; exit 1; fi; fi; ')
 LOCK = "debugagent-host.lock"
 # one lock for every account of the host: /run/lock (/tmp where it is missing); DEBUGAGENT_LOCK_DIR, in the host
 # shell's environment, names another folder (the tests: one per test)
@@ -189,18 +196,21 @@ def host_journal_path(run_id: str) -> str:
 
 
 def write_host_file_command(name: str, text: str) -> str:
-    """Atomic, synced write of a small file in the host's debugagent folder (mode 600)."""
-    f = f"{HOST_DIR}/{q(name)}"
-    return (f"umask 077; mkdir -p {HOST_DIR} && printf %s {q(text)} > {f}.tmp && sync {f}.tmp 2>/dev/null; "
+    """Atomic, synced write of a small file in the host's debugagent folder (mode 600): the cache folder of the
+    home, or where that cannot be written, this account's folder under $TMPDIR."""
+    f = f'"$d"/{q(name)}'
+    return (f"umask 077; {HOST_DIR_PICK}printf %s {q(text)} > {f}.tmp && sync {f}.tmp 2>/dev/null; "
             f"mv -f {f}.tmp {f} && echo written")
 
 
 def remove_host_file_command(name: str) -> str:
-    return f"rm -f {HOST_DIR}/{q(name)} && echo removed"
+    """The file removed from both folders; the one under $TMPDIR too once it is empty (nothing left in /tmp)."""
+    return (f"rm -f {HOST_DIR}/{q(name)} {HOST_TMP_DIR}/{q(name)} && {{ rmdir {HOST_TMP_DIR} 2>/dev/null; true; }} "
+            "&& echo removed")
 
 
 def list_host_journals_command() -> str:
-    return (f"for f in {HOST_DIR}/journal-*.json; do [ -f \"$f\" ] || continue; "
+    return (f"for f in {HOST_DIR}/journal-*.json {HOST_TMP_DIR}/journal-*.json; do [ -f \"$f\" ] || continue; "
             f"printf '\\036debugagent-journal %s\\n' \"${{f##*/}}\"; cat \"$f\"; echo; done; true")
 
 

@@ -362,3 +362,28 @@ def test_an_undo_restart_waits_for_an_interrupted_runs_restart_still_under_way(t
             except ProcessLookupError:
                 pass
         reaper.join()
+
+
+def test_a_home_that_cannot_be_written_keeps_the_host_journal_under_tmpdir(tmp_path, monkeypatch):
+    """A container with a read-only root filesystem (only /tmp written): the host's copy of the journal goes to this
+    account's folder under $TMPDIR, `undo` finds it there, and once it is removed nothing of it is left in /tmp.
+    (Before: every experiment there failed, "the undo step could not be journalled".)"""
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocked / "cache"))   # under a file: it can never be made
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    files = HostFiles(LocalTransport())
+    files.write("journal-r9.json", '{"run_id": "r9"}')
+    mine = tmp_path / "tmp" / f"debugagent-{os.getuid()}"
+    assert (mine / "journal-r9.json").read_text() == '{"run_id": "r9"}'
+    assert oct(mine.stat().st_mode & 0o777) == "0o700"
+    assert files.journals() == {"journal-r9.json": '{"run_id": "r9"}'}
+    files.remove("journal-r9.json")
+    assert files.journals() == {} and os.listdir(tmp_path / "tmp") == []
+    # a folder there that is a link is never written through
+    os.symlink(tmp_path / "elsewhere", mine)
+    (tmp_path / "elsewhere").mkdir()
+    with pytest.raises(OSError, match="not a folder of this account"):
+        files.write("journal-r9.json", "{}")
+    assert os.listdir(tmp_path / "elsewhere") == []

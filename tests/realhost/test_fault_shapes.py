@@ -10,7 +10,10 @@ import pytest
 
 from .faultsuite import SHAPES, run_case
 
-pytestmark = pytest.mark.slow
+# one case took 248 s on this 2-core machine at load average 20 (the run gets to its experiment first): over what
+# CI can spend, so it runs when DEBUGAGENT_FAULTS is set (1: this case; more: two more)
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not os.environ.get("DEBUGAGENT_FAULTS"),
+                                                   reason="DEBUGAGENT_FAULTS=1 runs it (bench/faults: every case)")]
 
 CASES = [("supervisor", "restart", "SIGKILL")]
 if os.environ.get("DEBUGAGENT_FAULTS") == "more":

@@ -16,7 +16,7 @@ import sqlite3
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from debugagent.tools.errors import (
     DebugAgentError,
@@ -27,9 +27,6 @@ from debugagent.tools.errors import (
     write_problem,
 )
 from debugagent.tools.redact import private_file, redact, redact_argv, redact_text
-from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
-from langgraph.checkpoint.sqlite import SqliteSaver
 from rich.markup import escape
 
 from .config import RunConfig
@@ -42,6 +39,9 @@ from .signals import Interrupted, Signals
 from .sinks import console
 from .state import RunState, conclusion_of, to_jsonable
 from .transcript import Transcript
+
+if TYPE_CHECKING:
+    from langchain_core.runnables import RunnableConfig
 
 __all__ = ["RunConfig", "RunOptions", "execute", "investigate", "resume_run", "undo_run"]
 
@@ -211,6 +211,8 @@ def drive(session: Session, resume: bool) -> dict[str, Any] | Stopped:
     """The graph over the run folder's SQLite checkpoints, the host restored at the end or on a signal or an
     error; the final state, or ``Stopped`` when interrupted (every change undone)."""
     ctx, folder = session.ctx, session.folder
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer  # noqa: PLC0415 - loaded once a run starts
+    from langgraph.checkpoint.sqlite import SqliteSaver  # noqa: PLC0415
     conn = sqlite3.connect(str(private_file(folder / "checkpoints.sqlite")), check_same_thread=False)
     graph = build_graph(ctx, checkpointer=SqliteSaver(conn, serde=RedactingSerde(JsonPlusSerializer())))
     config: RunnableConfig = {"configurable": {"thread_id": ctx.run_id}, "recursion_limit": RECURSION_LIMIT}
@@ -337,6 +339,7 @@ class RedactingSerde:
 
 def check_checkpoints(folder: Path, conn: sqlite3.Connection, config: RunnableConfig) -> None:
     """A resumed run's checkpoints can be read, or exit 2 naming the file (the journal still undoes)."""
+    from langgraph.checkpoint.sqlite import SqliteSaver  # noqa: PLC0415
     try:
         SqliteSaver(conn).get_tuple(config)
     except Exception as exc:  # noqa: BLE001 - sqlite, msgpack and langgraph each raise their own on a damaged file

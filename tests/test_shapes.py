@@ -21,9 +21,10 @@ from debugagent.agent.lab.errors import ExperimentError
 from debugagent.agent.lab.server import ServerRun
 from debugagent.tools import shape, supervise
 from debugagent.tools.host import ServerInfo
-from debugagent.tools.mutate import RestartServer
+from debugagent.tools.mutate import RestartServer, parse_server_control
 from debugagent.tools.registry import Runner
 from debugagent.tools.replay import legacy_command
+from debugagent.tools.shadow import parse_gpu_memory
 from debugagent.tools.transport import FakeTransport, LocalTransport
 
 
@@ -81,6 +82,20 @@ def test_a_systemd_unit_is_read_from_the_cgroup_and_a_supervisord_from_the_ances
     assert (sv.supervisor.pid, sv.supervisor.config, sv.supervisor.program, sv.supervisor.group) == (
         700, "/etc/sv/supervisord.conf", "infer", "serving")
     assert [a.pid for a in sv.ancestors] == [700, 1]
+
+
+def test_a_line_separator_inside_a_value_stays_in_its_line():
+    """The `== section` outputs split on \\n only: U+2028 inside an argument, a comm or a path is part of the value
+    (str.splitlines would cut the line there and lose the rest)."""
+    s = shape.parse_server_shape(812, shape_text(tree="812\t1\t/srv/bin/python3\x1f--served-model-name\x1fa\u2028b",
+                                                 ancestors="1\tsys\u2028temd\t/sbin/init"))
+    assert [w.argv for w in s.tree] == [["/srv/bin/python3", "--served-model-name", "a\u2028b"]]
+    assert [a.comm for a in s.ancestors] == ["sys\u2028temd"]
+    c = parse_server_control(812, "== cgroup\n0::/user.slice\n== self_cgroup\n0::/user.slice\n== parent\n1\n"
+                                  "sh\u2028ell\n/bin/sh\n== stdout\n/srv/logs/out\u2028x.log\n== end\n")
+    assert c.parent == "sh\u2028ell" and c.stdout == "/srv/logs/out\u2028x.log"
+    m = parse_gpu_memory("== gpus\n0, GPU-1, 143771 MiB, 10 MiB\n== apps\nGPU-1\u2028x, 812, 10 MiB\n== end\n")
+    assert [a.gpu_uuid for a in m.apps] == ["GPU-1\u2028x"]
 
 
 def test_the_launcher_layout_and_engine_origin_are_described():

@@ -18,8 +18,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .errors import ParseError, parser
-from .transport import q
+from .errors import parser
+from .transport import q, split_sections
 
 SHAPE_SCRIPT = r"""
 import importlib.util, json, os, re, sys, sysconfig
@@ -312,16 +312,7 @@ OTHER_SUPERVISORS = ("supervise", "s6-supervise", "runsv", "circusd", "pm2", "mo
 
 @parser("server_shape")
 def parse_server_shape(pid: int, text: str) -> ServerShape:
-    sections: dict[str, list[str]] = {}
-    cur = None
-    for ln in text.splitlines():
-        if ln.startswith("== "):
-            cur = ln[3:].strip()
-            sections[cur] = []
-        elif cur is not None:
-            sections[cur].append(ln)
-    if "end" not in sections:
-        raise ParseError("output lacks the `== end` section", tool="server_shape", excerpt=text[:80])
+    sections = split_sections(text, "server_shape", ["end"])
     cgroups = [c.strip() for c in sections.get("cgroup", []) if c.strip()]
     marks = [m.strip() for m in sections.get("marks", []) if m.strip()]
     ancestors = []

@@ -155,17 +155,38 @@ def test_fleet_html_holds_host_text_as_text(tmp_path):
 
 
 def test_run_with_a_peer_as_baseline_confirms_the_cause_on_the_slow_host(tmp_path):
-    """`run --peer GOOD`: the healthy peer is read now (5 benchmark runs, nothing changed on it) and is the
-    baseline; the experiment runs on the slow host and confirms the power cap."""
+    """`run --peer GOOD`: the healthy peer is read now (nothing changed on it), its benchmark runs alternate with the
+    slow host's in the reproduce step (peer, host, peer, host, …) and are the baseline; the experiment runs on the
+    slow host alone and confirms the power cap. The run replays from its recording, the peer's calls included."""
     r = cli("run", "--host", "sim:power-capped", "--peer", "sim:power-capped@good", "--symptom", "decode 74 tok/s",
             "--json", "--out", str(tmp_path / "run"))
     assert r.returncode == 0, r.stderr
     o = json.loads(r.stdout)
     assert o["root_cause"]["hypothesis"] == "gpu_clocks"
-    started = json.loads((tmp_path / "run" / "events.jsonl").read_text().splitlines()[0])
-    peer = started["baseline_snapshot_data"]
-    assert len(peer["bench"]["samples"]) == 5 and min(peer["bench"]["samples"]) > 80   # the healthy peer's runs
+    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    peer = events[0]["baseline_snapshot_data"]
     assert peer["gpus"][0]["power_limit"] == 700.0 and peer["host"] == "sim:power-capped@good"
+    # the benchmark runs of the reproduce step, in the order they were made: the check's run (the host's first),
+    # then peer and host alternating; the peer's values are the healthy twin's, the host's the capped one's
+    calls = {e["call_id"]: e for e in events if e["event"] == "tool_call"}
+    runs = [(calls[e["call_id"]]["purpose"], e["output"]["value"]) for e in events
+            if e["event"] == "tool_result" and calls[e["call_id"]]["tool"] == "bench" and calls[e["call_id"]]["hypothesis"] is None
+            and calls[e["call_id"]]["purpose"] in ("peer", "reproduce")]
+    kinds = [k for k, _ in runs]
+    assert len(kinds) >= 4 and kinds == ["peer", "reproduce"] * (len(kinds) // 2), kinds
+    assert all(v > 80 for k, v in runs if k == "peer") and all(v < 80 for k, v in runs if k == "reproduce")
+    # no experiment starts before the reproduce step (and the peer's connection) is over
+    first_exp = min(i for i, e in enumerate(events) if e["event"] == "tool_call" and e.get("hypothesis"))
+    last_peer = max(i for i, e in enumerate(events) if e["event"] == "tool_call" and e["purpose"] == "peer")
+    assert last_peer < first_exp
+    reg = o["regression"]
+    assert reg["peer"]["interleaved"] is True and reg["peer"]["host"] == "sim:power-capped@good"
+    assert reg["peer"]["samples"] == [v for k, v in runs if k == "peer"]
+    assert "interleaved" in reg["baseline_source"]
+    md = (tmp_path / "run" / "transcript.md").read_text()
+    assert "Interleaved runs (peer, host alternating)" in md
+    rp = cli("replay", str(tmp_path / "run"))
+    assert rp.returncode == 0, rp.stdout + rp.stderr
 
 
 def test_peer_bad_input(tmp_path):

@@ -211,3 +211,36 @@ def test_a_host_whose_benchmark_fails_is_named(tmp_path):
     assert "b: read (b.json), but its benchmark gave no numbers" in r.stderr
     rec = json.loads((out / "fleet.json").read_text())
     assert all(h["bench_failed"] for h in rec["hosts"])
+
+
+@pytest.mark.skipif(not (Path(sys.executable).parent / "ansible").is_file() and not shutil.which("ansible"),
+                    reason="needs ansible-core (pip install ansible-core)")
+def test_fleet_snapshot_through_ansible(tmp_path):
+    """`fleet snapshot --via ansible`: the same snapshots, their commands sent by a real `ansible -m raw` over the
+    same inventory (its own ssh, host keys checked against the fleet's known_hosts); `fleet diff` reads them and
+    names the odd host. A host Ansible cannot reach is named with Ansible's message; the rest are read."""
+    import os
+    specs = {"gpu-01": "power-capped@good", "gpu-02": "power-capped@good", "gpu-03": "power-capped"}
+    with ExitStack() as stack:
+        inv, kh = fleet(stack, tmp_path, specs, unreachable="gpu-04")
+        out = tmp_path / "fleet"
+        env_path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
+        r = subprocess.run([sys.executable, "-m", "debugagent.agent.cli", "fleet", "snapshot", "--via", "ansible",
+                            "-i", str(inv), "-o", str(out), "--known-hosts", str(kh), "--connect-timeout", "5",
+                            "--bench-runs", "1"], capture_output=True, text=True, timeout=600, cwd=ROOT,
+                           env={**os.environ, "PATH": env_path})
+    assert r.returncode == 4, r.stderr
+    assert "Traceback" not in r.stderr
+    assert "3 of 4 hosts read" in r.stderr and "through ansible -m raw" in r.stderr
+    assert "gpu-04: could not be read: ansible:" in r.stderr
+    rec = json.loads((out / "fleet.json").read_text())
+    assert {h["name"]: bool(h["file"]) for h in rec["hosts"]} == {"gpu-01": True, "gpu-02": True, "gpu-03": True,
+                                                                   "gpu-04": False}
+    snap = json.loads((out / "gpu-03.json").read_text())
+    assert snap["gpus"][0]["power_limit"] == 450.0 and len(snap["bench"]["samples"]) == 1
+    d = cli("fleet", "diff", str(out), "--json")
+    assert d.returncode == 1, d.stderr
+    o = json.loads(d.stdout)
+    split = {s["path"]: s for s in o["splits"]}
+    assert split["gpus.0.power_limit"]["odd"] == {"gpu-03": 450.0}
+    assert {h for s in o["splits"] for h in s["odd"]} == {"gpu-03"}

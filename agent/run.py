@@ -137,11 +137,11 @@ def peer_snapshot(opts: RunConfig) -> tuple[Path, Any]:
     baseline snapshot, so the diff against it drives the suspects and experiments run on ``--host`` alone. Its
     connection is left open (the ``Peer`` returned): the reproduce step alternates its benchmark runs with the
     host's, then closes it."""
-    from .context import Peer
     from debugagent.tools.redact import write_private
     from debugagent.tools.registry import Runner
     from debugagent.tools.snapshot import collect, dump
 
+    from .context import Peer
     from .hosts import check_host
     from .symptom import parse_symptom
     if opts.baseline or opts.baseline_snapshot:

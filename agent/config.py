@@ -88,9 +88,10 @@ class RunConfig(BaseModel):
         default=None, description="what it was when good: `verify 20ms`")
     baseline_snapshot: Annotated[str | None, flag("--baseline-snapshot", metavar="FILE")] = Field(
         default=None, description="a snapshot of the good state (debugagent snapshot)")
-    peer: Annotated[str | None, flag("--peer", metavar="HOST")] = Field(
+    peer: Annotated[str | None, flag("--peer", metavar="HOST", recorded=when_given)] = Field(
         default=None, description="a healthy peer of the host (same model, same benchmark), read now and never changed: "
-                          "its snapshot, with 5 benchmark runs, is the baseline (in place of --baseline)")
+                          "its snapshot is the baseline snapshot and its benchmark runs, alternating with the host's, "
+                          "the baseline's numbers (in place of --baseline)")
     playbook: Annotated[str | None, flag("--playbook", metavar="NAME|FILE")] = Field(
         default=None, description="playbook name or YAML path (default gpu-inference-regression)")
     bench: Annotated[str | None, flag("--bench", metavar="CMD", recorded=True)] = Field(

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Host, pids_with, proc_state, tmp_leftovers
+from .conftest import Host, git, pids_with, proc_state, tmp_leftovers
 from .test_experiments import report, same_but_pid, tools_called
 
 pytestmark = pytest.mark.slow
@@ -177,6 +177,78 @@ def test_console_script_with_a_worker_from_site_packages(tmp_path):
         _wait_one_tree(h)
         after = tree_state(h)
         assert same_but_pid(before, after) and "--disable-cuda-graph" in after["argv"]
+        assert tmp_leftovers(o["run_id"]) == []
+    finally:
+        h.stop()
+
+
+def editable_checkout(h: ConsoleHost) -> Path:
+    """inferd as a git checkout (a good commit, then one that makes the worker sync after each request, then an
+    unrelated one), installed editable into the host's venv as setuptools' PEP 660 wheel does it: pip installs a
+    ``__editable__.inferd-1.0.pth`` naming the checkout, the console script, and ``direct_url.json`` saying editable."""
+    repo = h.dir / "inferd-src"
+    (repo / "inferd").mkdir(parents=True)
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "inferd" / "__init__.py").write_text("")
+    (repo / "inferd" / "cli.py").write_text(CLI)
+    (repo / "README.md").write_text("inferd\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "Serve /generate from a worker process")
+    for subject, edit in [("Sync the worker after each request", lambda: (repo / "inferd" / "cli.py").write_text(
+                              CLI.replace("cost = 10.0 +", "cost = 30.0 +"))),
+                          ("Update the README", lambda: (repo / "README.md").write_text("inferd: a small server\n"))]:
+        edit()
+        git(repo, "add", "-A")
+        git(repo, "commit", "-qm", subject)
+    dist = "inferd-1.0.dist-info"
+    whl = pure_wheel(h.dir / "wheels", "inferd", "1.0", {"__editable__.inferd-1.0.pth": f"{repo}\n",
+                     f"{dist}/direct_url.json": f'{{"url": "file://{repo}", "dir_info": {{"editable": true}}}}'},
+                     {"inferd": "inferd.cli:main"})
+    subprocess.run([h.python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--disable-pip-version-check",
+                    str(whl)], check=True)
+    return repo
+
+
+def test_console_script_code_regression_from_an_editable_checkout(tmp_path):
+    """`inferd` installed editable from a git checkout whose HEAD is two commits past a slow one: the code experiment
+    reverts in a worktree and restarts the whole tree (API process and worker) from it, bisects to the commit, and
+    leaves the tree, HEAD, the worktrees and the venv's packages as found."""
+    from .conftest import make_venv, site_state
+    d = tmp_path / "console-code"
+    d.mkdir()
+    h = ConsoleHost(dir=d, python=str(make_venv(d / "venv", pip=True)))
+    try:
+        repo = editable_checkout(h)
+        h.cwd = d
+        git(repo, "checkout", "-q", "HEAD~2")   # the good commit, as it ran before the pull
+        h.start()
+        base = h.baseline()
+        git(repo, "checkout", "-q", "main")
+        h.restart()
+        _wait_one_tree(h)
+        bad = h.baseline(3)
+        assert bad > base + 10, (base, bad)
+        before = {**tree_state(h), "head": git(repo, "rev-parse", "HEAD"), "worktrees": git(repo, "worktree", "list"),
+                  "site": site_state(h.python)}
+
+        o = h.run("--symptom", f"latency {bad:.2f} ms", "--baseline", f"latency {base:.2f} ms", "--repo", str(repo),
+                  out=tmp_path / "run")
+        report(o, "console script, code")
+
+        shape = o["server"]["shape"]
+        assert shape["launcher"] == "console_script" and shape["engine"]["how"] == "editable", shape
+        assert o["exit"] == 0, o["summary"]
+        cause = o["root_cause"]
+        assert cause["hypothesis"] == "code_change" and cause["how"] == "experiment", o["summary"]
+        assert "Sync the worker after each request" in cause["summary"], cause["summary"]
+        starts = [i for i in tools_called(o, "restart_server") if i.get("pid_file")]
+        assert starts and all(i["cwd"] == str(d) and i["path_first"] and i["path_first"][0].startswith("/tmp/debugagent-wt-")
+                              and i.get("ports") == [h.port] for i in starts)
+        h.wait_ready()
+        _wait_one_tree(h)
+        after = {**tree_state(h), "head": git(repo, "rev-parse", "HEAD"), "worktrees": git(repo, "worktree", "list"),
+                 "site": site_state(h.python)}
+        assert same_but_pid(before, after)
         assert tmp_leftovers(o["run_id"]) == []
     finally:
         h.stop()

@@ -400,3 +400,66 @@ def test_supervisord_program_flag_and_env_through_supervisorctl(realhost, tmp_pa
         except subprocess.TimeoutExpired:
             sup.proc.kill()
         shutil.rmtree(h.dir / "conf.d", ignore_errors=True)
+
+
+def test_supervisord_program_code_regression_is_bisected_through_supervisorctl(realhost, tmp_path):
+    """A server that supervisord runs from a git checkout (its program's directory=): after a pull and a
+    `supervisorctl restart`, it is slower by a commit two back from HEAD. The code experiment reverts in a worktree
+    and restarts the program through supervisord (its section's directory= and PYTHONPATH pointing there), restarts it
+    so per bisection step, names the commit, and leaves the config's bytes, HEAD, the worktrees and the program as
+    found."""
+    h = realhost("supcode")
+    repo = h.dir / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    h.write_code(repo)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "Serve /generate")
+    git(repo, "checkout", "-q", "-b", "upstream")
+    for subject, extra, note in [("Refactor argument parsing", 0.0, "args"),
+                                 ("Batch the model step with a sync per token", 20.0, None),
+                                 ("Update the README", 20.0, "readme")]:
+        h.write_code(repo, 10.0, extra)
+        if note:
+            (repo / f"NOTES-{note}.md").write_text(subject + "\n")
+        git(repo, "add", "-A")
+        git(repo, "commit", "-qm", subject)
+    git(repo, "checkout", "-q", "main")
+    h.cwd = repo
+    sup = start_supervisord(h, h.argv(), {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(h.dir), "LANG": "C.UTF-8"})
+    try:
+        base = h.baseline()
+        git(repo, "merge", "-q", "--ff-only", "upstream")   # a pull; then the operator restarts the program
+        sup.ctl("restart", "infer")
+        h.wait_ready()
+        bad = h.baseline(3)
+        assert bad > base + 10, (base, bad)
+        before, conf_before = {"pid": h.server_pid(), **proc_state(h.server_pid())}, sup.state()
+        head, worktrees = git(repo, "rev-parse", "HEAD"), git(repo, "worktree", "list", "--porcelain")
+
+        o = h.run("--symptom", f"latency {bad:.2f} ms", "--baseline", f"latency {base:.2f} ms", "--repo", str(repo),
+                  out=tmp_path / "run")
+        report(o, "supervisord, code")
+
+        assert o["exit"] == 0, o["summary"]
+        cause = o["root_cause"]
+        assert cause["hypothesis"] == "code_change" and cause["how"] == "experiment", o["summary"]
+        assert "Batch the model step with a sync per token" in cause["summary"], cause["summary"]
+        applied = tools_called(o, "supervisor_apply")
+        assert len(applied) >= 2 and not tools_called(o, "restart_server") and not tools_called(o, "restart_hook")
+        first = applied[0]["values"]
+        assert first["directory"].startswith("/tmp/debugagent-wt-") and "PYTHONPATH" in first["environment"]
+        assert any(a.get("restart_only") for a in applied[1:])   # a bisection step: the program restarted again
+        h.wait_ready()
+        after = proc_state(h.server_pid())
+        assert same_but_pid(before, {"pid": 0, **after})
+        assert sup.state() == conf_before   # bytes, mode and mtime of the config, and RUNNING
+        assert git(repo, "rev-parse", "HEAD") == head and git(repo, "worktree", "list", "--porcelain") == worktrees
+        assert sup.proc.poll() is None
+        assert tmp_leftovers(o["run_id"]) == []
+    finally:
+        sup.proc.terminate()
+        try:
+            sup.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            sup.proc.kill()

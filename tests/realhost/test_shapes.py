@@ -463,3 +463,71 @@ def test_supervisord_program_code_regression_is_bisected_through_supervisorctl(r
             sup.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             sup.proc.kill()
+
+
+# ---------------------------------------------------------------- a system Python (Debian's layout)
+def system_python(root: Path) -> Path:
+    """Debian's own python3 (this machine's /usr/bin/python3.X, copied) under a prefix of the test's own, its standard
+    library that of /usr: its site configuration (Debian's site.py) puts PREFIX/local/lib/python3.X/dist-packages on
+    sys.path, as /usr/local/lib/python3.X/dist-packages is for /usr/bin/python3; no venv."""
+    real = Path(os.path.realpath("/usr/bin/python3"))
+    ver = real.name.removeprefix("python")
+    if not real.is_file() or not Path(f"/usr/lib/python{ver}/os.py").is_file():
+        pytest.skip("needs Debian's /usr/bin/python3 and its standard library in /usr/lib")
+    (root / "bin").mkdir(parents=True)
+    (root / "lib").mkdir()
+    shutil.copy2(real, root / "bin" / "python3")
+    os.symlink(f"/usr/lib/python{ver}", root / "lib" / f"python{ver}")
+    dist = root / "local" / "lib" / f"python{ver}" / "dist-packages"
+    dist.mkdir(parents=True)
+    r = subprocess.run([str(root / "bin" / "python3"), "-c", "import sys, sysconfig; print(sys.prefix); print(sys.path)"],
+                       capture_output=True, text=True, cwd="/", check=True)
+    if r.stdout.splitlines()[0] != str(root) or str(dist) not in r.stdout:
+        pytest.skip(f"this python3 does not keep Debian's site layout under another prefix: {r.stdout[-300:]}")
+    return dist
+
+
+def test_a_system_python_server_with_its_engine_in_dist_packages(realhost, tmp_path):
+    """The server runs on a system Python (Debian's, no venv) whose engine lives in dist-packages, not in the checkout
+    nor the cwd: server_shape says system Python and dist-packages; --disable-cuda-graph is found by restarting it with
+    that interpreter; the server and every file of dist-packages are as found."""
+    h = realhost("syspy")
+    dist = system_python(h.dir / "python")
+    h.python = str(h.dir / "python" / "bin" / "python3")
+    h.write_code(dist)
+    info = dist / "infer-0.5.5.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: infer\nVersion: 0.5.5\n")
+    (info / "INSTALLER").write_text("pip\n")
+    (info / "top_level.txt").write_text("infer\n")
+    h.cwd = h.dir
+    h.start()
+    base = h.baseline()
+    h.flags = ["--disable-cuda-graph"]
+    h.restart()
+    bad = h.baseline(3)
+    assert bad > base + 10, (base, bad)
+
+    def files() -> dict[str, str]:
+        return {str(p.relative_to(dist)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(dist.rglob("*"))
+                if p.is_file() and "__pycache__" not in p.parts}
+    before, packages = {"pid": h.server_pid(), **proc_state(h.server_pid())}, files()
+
+    o = h.run("--symptom", f"latency {bad:.2f} ms", "--baseline", f"latency {base:.2f} ms", out=tmp_path / "run")
+    report(o, "system python")
+
+    shape = o["server"]["shape"]
+    assert shape["layout"] == "system" and shape["launcher"] == "module", shape
+    assert shape["engine"]["how"] == "dist-packages" and shape["engine"]["root"] == str(dist), shape
+    assert shape["engine"]["distribution"] == "infer" and shape["engine"]["version"] == "0.5.5"
+    md = (tmp_path / "run" / "transcript.md").read_text()
+    assert "by a system Python" in md and "dist-packages (a system-Python layout)" in md
+    assert o["exit"] == 0, o["summary"]
+    causes = {c["hypothesis"]: c for c in o["root_causes"]}
+    assert "serving_config" in causes and causes["serving_config"]["how"] == "experiment", o["summary"]
+    restarts = tools_called(o, "restart_server")
+    assert restarts and all(i["argv"][0] == h.python for i in restarts)
+    h.wait_ready()
+    after = proc_state(h.server_pid())
+    assert same_but_pid(before, {"pid": 0, **after}) and files() == packages
+    assert tmp_leftovers(o["run_id"]) == []

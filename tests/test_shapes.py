@@ -239,7 +239,7 @@ def test_the_program_section_is_edited_and_every_other_byte_kept():
 
 
 # ---------------------------------------------------------------- systemd, through a fake host
-def systemd_host(calls: list[str], journal: Journal, systemctl: bool = True):
+def systemd_host(calls: list[str], journal: Journal, systemctl: bool = True, permitted: bool = True):
     def host(command: str) -> str:
         calls.append(command)
         if "== marks" in command:   # server_shape
@@ -252,6 +252,11 @@ def systemd_host(calls: list[str], journal: Journal, systemctl: bool = True):
                 assert journal.pending(), "the drop-in was written before its undo was journalled"
             if not systemctl:
                 return ("systemctl is not installed here\n", "", 1)
+            if not permitted:
+                if "DropInPaths" in command:   # the undo of a drop-in never written
+                    return "running pid=812\n"
+                return ("no permission to write /etc/systemd/system (this session runs as uid 1000): nothing written\n",
+                        "", 1)
             return "started pid=4321\n"
         raise AssertionError(command)
     return host
@@ -282,6 +287,8 @@ def test_a_systemd_unit_is_restarted_through_a_drop_in_and_its_undo_removes_it(t
                'Environment="NCCL_DEBUG=WARN $$HOME 5%%"\nUnsetEnvironment="CUDA_LAUNCH_BLOCKING"\nExecStart=\n'
                'ExecStart="/opt/venv/bin/python3" "-m" "sglang.launch_server" "--port" "30000"\n')
     assert write == ("command -v systemctl >/dev/null || { echo 'systemctl is not installed here'; exit 1; }; "
+                     "[ -w /etc/systemd/system ] || { echo \"no permission to write /etc/systemd/system (this session "
+                     "runs as uid $(id -u)): nothing written\"; exit 1; }; "
                      f"mkdir -p /etc/systemd/system/sglang.service.d && printf %s {shlex.quote(content)} > {path} || exit 1; "
                      "systemctl daemon-reload || exit 1; systemctl restart sglang.service || exit 1; "
                      "echo \"started pid=$(systemctl show -p MainPID --value sglang.service)\"")
@@ -290,9 +297,9 @@ def test_a_systemd_unit_is_restarted_through_a_drop_in_and_its_undo_removes_it(t
     assert lab.undo.check(step) is None
     left = lab.undo.run(Runner(t))
     assert left == [] and not j.pending()
-    assert calls[-1] == (f"rm -f {path} || exit 1; rmdir /etc/systemd/system/sglang.service.d 2>/dev/null; "
-                         "systemctl daemon-reload || exit 1; systemctl restart sglang.service || exit 1; "
-                         "echo \"started pid=$(systemctl show -p MainPID --value sglang.service)\"")
+    assert calls[-1].endswith(f"rm -f {path} || exit 1; rmdir /etc/systemd/system/sglang.service.d 2>/dev/null; "
+                              "systemctl daemon-reload || exit 1; systemctl restart sglang.service || exit 1; "
+                              "echo \"started pid=$(systemctl show -p MainPID --value sglang.service)\"")
 
 
 def test_a_drop_in_step_naming_another_file_is_refused(tmp_path):
@@ -320,3 +327,49 @@ def test_a_systemd_restart_that_fails_leaves_its_undo_journalled(tmp_path):
         lab.server.start(Runner(t), SRV, ServerRun(argv=SRV.argv, cwd="/srv", unset=["CUDA_LAUNCH_BLOCKING"]), "x")
     (step,) = j.pending()
     assert step.tool == "systemd_dropin_remove"   # the undo removes whatever part was written
+
+
+FAKE_SYSTEMCTL = """#!/bin/sh
+echo "$*" >> "{log}"
+[ "$1" = show ] && {{ echo 0; exit 0; }}
+echo "Failed to $1: Access denied" >&2
+exit 1
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/setpriv").is_file(), reason="needs root and setpriv to "
+                    "run the commands as a user who may not write /etc/systemd/system")
+def test_no_permission_for_systemd_changes_nothing_and_says_run_as_root(tmp_path, request):
+    """As a user who may not write /etc/systemd/system (setpriv to nobody, a `systemctl` that is refused as a real
+    one is): the drop-in command stops before it writes or reloads anything, its undo has nothing to do (exit 0, no
+    daemon-reload), and the experiment is refused with the fix; nothing is left to undo."""
+    import tempfile
+    here = Path(tempfile.mkdtemp(prefix="systemctl-perm-"))   # a folder nobody may enter (the test's own is 0700)
+    request.addfinalizer(lambda: __import__("shutil").rmtree(here, ignore_errors=True))
+    here.chmod(0o777)
+    log = here / "systemctl.log"
+    bin_ = here / "bin"
+    bin_.mkdir()
+    bin_.chmod(0o755)
+    (bin_ / "systemctl").write_text(FAKE_SYSTEMCTL.format(log=log))
+    (bin_ / "systemctl").chmod(0o755)
+    unit, path = "debugagent-test-perm.service", "/etc/systemd/system/debugagent-test-perm.service.d/debugagent-r1.conf"
+
+    def as_nobody(command: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "bash", "-c", command],
+                              capture_output=True, text=True, env={"PATH": f"{bin_}:/usr/bin:/bin"}, timeout=60)
+    r = as_nobody(supervise.SystemdDropin(unit=unit, path=path, content="[Service]\n").command())
+    assert r.returncode == 1 and "no permission to write /etc/systemd/system" in r.stdout and "uid 65534" in r.stdout
+    assert not Path(path).parent.exists() and not log.exists()   # nothing written, systemctl never run
+    r = as_nobody(supervise.SystemdDropinRemove(unit=unit, path=path, remove_dir=True).command())
+    assert r.returncode == 0 and r.stdout.strip() == "running pid=0", r.stdout + r.stderr
+    assert "daemon-reload" not in log.read_text() and "restart" not in log.read_text()
+
+    calls: list[str] = []
+    lab, j = lab_for(tmp_path, None)
+    t = FakeTransport(systemd_host(calls, j, permitted=False))
+    with pytest.raises(ExperimentError) as e:
+        lab.server.start(Runner(t), SRV, ServerRun(argv=SRV.argv[:-1], cwd="/srv"), "--disable-cuda-graph removed")
+    assert "cannot be changed from this session" in str(e.value) and "run it as root" in str(e.value)
+    assert "--restart-cmd" in str(e.value)
+    assert lab.undo.run(Runner(t)) == [] and not j.pending()   # its undo finds nothing to do

@@ -354,6 +354,11 @@ class Server:
         o = r.call("systemd_dropin", {"unit": unit, "path": path, "content": text},
                    why=f"restart with {change}, through systemd: the drop-in {path}, daemon-reload, restart {unit}")
         if not o.ok:
+            said = o.result.stdout.strip().splitlines()[-1:] or [o.error or "systemctl failed"]
+            if "no permission" in said[0] or "not installed" in said[0]:
+                raise ExperimentError(f"the unit {unit} cannot be changed from this session: {said[0]}; debugagent "
+                                      "changes a systemd unit only where it may write its drop-in and run systemctl: "
+                                      "run it as root on the host, or give " + hook_hint().removeprefix("give "))
             raise ExperimentError(o.error or "systemctl failed")
         self.started = {"run": run, "supervised": {"unit": unit, "path": path, "content": text}, "change": change,
                         "pid": o.output.pid}

@@ -266,7 +266,10 @@ def parse_container(text: str, runtime: str, digest: Callable[[bytes], str]) -> 
     variable names beside their digests."""
     try:
         data = json.loads(text)
-        fields = inspect_fields(data[0] if isinstance(data, list) and len(data) == 1 else data, runtime)
+        one = data[0] if isinstance(data, list) and len(data) == 1 else data
+        if not isinstance(one, dict):
+            return None
+        fields = inspect_fields(one, runtime)
     except (ValueError, KeyError, TypeError, ParseError):
         return None
     env = [e.partition("=") for e in fields.pop("env")]

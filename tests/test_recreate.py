@@ -313,3 +313,33 @@ def test_the_recreate_and_its_undo_on_real_podman_from_every_point(tmp_path):
 
 def inspect_args(s: ContainerSpec) -> list[str]:
     return s.argv[1:]
+
+
+def test_a_kubernetes_workload_stays_printed_only_with_allow_container_recreate(tmp_path):
+    """--allow-container-recreate recreates docker and podman containers only: for a pod the experiment is refused with
+    the Deployment's patch, `kubectl rollout status` and `rollout undo`, nothing journalled and nothing run."""
+    from debugagent.agent.journal import Journal
+    from debugagent.agent.lab import Lab, Measure
+    from debugagent.agent.lab.errors import ExperimentError
+    from debugagent.agent.lab.server import ServerRun
+    from debugagent.tools.container import Target
+    from debugagent.tools.host import ServerInfo
+    from debugagent.tools.registry import Runner
+    from debugagent.tools.transport import FakeTransport
+
+    j = Journal(tmp_path / "journal.json", "r1", "fake")
+    t = FakeTransport(lambda c: "== cgroup\n0::/\n== self_cgroup\n0::/\n== parent\n0\n\n\n== container_env\n== stdout\n== end\n"
+                      if c.startswith("p=/proc/") else (_ for _ in ()).throw(KeyError(c)))
+    t.target = Target("k8s", name="vllm-7d9f8b6c5-x2kqp", namespace="serving", container="engine")   # type: ignore[attr-defined]
+    lab = Lab(lambda h: Runner(t), lambda ev, **kw: None, j, Measure("bench", "latency", None), "r1", True)
+    lab.server.setup.allow_container_recreate = True
+    srv = ServerInfo(pid=1, argv=["vllm", "serve", "m", "--port", "8000", "--enforce-eager"], cwd="/")
+    with pytest.raises(ExperimentError) as e:
+        lab.server.start(Runner(t), srv, ServerRun(argv=srv.argv[:-1], cwd="/"), "without --enforce-eager")
+    text = str(e.value)
+    assert "never changed by debugagent" in text
+    patch = next(c for c in text.split("`") if " patch deployment/vllm " in c)
+    assert json.loads(shlex.split(patch)[-1])["spec"]["template"]["spec"]["containers"][0]["command"] == srv.argv[:-1]
+    assert "`kubectl -n serving rollout status deployment/vllm`" in text
+    assert "`kubectl -n serving rollout undo deployment/vllm`" in text
+    assert j.pending() == [] and len(t.calls) == 1   # server_control only

@@ -373,3 +373,44 @@ def test_no_permission_for_systemd_changes_nothing_and_says_run_as_root(tmp_path
     assert "cannot be changed from this session" in str(e.value) and "run it as root" in str(e.value)
     assert "--restart-cmd" in str(e.value)
     assert lab.undo.run(Runner(t)) == [] and not j.pending()   # its undo finds nothing to do
+
+
+def test_a_python_that_is_no_venv_with_its_engine_in_dist_packages_is_a_system_python():
+    """Debian's python3 copied under another prefix (an image's, a test's) keeps its dist-packages: a system Python;
+    one under another prefix whose engine is in site-packages is not."""
+    js = ('{"python": "/opt/py/bin/python3", "prefix": "/opt/py", "venv": false, "launcher": "module", "command": '
+          '"infer.serve", "module": "infer.serve", "engine": {"module": "infer", "root": '
+          '"/opt/py/local/lib/python3.11/dist-packages", "how": "%s"}}')
+    assert shape.parse_server_shape(812, shape_text(python=js % "dist-packages")).layout == "system"
+    assert shape.parse_server_shape(812, shape_text(python=js % "site-packages")).layout == "other"
+
+
+def test_a_console_script_code_experiment_asks_where_its_entry_point_module_is_imported_from(tmp_path):
+    """A console script's entry is a path (VENV/bin/inferd), not a module: the code experiment asks server_shape for the
+    module its entry point names and where the interpreter imports it from (an editable checkout: a .pth path), and
+    restarts the server from the worktree with it first on PYTHONPATH."""
+    from types import SimpleNamespace
+
+    from debugagent.agent.lab.kinds.code import CodeRevert
+    js = ('{"python": "/srv/venv/bin/python", "prefix": "/srv/venv", "venv": true, "launcher": "console_script", '
+          '"command": "inferd", "module": "inferd.cli", "engine": {"module": "inferd", "root": "/srv/inferd-src", '
+          '"how": "editable"}}')
+    asked: list[str] = []
+
+    def host(command: str) -> str:
+        if "== marks" in command:
+            return shape_text(python=js)
+        if "find_spec" in command or "importlib.util" in command:
+            asked.append(command)
+            return ('{"repo": "/srv/inferd-src", "cwd": "/srv", "cwd_in_repo": null, "modules": [{"module": "inferd", '
+                    '"origin": "/srv/inferd-src/inferd/__init__.py", "root": "/srv/inferd-src", "rel": "", '
+                    '"how": "a .pth path"}]}\n')
+        raise KeyError(command)
+    lab, _ = lab_for(tmp_path, None)
+    srv = ServerInfo(pid=812, argv=["/srv/venv/bin/python", "/srv/venv/bin/inferd", "--port", "8000"], cwd="/srv",
+                     python="/srv/venv/bin/python", entry="/srv/venv/bin/inferd")
+    lab.server.find_or_none = lambda r: srv   # type: ignore[method-assign]
+    _, plan = CodeRevert().plan(lab, Runner(FakeTransport(host)), "/srv/inferd-src", "/tmp/debugagent-wt-r1",
+                                SimpleNamespace(packages={}))   # type: ignore[arg-type]
+    assert asked and shlex.split(asked[0])[-1] == "inferd"
+    assert plan.mode == "server" and plan.run is not None and plan.run.path_first == ["/tmp/debugagent-wt-r1"]

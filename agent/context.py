@@ -40,6 +40,7 @@ class Overrides(BaseModel):
     restart_cmd: str | None = None
     shadow_gpus: str | None = None
     shadow_port: int | None = None
+    allow_container_recreate: bool | None = None
     ready_timeout_s: float | None = Field(default=None, validation_alias=AliasChoices("ready_timeout", "ready_timeout_s"))
 
     @property

@@ -358,9 +358,12 @@ def parse_server_shape(pid: int, text: str) -> ServerShape:
             shape.module = d.get("module")
             shape.python = d.get("python")
             prefix = str(d.get("prefix") or "")
-            shape.layout = "venv" if d.get("venv") else "system" if prefix in ("/usr", "/usr/local") else "other"
             if d.get("engine"):
                 shape.engine = Engine.model_validate(d["engine"])
+            # a system Python: the distribution's own prefix, or one whose packages live in dist-packages (Debian's
+            # site layout, as an image's /usr/bin/python3 copied under another prefix keeps it)
+            dist = shape.engine is not None and shape.engine.how == "dist-packages"
+            shape.layout = "venv" if d.get("venv") else "system" if prefix in ("/usr", "/usr/local") or dist else "other"
     elif py:
         shape.errors.append("the server's interpreter could not say how it runs: " + py[-1][:200])
     return shape

@@ -136,7 +136,13 @@ class CodeRevert(Kind):
         imports = None
         python = (srv.python if srv else None) or lab.setup.python
         if srv is not None and python:
-            mods = [m for m in [srv.entry.split(".")[0] if srv.entry and not srv.entry.endswith(".py") else ""] if m]
+            entry = srv.entry or ""
+            mods = [entry.split(".")[0]] if entry and "/" not in entry and not entry.endswith(".py") else []
+            if entry and "/" in entry and not entry.endswith(".py"):   # a console script: its entry point's module
+                o = r.call("server_shape", {"pid": srv.pid, "python": python, "cwd": srv.cwd or "/"},
+                           why="the module the server's console script runs (where its code is imported from)")
+                if o.ok and o.output.module:
+                    mods.append(o.output.module.split(".")[0])
             for p in facts.packages.values():
                 if p.editable:
                     mods += p.modules[:1]

@@ -135,7 +135,7 @@ class CodeRevert(Kind):
         editable = [p.editable for p in facts.packages.values() if p.editable]
         imports = None
         python = (srv.python if srv else None) or lab.setup.python
-        if srv is not None and python:
+        if srv is not None and python and srv.pid:   # an offline workload has no process to ask
             mods = [m for m in [srv.entry.split(".")[0] if srv.entry and not srv.entry.endswith(".py") else ""] if m]
             for p in facts.packages.values():
                 if p.editable:

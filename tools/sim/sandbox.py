@@ -261,6 +261,8 @@ class SimHost:
         self._clients()
         self.controller = Controller(self.scenario, self.state, self.salt, self.path(SERVICE_DIR) / "service.sock",
                                      self.path("/sys"), strip="" if self.sealed else str(self.sandbox))
+        if self.offline:   # the folder the workload runs in exists, as the job's own would (a `-m` workload has no script there)
+            self.path(self._cwd()).mkdir(parents=True, exist_ok=True)
         if self.sealed:
             self._bwrap, self.init_pid = seal.start(self)
         self._save_exec()

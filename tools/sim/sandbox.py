@@ -134,7 +134,8 @@ def compiled_client(service: str) -> Path | None:
     if out.exists():
         return out
     cache.mkdir(parents=True, exist_ok=True)
-    tmp = cache / f".sim-client-{key}.{os.getpid()}"
+    # a name of this process and thread: hosts started at once in one process (threads) compile side by side
+    tmp = cache / f".sim-client-{key}.{os.getpid()}.{threading.get_ident()}"
     r = subprocess.run([cc, "-O2", "-o", str(tmp), f'-DSERVICE="{service}"', "-x", "c", "-"], input=src,
                        capture_output=True)
     if r.returncode != 0:

@@ -1,0 +1,76 @@
+"""The scenarios written from public reports (tests/scenarios/reports/): every server shape (`-m MODULE` of an
+installed distribution of any name, a script, a console script, an offline workload, a multi-process server, an
+image's python under /usr/local). Here each is validated and started, cheaply: its server runs with its command
+line (an offline workload: no server, and its program prints the metric). Their diagnosis, sealed and not, is
+`bench/scenarios --reports --seal both` (docs/benchmarks.md); one offline workload is diagnosed end to end here."""
+
+from __future__ import annotations
+
+import json
+import re
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from debugagent.agent.run import RunOptions, investigate
+from debugagent.tools.sim import SimTransport, parse_scenario
+
+HERE = Path(__file__).parent / "scenarios" / "reports"
+REPORTS = sorted(HERE.glob("*.yaml"))
+THREAD = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+/(?:issues|pull)/\d+")
+
+
+def load(path: Path):
+    return parse_scenario(path.read_text(), str(path))
+
+
+def shape(sc) -> str:
+    srv = sc.host.server
+    if srv.offline:
+        return "offline"
+    words = srv.cmd.split()
+    return "module" if "-m" in words else "script" if len(words) > 1 and words[1].endswith(".py") else "console"
+
+
+def test_fifteen_or_more_each_citing_its_thread():
+    assert len(REPORTS) >= 15
+    scenarios = [load(p) for p in REPORTS]   # each valid, as `sim validate` reads it
+    for p, sc in zip(REPORTS, scenarios):
+        assert THREAD.search(sc.story), f"{p.name}: its story cites no public thread"
+        assert THREAD.search(p.read_text().split("\nversion:")[0]), f"{p.name}: no thread in its header comment"
+    assert {shape(sc) for sc in scenarios} == {"offline", "module", "script", "console"}
+    assert any(sc.host.server.worker for sc in scenarios), "no multi-process server"
+    assert any(sc.host.server.offline and "-m" in sc.host.server.cmd.split() for sc in scenarios), "no -m workload"
+
+
+def started(path: Path) -> str:
+    """Start the host of ``path``, check it runs as its scenario says, close it; its name once it did."""
+    sc = load(path)
+    srv = sc.host.server
+    with SimTransport(f"sim:{path}") as t:
+        profile = json.loads(t.run("cat /etc/debugagent/host.json").stdout)
+        args = t.run("ps -eo args").stdout
+        if srv.offline:
+            assert sc.host.python not in args, args   # no server: nothing of the host's python runs
+            out = t.run(profile["bench"])
+            assert out.exit_code == 0 and re.search(rf"{sc.bench.metric}=[\d.]+ {re.escape(sc.bench.unit)}", out.stdout), out
+        else:
+            assert srv.cmd.split()[0] in args and srv.cmd.split()[-1] in args, args
+    return path.stem
+
+
+def test_each_starts():
+    """Every one starts (a few at a time: a start mostly waits on its processes)."""
+    with ThreadPoolExecutor(4) as pool:
+        assert sorted(pool.map(started, REPORTS)) == sorted(p.stem for p in REPORTS)
+
+
+def test_an_offline_module_workload_is_diagnosed(tmp_path):
+    """`python -m sglang.bench_offline_throughput` (an installed distribution's module) as the workload, with
+    NCCL_ALGO=Ring in its environment: found with no server, confirmed by re-running it without the variable."""
+    path = HERE / "offline-sglang-module-env.yaml"
+    sc = load(path)
+    out = investigate(RunOptions(host=f"sim:{path}", symptom=sc.symptom, baseline=sc.baseline, as_json=True,
+                                 out=str(tmp_path / "run")))
+    rc = out["root_cause"]
+    assert out["exit_code"] == 0 and rc and rc["hypothesis"] == "env_var" and rc["how"] == "experiment", out["summary"]
+    assert "NCCL_ALGO" in json.dumps(rc) and [c["hypothesis"] for c in out["root_causes"]] == ["env_var"]

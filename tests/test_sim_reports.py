@@ -74,3 +74,14 @@ def test_an_offline_module_workload_is_diagnosed(tmp_path):
     rc = out["root_cause"]
     assert out["exit_code"] == 0 and rc and rc["hypothesis"] == "env_var" and rc["how"] == "experiment", out["summary"]
     assert "NCCL_ALGO" in json.dumps(rc) and [c["hypothesis"] for c in out["root_causes"]] == ["env_var"]
+
+
+def test_an_unsealed_host_rewrites_every_path_of_a_restart_check():
+    """A restart recognises the server by its command line's arguments joined by \\x1f; on a host that is not
+    sealed each path among them moves onto the host's folder, not only the first (a script server's restart was
+    refused as "not the server any more")."""
+    from debugagent.tools.sim.shell import SimShell
+    sh = SimShell("/sb", "/sb/usr/local/bin", ["/opt", "/root"], "root")
+    check = "same $P $'/opt/venv/bin/python3\\x1f/opt/app.py\\x1f--port\\x1f80\\x1f'"
+    assert sh.rewrite(check) == "same $P $'/sb/opt/venv/bin/python3\\x1f/sb/opt/app.py\\x1f--port\\x1f80\\x1f'"
+    assert sh.rewrite("cat /optional/x /opt") == "cat /optional/x /sb/opt"

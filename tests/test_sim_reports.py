@@ -34,7 +34,7 @@ def shape(sc) -> str:
 def test_fifteen_or_more_each_citing_its_thread():
     assert len(REPORTS) >= 15
     scenarios = [load(p) for p in REPORTS]   # each valid, as `sim validate` reads it
-    for p, sc in zip(REPORTS, scenarios):
+    for p, sc in zip(REPORTS, scenarios, strict=True):
         assert THREAD.search(sc.story), f"{p.name}: its story cites no public thread"
         assert THREAD.search(p.read_text().split("\nversion:")[0]), f"{p.name}: no thread in its header comment"
     assert {shape(sc) for sc in scenarios} == {"offline", "module", "script", "console"}

@@ -20,6 +20,8 @@ FOUND_BY = "workload"
 _CD = re.compile(r"^\s*cd\s+(?P<dir>'[^']*'|\"[^\"]*\"|\S+)\s*&&\s*(?P<rest>.*)$", re.S)
 _ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _SHELL = {"|", "||", "&&", ";", "&", ">", ">>", "<", "2>", "2>&1", "(", ")"}
+# a benchmark that names where a server listens is its client (`bench_serving --port 30000`, a URL), no workload
+_CLIENT = re.compile(r"https?://|(?:^|\s)--(?:port|host|base-url|backend-url)(?:[= ]|$)")
 
 
 def parse(bench: str | None) -> ServerInfo | None:
@@ -40,7 +42,7 @@ def parse(bench: str | None) -> ServerInfo | None:
         words = shlex.split(text)
     except ValueError:
         return None
-    if any(w in _SHELL or w.startswith(("|", ";", ">", "&")) for w in words):
+    if any(w in _SHELL or w.startswith(("|", ";", ">", "&")) for w in words) or _CLIENT.search(text):
         return None
     unset: list[str] = []
     if words and words[0].rsplit("/", 1)[-1] == "env":

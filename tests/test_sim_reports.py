@@ -85,3 +85,6 @@ def test_an_unsealed_host_rewrites_every_path_of_a_restart_check():
     check = "same $P $'/opt/venv/bin/python3\\x1f/opt/app.py\\x1f--port\\x1f80\\x1f'"
     assert sh.rewrite(check) == "same $P $'/sb/opt/venv/bin/python3\\x1f/sb/opt/app.py\\x1f--port\\x1f80\\x1f'"
     assert sh.rewrite("cat /optional/x /opt") == "cat /optional/x /sb/opt"
+    # a root that is a file (the system's python, bound at its path) followed by the separator
+    py = SimShell("/sb", "/sb/usr/local/bin", ["/usr/bin/python3", "/root"], "root")
+    assert py.rewrite("same $P $'/usr/bin/python3\\x1f-m\\x1fvllm\\x1f'") == "same $P $'/sb/usr/bin/python3\\x1f-m\\x1fvllm\\x1f'"

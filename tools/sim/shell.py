@@ -48,7 +48,7 @@ class SimShell:
         self._re = re.compile(
             # a path starts a word, or follows the \x1f that joins a command line's arguments (a restart's check)
             r"(?:(?<![\w.~/-])|(?<=\\x1f))(" + "|".join(re.escape(r) for r in sorted(roots, key=len, reverse=True))
-            + r")(?=[/\s'\";|&)<>:*\[]|$)")
+            + r")(?=[/\s'\";|&)<>:*\[]|\\x1f|$)")
         self._marker = sandbox.encode()
 
         self.sealed = False

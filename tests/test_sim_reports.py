@@ -2,7 +2,8 @@
 installed distribution of any name, a script, a console script, an offline workload, a multi-process server, an
 image's python under /usr/local). Here each is validated and started, cheaply: its server runs with its command
 line (an offline workload: no server, and its program prints the metric). Their diagnosis, sealed and not, is
-`bench/scenarios --reports --seal both` (docs/benchmarks.md); one offline workload is diagnosed end to end here."""
+`bench/scenarios --reports --seal both` (docs/benchmarks.md); an offline workload is diagnosed end to end on a real
+host by tests/realhost/test_offline.py."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from debugagent.agent.run import RunOptions, investigate
 from debugagent.tools.sim import SimTransport, parse_scenario
 
 HERE = Path(__file__).parent / "scenarios" / "reports"
@@ -62,18 +62,6 @@ def test_each_starts():
     """Every one starts (a few at a time: a start mostly waits on its processes)."""
     with ThreadPoolExecutor(4) as pool:
         assert sorted(pool.map(started, REPORTS)) == sorted(p.stem for p in REPORTS)
-
-
-def test_an_offline_module_workload_is_diagnosed(tmp_path):
-    """`python -m sglang.bench_offline_throughput` (an installed distribution's module) as the workload, with
-    NCCL_ALGO=Ring in its environment: found with no server, confirmed by re-running it without the variable."""
-    path = HERE / "offline-sglang-module-env.yaml"
-    sc = load(path)
-    out = investigate(RunOptions(host=f"sim:{path}", symptom=sc.symptom, baseline=sc.baseline, as_json=True,
-                                 out=str(tmp_path / "run")))
-    rc = out["root_cause"]
-    assert out["exit_code"] == 0 and rc and rc["hypothesis"] == "env_var" and rc["how"] == "experiment", out["summary"]
-    assert "NCCL_ALGO" in json.dumps(rc) and [c["hypothesis"] for c in out["root_causes"]] == ["env_var"]
 
 
 def test_an_unsealed_host_rewrites_every_path_of_a_restart_check():

@@ -12,6 +12,7 @@ from debugagent.tools.host import HostFacts, ServerInfo
 from debugagent.tools.redact import redact
 from debugagent.tools.snapshot import OPTIONAL_PROBES, Snapshot, collect
 from debugagent.tools.units import plain
+from debugagent.tools.workload import is_workload
 
 from . import verdicts as vd
 from .context import Ctx
@@ -419,7 +420,8 @@ def lab_for(ctx: Ctx, s: RunState, hid: str) -> Lab:
                ctx.run_id, ctx.symptom.direction == "lower",
                LabSetup.from_inputs(ctx.overrides, (d.get("host_facts") or {}).get("profile")), ctx.warmth,
                ctx.found_restarted, discovery=run_input(ctx.overrides, d["metric"], d.get("server")),
-               noise=baseline_noise(ctx, reg), fresh_runs=fresh, shadow=d.get("shadow"))   # how many to run; ``Lab.reference`` keeps how many it had
+               noise=baseline_noise(ctx, reg), fresh_runs=fresh, shadow=d.get("shadow"),
+               workload=d.get("server") if is_workload(d.get("server")) else None)   # how many to run; ``Lab.reference`` keeps how many it had
 
 
 def baseline_noise(ctx: Ctx, reg: Regression | None = None) -> tuple[list[float], ...]:

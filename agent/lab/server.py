@@ -159,11 +159,18 @@ class Server:
         self.restarted = restarted
         self.started: dict[str, Any] | None = None
         self.found_again: dict[str, Any] | None = None
+        # an offline workload (``tools.workload``): no server; each experiment runs the benchmark, the program
+        # itself, with its change (``bench``: its command as found; ``changed``: tells the benchmark the new one)
+        self.workload: Any = None
+        self.workload_bench = ""
+        self.changed: Callable[[str | None], None] = lambda cmd: None
         # told the pid and start time of each server an experiment started (the undo's step names it)
         self.on_started: Callable[[str, int, int], None] = lambda pid_file, pid, start: None
 
     def find(self, r: Runner) -> Any:
         """The server as it runs now, found by the run's own discovery (its overrides, the server found earlier)."""
+        if self.workload is not None:
+            return self.workload
         srv = find_server(r, self.discovery or DiscoveryInput(server_pattern=self.setup.server_pattern))
         if srv is None:
             pat = self.setup.server_pattern
@@ -180,7 +187,7 @@ class Server:
     def check_alive(self, r: Runner) -> None:
         """A failing benchmark after a restart: if the server this experiment started has exited, say so now."""
         pid = (self.started or {}).get("pid")
-        if not pid or "hook" in (self.started or {}) or "supervised" in (self.started or {}):
+        if not pid or self.workload is not None or "hook" in (self.started or {}) or "supervised" in (self.started or {}):
             # under a hook or a supervisor, a supervisor may replace it: not ours to judge
             return
         o = r.call("server_ready", {"pid": pid}, why="is the restarted server still running?")
@@ -191,6 +198,8 @@ class Server:
     # ------------------------------------------------------------ restart
     def start(self, r: Runner, srv: Any, run: ServerRun, change: str) -> int:
         """Restart ``srv`` as ``run`` (its undo journalled first); wait until it is ready; return the new pid."""
+        if self.workload is not None:
+            return self._start_workload(run, change)
         if self.setup.restart_cmd:
             return self._start_by_hook(r, srv, run, change)
         c = r.call("server_control", {"pid": srv.pid}, why="how the server runs: a systemd unit, a container or a "
@@ -251,6 +260,23 @@ class Server:
         self._wait_ready(r, o.output.pid, o.output.log, o.output.log_size)
         self._check_identity(r, o.output.pid)
         return o.output.pid
+
+    def _start_workload(self, run: ServerRun, change: str) -> int:
+        """An offline workload: nothing runs between its runs, so nothing is restarted and nothing on the host
+        changes; its next runs are its command line with the change (``tools.workload.command``). Its flags are
+        the work it does: never changed."""
+        if run.set_flags or run.unset_flags:
+            flags = [*(f"--{f}" for f in run.unset_flags), *(f"--{f}" for f in run.set_flags)]
+            raise ExperimentError(f"the benchmark is an offline workload, whose flags ({', '.join(flags)}) are the work it "
+                                  "does, not how a server runs it: debugagent does not change them")
+        from debugagent.tools.workload import command
+        cmd = command(self.workload_bench, list(run.argv), run.cwd, unset=list(run.unset), set_env=dict(run.set),
+                      path_first=list(run.path_first))
+        self.started = {"run": run, "workload": cmd, "change": change, "pid": 0}
+        self.changed(cmd)
+        self.emit("experiment", phase="plan", text=f"no server to restart: the workload is the benchmark, and its next "
+                  f"runs are `{cmd}` ({change})")
+        return 0
 
     # ------------------------------------------------------------ supervised servers
     def _supervisor(self, r: Runner, srv: Any) -> supervise_shape.Supervisor | None:
@@ -414,6 +440,8 @@ class Server:
         if st is None:
             raise ExperimentError("no experiment server to restart")
         run: ServerRun = st["run"]
+        if "workload" in st:   # the worktree's checkout changed under the workload's command: its next run reads it
+            return 0
         if "hook" in st:
             return self._start_by_hook(r, None, run, st["change"], again=True)
         if "supervised" in st:

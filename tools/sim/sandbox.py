@@ -134,7 +134,8 @@ def compiled_client(service: str) -> Path | None:
     if out.exists():
         return out
     cache.mkdir(parents=True, exist_ok=True)
-    tmp = cache / f".sim-client-{key}.{os.getpid()}"
+    # a name of this process and thread: hosts started at once in one process (threads) compile side by side
+    tmp = cache / f".sim-client-{key}.{os.getpid()}.{threading.get_ident()}"
     r = subprocess.run([cc, "-O2", "-o", str(tmp), f'-DSERVICE="{service}"', "-x", "c", "-"], input=src,
                        capture_output=True)
     if r.returncode != 0:
@@ -261,6 +262,8 @@ class SimHost:
         self._clients()
         self.controller = Controller(self.scenario, self.state, self.salt, self.path(SERVICE_DIR) / "service.sock",
                                      self.path("/sys"), strip="" if self.sealed else str(self.sandbox))
+        if self.offline:   # the folder the workload runs in exists, as the job's own would (a `-m` workload has no script there)
+            self.path(self._cwd()).mkdir(parents=True, exist_ok=True)
         if self.sealed:
             self._bwrap, self.init_pid = seal.start(self)
         self._save_exec()

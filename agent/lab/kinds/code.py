@@ -135,7 +135,7 @@ class CodeRevert(Kind):
         editable = [p.editable for p in facts.packages.values() if p.editable]
         imports = None
         python = (srv.python if srv else None) or lab.setup.python
-        if srv is not None and python:
+        if srv is not None and python and srv.pid:   # an offline workload has no process to ask
             entry = srv.entry or ""
             mods = [entry.split(".")[0]] if entry and "/" not in entry and not entry.endswith(".py") else []
             if entry and "/" in entry and not entry.endswith(".py"):   # a console script: its entry point's module
@@ -174,7 +174,8 @@ class CodeRevert(Kind):
         bench_cwd = map_path(lab.measure_spec.cwd, repo, wt) or wt
         if plan.mode == "server" and plan.run is not None:
             lab.server.start(r, srv, plan.run, f"the code of {target[:7]} (worktree {wt})")
-            where = "server restarted from the worktree"
+            where = ("the workload run from the worktree" if lab.server.workload is not None
+                     else "server restarted from the worktree")
         else:
             where = "benchmark in the worktree"
         lab.emit("experiment", phase="measure", text=f"benchmark at {target[:7]} ({where})")
@@ -188,6 +189,7 @@ class CodeRevert(Kind):
                 extra["culprit"] = culprit
                 extra["bisect_steps"] = steps
                 text += (f"; bisect over the range took {len(steps)} steps"
-                         + (" (the server restarted at each)" if plan.mode == "server" else "")
+                         + ("" if plan.mode != "server" else " (the workload run from the worktree at each)"
+                            if lab.server.workload is not None else " (the server restarted at each)")
                          + f": first bad commit {culprit['short']} \"{culprit['subject']}\"")
         return lab.result(spec, vals, d, text, **extra)

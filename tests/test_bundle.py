@@ -57,6 +57,23 @@ def test_bundle_of_the_snapshot_recording_through_the_cli(tmp_path: Path):
     assert "not read in this run" in text["xid.txt"]
 
 
+def test_report_bundle_is_the_bundle_command(tmp_path: Path):
+    """`debugagent report --bundle RUN` (the issue's spelling) writes what `debugagent bundle RUN` writes, member for
+    member; -o without --bundle is exit 2 naming the flag."""
+    run = str(ROOT / "transcripts" / "gpu-contention")
+    a, b = tmp_path / "a.tar.gz", tmp_path / "b.tar.gz"
+    ra, rb = cli("report", "--bundle", run, "-o", str(a)), cli("bundle", run, "-o", str(b))
+    assert ra.returncode == rb.returncode == 0, ra.stderr + rb.stderr
+    assert ra.stdout.strip() == str(a) and stat.S_IMODE(a.stat().st_mode) == 0o600
+
+    def members(path: Path) -> dict[str, bytes]:
+        with tarfile.open(path) as tar:
+            return {n.split("/", 1)[1]: tar.extractfile(n).read() for n in tar.getnames()}  # type: ignore[union-attr]
+    assert list(members(a)) == NAMES and members(a) == members(b)
+    r = cli("report", run, "--no-open", "-o", str(tmp_path / "c.tar.gz"))
+    assert r.returncode == 2 and "--bundle" in r.stderr and not (tmp_path / "c.tar.gz").exists()
+
+
 def test_bundle_bad_input_is_a_usage_error(tmp_path: Path):
     """A folder that is no run is refused naming it (exit 2, as every UsageError); an -o in a missing folder is
     refused before anything is written."""

@@ -146,7 +146,7 @@ def conclude(ctx: Ctx, state: RunState) -> dict[str, Any]:
     what it measured while values no list judges were never decided by removal is "not decided" first
     (``verdicts.unjudged_left``)."""
     hyps, targets = state.hyps, ctx.playbook.group_targets()
-    nj = vd.NotJudged.model_validate((state.facts or {}).get("not_judged") or {})
+    nj = vd.without_judged(hyps, vd.NotJudged.model_validate((state.facts or {}).get("not_judged") or {}))
     if ctx.baseline_snapshot is None and not state.regression.refuted:
         left = vd.unjudged_left(hyps, nj, targets)
         for hid, h in left.items():

@@ -42,6 +42,7 @@ class Hyp(BaseModel):
     rule: str | None = None           # what decided "ruled out": the bound an experiment fell below, or the rule
     cause_specs: list[dict[str, Any]] = Field(default_factory=list)   # the experiments that confirmed it (a group's
     # narrowest half replaces the group)
+    judged: list[str] = Field(default_factory=list)   # the flags and variables its decided experiments changed
 
 
 def from_findings(findings: list[Finding], next_step: str | None) -> Hyp:
@@ -90,6 +91,8 @@ def apply_result(h: Hyp, spec: dict[str, Any], res: ExperimentResult, max_runs_h
         return h
     outcome = res.decided
     h.because.append(res.text)
+    if outcome in ("cause", "not_cause") and not spec.get("group"):
+        h.judged = sorted(set(h.judged) | spec_names(spec))
     if outcome == "cause":
         h.status, h.how, h.next = "confirmed", "experiment", None
         narrower = set(spec.get("group") or [])
@@ -240,6 +243,21 @@ def add_groups(hyps: dict[str, Hyp], nj: NotJudged, targets: dict[str, str]) -> 
             hyps[hid].experiments.append(group_experiment(what, items))
             added.append((hid, items))
     return added
+
+
+def spec_names(spec: dict[str, Any]) -> set[str]:
+    """The flags and variables an experiment sets or removes (empty names, a template's unused slot, left out)."""
+    names = [*(spec.get("set_flags") or {}), *(spec.get("unset_flags") or []), *(spec.get("set_env") or {}),
+             *(spec.get("unset_env") or [])]
+    return {str(n) for n in names if n}
+
+
+def without_judged(hyps: dict[str, Hyp], nj: NotJudged) -> NotJudged:
+    """The not-judged lists without what a hypothesis' own experiment changed and decided (a playbook's hypothesis
+    for OMP_NUM_THREADS judges it, though no knowledge list names it)."""
+    judged = {n for h in hyps.values() for n in h.judged}
+    return nj.model_copy(update={"flags": [f for f in nj.flags if f not in judged],
+                                 "env": [v for v in nj.env if v not in judged]})
 
 
 def _decided_not_cause(h: Hyp, items: list[str]) -> set[str]:

@@ -361,3 +361,18 @@ def test_flags_a_group_removal_decided_are_said_as_removed_not_as_not_judged():
     assert "- not judged (no knowledge list names them): NCCL_X" in lines
     assert ("- removed by experiment, not a cause (no knowledge list names them): --speculative-algorithm, "
             "--speculative-num-steps") in lines
+
+
+def test_a_value_a_hypothesis_experiment_decided_is_not_said_not_judged():
+    """A playbook's own hypothesis whose experiment unset OMP_NUM_THREADS and decided it: the summary names it as the
+    root cause and no longer as "not judged"; a failed experiment judged nothing."""
+    spec = {"kind": "server_restart", "title": "restart the server without OMP_NUM_THREADS", "unset_env": ["OMP_NUM_THREADS"]}
+    h = vd.apply_result(vd.Hyp(status="suspect", experiments=[spec]), spec, result("cause", 0.9, (0.7, 1.1)))
+    nj = vd.NotJudged(env=["NCCL_X", "OMP_NUM_THREADS"])
+    got = vd.without_judged({"omp_threads": h}, nj)
+    assert got.env == ["NCCL_X"]
+    c = concl.conclude({"omp_threads": h}, ["omp_threads"], REG, baseline_snapshot=False, next_steps={}, not_judged=got)
+    assert c.summary.startswith("Root cause: omp_threads") and "OMP_NUM_THREADS" not in c.summary.split("Not judged")[1]
+    failed = vd.apply_result(vd.Hyp(status="suspect", experiments=[spec]), spec,
+                             ExperimentResult.failed("server_restart", "the server did not come back"))
+    assert vd.without_judged({"omp_threads": failed}, nj).env == ["NCCL_X", "OMP_NUM_THREADS"]

@@ -82,3 +82,16 @@ def test_changed_and_undone_section_in_transcript_and_report(run):
         assert "Nothing on the host was changed." in md
     else:
         assert f"{sum(1 for c in made if c.undone)} undone" in md
+
+
+def test_what_to_do_now_advises_what_stopped_the_experiments_not_flags_already_given():
+    """The quick start's experiments ran (the host was changed and undone) and the one that would decide the top
+    suspect failed for want of a wheel: "What to do now" says to fix that (`--wheelhouse`), never to give
+    `--allow-mutations`, which would change nothing; a run whose experiment was not allowed still says it."""
+    from debugagent.agent.markdown import todo_words
+    from debugagent.agent.runfacts import gather
+    f = gather(read_events(ROOT / "transcripts" / "eagle3-flashinfer-rebuilt" / "events.jsonl"))
+    said = todo_words(f)
+    assert "--allow-mutations" not in said and "--wheelhouse" in said and "every change was undone" in said
+    f.hyps["compiled_dependency"].notes.append("not run: restart the server … (give --allow-mutations)")
+    assert "--allow-mutations" in todo_words(f)

@@ -92,6 +92,6 @@ def test_what_to_do_now_advises_what_stopped_the_experiments_not_flags_already_g
     from debugagent.agent.runfacts import gather
     f = gather(read_events(ROOT / "transcripts" / "eagle3-flashinfer-rebuilt" / "events.jsonl"))
     said = todo_words(f)
-    assert "--allow-mutations" not in said and "--wheelhouse" in said and "every change was undone" in said
+    assert "--allow-mutations" not in said and "--wheelhouse" in said and "every change the experiments made was undone" in said
     f.hyps["compiled_dependency"].notes.append("not run: restart the server … (give --allow-mutations)")
     assert "--allow-mutations" in todo_words(f)

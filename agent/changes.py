@@ -100,7 +100,7 @@ def why_allowed(events: list[Event]) -> str:
     """Why a run changed the host without --allow-mutations: its host was simulated (run.json keeps the flag as
     given, false); on a real host the same experiments need the flag or a yes at the prompt."""
     start = next((e for e in events if isinstance(e, RunStarted)), None)
-    if start is None or start.inputs.allow_mutations or not start.host.startswith("sim:"):
+    if start is None or getattr(start.inputs, "allow_mutations", False) or not start.host.startswith("sim:"):
         return ""
     return (" They ran without --allow-mutations because the host is simulated (its changes end with its sandbox); "
             "on a real host each needs --allow-mutations (--yes) or a yes at the prompt.")

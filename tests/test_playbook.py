@@ -274,7 +274,7 @@ def test_validate_warns_of_evidence_a_glob_listed_before_always_takes(tmp_path):
     pb.write_text(text + OMP.replace("    checks: [server_details]\n", "    checks: [server_details]\n    evidence: ['server.env.OMP_*']\n"))
     (w,) = load_playbook(str(pb)).shadow_warnings()
     assert w.startswith("omp_threads: evidence `server.env.OMP_*` is shadowed by `server.env.*` of env_var")
-    from typer.testing import CliRunner
     from debugagent.agent.cli import app
+    from typer.testing import CliRunner
     r = CliRunner().invoke(app, ["playbook", "validate", str(pb)])
     assert r.exit_code == 0 and "warning:" in r.output and "omp_threads" in r.output

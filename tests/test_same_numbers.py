@@ -96,10 +96,14 @@ def test_garbled_catches_what_people_reported():
         assert not garbled(good), (good, garbled(good))
 
 
-def last_measure(view: str, label: str) -> str:
+def measures(view: str, label: str) -> list[str]:
     lines = [ln for ln in view.splitlines() if ln.startswith(f"[measure] {label}: ")]
     assert lines, f"the view measured no {label}"
-    return lines[-1]
+    return lines
+
+
+def last_measure(view: str, label: str) -> str:
+    return measures(view, label)[-1]
 
 
 def reproduce_table(md: str) -> tuple[int, str]:
@@ -135,7 +139,7 @@ def test_experiment_numbers_agree(run):
     o = outputs(run)
     f = o["facts"]
     page = o["html"]
-    seen: dict[str, int] = {}   # a hypothesis' experiments, each with its own [measure] line, in order
+    seen: dict[str, int] = {}   # a hypothesis may have several experiments: the view's lines for it, in order
     for hid in f.order:
         for x in f.hyps[hid].experiments:
             share = x.measured_share
@@ -145,14 +149,13 @@ def test_experiment_numbers_agree(run):
                 continue
             assert f"after {after}; recovered {pct(share)} of the regression" in page
             label = f"together ({', '.join(x.spec['joint'])})" if x.spec.get("joint") else hid   # causes reverted together
-            # each experiment's own closing line (a hypothesis may run two: its known flag, then a group)
-            assert f"[measure] {label}: {after}; recovered {pct(share)}" in o["view"].splitlines(), label
-            seen[label] = seen.get(label, 0) + 1
-            if seen[label] == len([e for e in f.hyps[hid].experiments if e.measured_share is not None]):
-                assert last_measure(o["view"], label) == f"[measure] {label}: {after}; recovered {pct(share)}"
-            # the share the sentence gives first (a ruled out's bound, "is 12.1% of the regression", comes after it)
-            said = re.findall(r"(?<![\d.])(-?\d+)% of the regression", x.result)
-            assert said and f"{said[0]}%" == pct(share), x.result   # the engine's sentence, in the transcript
+            k = seen[label] = seen.get(label, -1) + 1   # each experiment's last line (the ones before: "so far")
+            done = [m for m in measures(o["view"], label) if "; recovered " in m and not m.endswith(" so far")]
+            assert done[k] == f"[measure] {label}: {after}; recovered {pct(share)}"
+            # the engine's sentence, in the transcript: "recovers +313, 28% of the regression (95% CI …)" (a rule
+            # after it may name another share: "the 80% upper bound … is 1.7% of the regression")
+            said = re.findall(r"(?:recovers|changes) [^,;]*, (-?\d+)% of the regression \(95% CI", x.result)
+            assert said and f"{said[0]}%" == pct(share), x.result
             assert f"Result: {x.result}." in o["md"]
     for cause in o["json"]["root_causes"]:
         if cause["explains"] is None:

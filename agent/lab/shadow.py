@@ -317,7 +317,8 @@ class Shadow(Server):
                 vals.append(b.measured(r, cwd, f"{why}, in the changed copy (port {p.port})", env, cmd=chg_cmd))
             capped = bool(limit and len(vals) >= limit)
             final = len(vals) >= most or capped
-            d = decide(ref, vals, regression, b.lower, final=final, noise=b.noise)
+            d = decide(ref, vals, regression, b.lower, final=final, noise=b.noise,
+                       regression_se=b.spec.regression_se)
             if final and not d.decided and not capped and not extended and d.p < PROMISING \
                     and len(vals) < (limit or AUTO_CAP):
                 extended = True

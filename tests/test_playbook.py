@@ -246,11 +246,12 @@ def test_playbook_test_reports_a_new_hypothesis_as_new_and_takes_what_a_shell_ma
     pb = tmp_path / "omp.yaml"
     pb.write_text((root / "playbooks" / "gpu-inference-regression.yaml").read_text() + OMP)
     run = str(root / "transcripts" / "pcie-degraded")
-    r = subprocess.run([sys.executable, "-m", "debugagent.agent.cli", "playbook", "test", str(pb), "--transcript", run, run],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert "new hypotheses (not in the recording, so not compared): omp_threads ruled out" in r.stderr
-    assert r.stderr.count("same conclusion (pcie_link;") == 1 and "None" not in r.stderr
+    from debugagent.agent.cli import app
+    from typer.testing import CliRunner
+    r = CliRunner().invoke(app, ["playbook", "test", str(pb), "--transcript", run, run])
+    assert r.exit_code == 0, r.output
+    assert "new hypotheses (not in the recording, so not compared): omp_threads ruled out" in r.output
+    assert r.output.count("same conclusion (pcie_link;") == 1 and "None" not in r.output
     # the forms a person types: a quoted glob, a folder of run folders (transcripts/h200), a name that gives none
     (tmp_path / "runs" / "a").mkdir(parents=True)
     (tmp_path / "runs" / "a" / "events.jsonl").write_text("")

@@ -562,6 +562,7 @@ def fleet_snapshot(
     bench: Annotated[str | None, typer.Option("--bench", metavar="CMD", help="benchmark command run on each host (as `snapshot --bench`); its numbers are compared across the fleet")] = None,
     metric: Annotated[str | None, typer.Option("--metric", metavar="NAME", help="the METRIC the benchmark prints")] = None,
     bench_runs: Annotated[int, typer.Option("--bench-runs", metavar="N", min=0, help="benchmark runs per host")] = 3,
+    via: Annotated[str, typer.Option("--via", metavar="ssh|ansible", help="how the hosts are reached: debugagent's own SSH (ssh), or `ansible -m raw` over the inventory, in rounds (ansible; needs ansible-core)")] = "ssh",
     **kw: Any,
 ) -> None:
     """Snapshot every host of an inventory at once, a bounded number at a time.
@@ -576,14 +577,22 @@ def fleet_snapshot(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .fleet import FLEET_FILE, snapshot_fleet
+    if via not in ("ssh", "ansible"):
+        raise UsageError(f"--via {via}: not a way this debugagent reaches hosts", fix="give --via ssh or --via ansible")
     hosts = apply_limit(load_inventory(inventory), limit)
+    if via == "ansible":
+        from .fleet_ansible import ansible_binary
+        ansible_binary()
+        if not Path(inventory).is_file() and "," not in inventory:
+            raise UsageError(f"-i {inventory}: --via ansible needs an inventory Ansible reads (a file, or 'h1,h2,')",
+                             fix="give an INI or YAML inventory")
     d = Path(output)
     if d.exists() and not d.is_dir():
         raise UsageError(f"-o {output}: is a file", fix="give a folder (it is made if missing)")
     if (d / FLEET_FILE).exists():
         raise UsageError(f"-o {output}: holds a fleet already ({FLEET_FILE})", fix="give a new folder, or remove that one")
     from .hosts import scheme_of
-    for h in hosts:   # every host's form is checked before any is contacted
+    for h in hosts if via == "ssh" else []:   # every host's form is checked before any is contacted
         scheme, rest = scheme_of(h.target)
         try:
             scheme.check(rest)
@@ -613,9 +622,16 @@ def fleet_snapshot(
 
     with progress:
         task = progress.add_task("hosts", total=len(hosts), failed=0)
-        rec = snapshot_fleet(hosts, d, ssh, forks=forks, inventory=inventory, limit=limit, collect_args=args, on_done=done)
+        if via == "ansible":
+            from .fleet_ansible import snapshot_fleet_ansible
+            rec = snapshot_fleet_ansible(hosts, d, inventory=inventory, forks=forks, limit=limit, collect_args=args,
+                                         known_hosts=ssh.known_hosts, connect_timeout=ssh.connect_timeout, on_done=done)
+        else:
+            rec = snapshot_fleet(hosts, d, ssh, forks=forks, inventory=inventory, limit=limit, collect_args=args,
+                                 on_done=done)
     ok = len(hosts) - len(failed)
-    err.print(f"{ok} of {len(hosts)} hosts read in {rec.seconds:.1f} s ({forks} at a time): {output}/"
+    err.print(f"{ok} of {len(hosts)} hosts read in {rec.seconds:.1f} s ({forks} at a time"
+              + (", through ansible -m raw" if via == "ansible" else "") + f"): {output}/"
               + (f"; not read: {', '.join(failed)}" if failed else "") + f"\nnext: debugagent fleet diff {output}",
               markup=False)
     raise typer.Exit(4 if failed else 0)

@@ -88,9 +88,10 @@ class RunConfig(BaseModel):
         default=None, description="what it was when good: `verify 20ms`")
     baseline_snapshot: Annotated[str | None, flag("--baseline-snapshot", metavar="FILE")] = Field(
         default=None, description="a snapshot of the good state (debugagent snapshot)")
-    peer: Annotated[str | None, flag("--peer", metavar="HOST")] = Field(
+    peer: Annotated[str | None, flag("--peer", metavar="HOST", recorded=when_given)] = Field(
         default=None, description="a healthy peer of the host (same model, same benchmark), read now and never changed: "
-                          "its snapshot, with 5 benchmark runs, is the baseline (in place of --baseline)")
+                          "its snapshot is the baseline snapshot and its benchmark runs, alternating with the host's, "
+                          "the baseline's numbers (in place of --baseline)")
     playbook: Annotated[str | None, flag("--playbook", metavar="NAME|FILE")] = Field(
         default=None, description="playbook name or YAML path (default gpu-inference-regression)")
     bench: Annotated[str | None, flag("--bench", metavar="CMD", recorded=True)] = Field(
@@ -142,6 +143,10 @@ class RunConfig(BaseModel):
     shadow_port: Annotated[int | None, flag("--shadow-port", metavar="N", recorded=when_given)] = Field(
         default=None, ge=1, le=65534, description="the changed copy's port (the unchanged copy's is N+1); both must be "
                                            "free (needs --shadow-gpus)")
+    allow_container_recreate: Annotated[bool, flag("--allow-container-recreate", recorded=when_given)] = Field(
+        default=False, description="where the server is a docker or podman container's main process, an experiment "
+                          "recreates the container from its own inspect with only the change (with consent, as any "
+                          "experiment), and the undo puts the very container back; without it the commands are printed")
     force_unlock: Annotated[bool, flag("--force-unlock")] = Field(
         default=False, description="take over the host's lock left by a run that is gone (a stale lock)")
     higher_is_better: Annotated[bool, flag("--higher-is-better")] = Field(
@@ -164,7 +169,7 @@ class RunConfig(BaseModel):
             fl = flag_of(f.metadata)
             if fl is not None and fl.recorded:
                 value = getattr(self, name)
-                if fl.recorded is when_given and value is None:
+                if fl.recorded is when_given and (value is None or value is False):
                     continue
                 d[name] = fl.recorded(value) if callable(fl.recorded) else value
         d["direction"] = self.direction

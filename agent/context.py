@@ -21,7 +21,7 @@ from .signals import held
 from .symptom import Symptom
 from .transcript import Transcript
 
-__all__ = ["READY_TIMEOUT_S", "REPRODUCE_RUNS", "Ctx", "Overrides", "Warmth"]
+__all__ = ["READY_TIMEOUT_S", "REPRODUCE_RUNS", "Ctx", "Overrides", "Peer", "Warmth"]
 
 
 class Overrides(BaseModel):
@@ -40,6 +40,7 @@ class Overrides(BaseModel):
     restart_cmd: str | None = None
     shadow_gpus: str | None = None
     shadow_port: int | None = None
+    allow_container_recreate: bool | None = None
     ready_timeout_s: float | None = Field(default=None, validation_alias=AliasChoices("ready_timeout", "ready_timeout_s"))
 
     @property
@@ -69,6 +70,28 @@ class Warmth:
 
 
 @dataclass
+class Peer:
+    """``--peer``: the healthy peer, open during the reproduce step only (its benchmark runs alternate with the
+    host's); read, never changed, and closed before any experiment. ``owned``: closed here (a replay's peer is the
+    replayed recording itself)."""
+
+    name: str
+    transport: BaseTransport
+    bench: str | None
+    metric: str
+    cwd: str | None = None
+    regex: str | None = None
+    owned: bool = True
+    closed: bool = False
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if self.owned:
+                self.transport.close()
+
+
+@dataclass
 class Ctx:
     transport: BaseTransport
     transcript: Transcript
@@ -87,7 +110,9 @@ class Ctx:
     # the server as found, restarted: the runs an experiment's control measured, which later controls of the same
     # run start from (what a plain restart gives is a property of the server, not of the change being tested)
     found_restarted: list[float] = field(default_factory=list)
+    peer: Peer | None = None
     _runners: dict[str | None, Runner] = field(default_factory=dict)
+    _peer_runner: Runner | None = None
     _ids: Any = field(default_factory=lambda: itertools.count(1))
 
     def runner(self, hypothesis: str | None = None) -> Runner:
@@ -101,9 +126,21 @@ class Ctx:
             self._runners[hypothesis] = r
         return self._runners[hypothesis]
 
+    def peer_runner(self) -> Runner:
+        """The peer's runner: its calls are recorded in the run's transcript as the host's are (``why`` names it)."""
+        assert self.peer is not None
+        if self._peer_runner is None:
+            obs = self.transcript.observer(None)
+
+            def observe(event: str, data: dict[str, Any], _obs=obs) -> None:
+                _obs(event, data)
+                self.on_status(event, {**data, "hypothesis": None})
+            self._peer_runner = Runner(self.peer.transport, observe, ids=self._ids, hold=held)
+        return self._peer_runner
+
     @property
     def commands(self) -> int:
-        return sum(r.count for r in self._runners.values())
+        return sum(r.count for r in self._runners.values()) + (self._peer_runner.count if self._peer_runner else 0)
 
     def say(self, text: str, hypothesis: str | None = None, kind: str = "reasoning") -> None:
         """Reasoning in the transcript; ``kind="not_run"`` for an experiment left out (agent/events.py)."""

@@ -40,7 +40,9 @@ def narrate(d: Discovery) -> list[str]:
     """What the transcript says about discovery, in order."""
     lines: list[str] = []
     s = d.server
-    if s:
+    if s and s.found_by == "workload":
+        lines.append(d.how)
+    elif s:
         flags = " ".join(f"--{k}" + ("" if v is True else f" {v}") for k, v in s.flags.items())
         # one message; how it runs (server_shape) is in the message that found it
         lines.append(f"The server is pid {s.pid}: `{s.entry}` run by {s.python or s.argv[0]} in "

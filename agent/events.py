@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 SCHEMA_VERSION = 2
-Purpose = Literal["reproduce", "probe", "experiment", "undo", "control", "warm-up"]
+Purpose = Literal["reproduce", "peer", "probe", "experiment", "undo", "control", "warm-up"]
 PURPOSES: tuple[str, ...] = ("reproduce", "probe", "experiment", "undo", "control", "warm-up")
 Status = Literal["pending", "suspect", "confirmed", "ruled_out", "inconclusive"]
 Phase = Literal["start", "plan", "wait", "warm_up", "measure", "bisect", "undo", "undo_recorded", "result"]
@@ -144,6 +144,8 @@ def purpose_of(tool: str, hypothesis: str | None, why: str) -> str:
         return "warm-up"
     if why.startswith(("control:", "the reference state")):
         return "control"
+    if why.startswith("peer "):   # --peer: the healthy peer's run, interleaved with the reproduce step's
+        return "peer"
     if hypothesis is None:
         # the check that the benchmark prints the metric is a probe (its reading is the reproduce step's first run)
         return "reproduce" if tool == "bench" and why.startswith("reproduce") else "probe"

@@ -75,12 +75,18 @@ def _supervised_call(x: ExperimentView) -> dict[str, Any] | None:
     """The input of the experiment's restart through the server's supervisor (``supervisor_apply`` or
     ``systemd_dropin``), with ``tool`` naming which."""
     return next(({**(c.get("input") or {}), "tool": c.get("tool")} for c, _ in x.calls
-                 if c.get("tool") in ("supervisor_apply", "systemd_dropin")), None)
+                 if c.get("tool") in ("supervisor_apply", "systemd_dropin", "container_recreate")), None)
 
 
 def supervised_fix(sv: dict[str, Any]) -> tuple[str, list[str]]:
     """The change made permanent in the supervisor's own terms: supervisord's program section and
     ``supervisorctl update``, or the unit's drop-in, ``daemon-reload`` and a restart."""
+    if sv.get("tool") == "container_recreate":   # the container made again with the change, as the experiment's
+        rt, name = str(sv.get("runtime")), str(sv.get("name"))
+        run = " ".join(shlex.quote(str(a)) for a in sv.get("run") or [])
+        return (f"make the change permanent by recreating the {rt} container {name} with it (the experiment's command, "
+                "from the container's own inspect with only the change):",
+                [f"{rt} stop {shlex.quote(name)} && {rt} rm {shlex.quote(name)} && {run}"])
     if sv.get("tool") == "systemd_dropin":
         unit = str(sv.get("unit"))
         body = "".join(ln + "\n" for ln in str(sv.get("content") or "").splitlines() if not ln.startswith("#"))

@@ -15,11 +15,9 @@ returns the fields it changes.
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from debugagent.tools.errors import UsageError
-from langgraph.checkpoint.base import BaseCheckpointSaver
-from langgraph.graph import END, START, StateGraph
 
 from . import conclusion as concl
 from . import steps
@@ -31,6 +29,9 @@ from .lab.shadow import server_bench
 from .preflight import check_benchmark
 from .state import RunState
 
+if TYPE_CHECKING:
+    from langgraph.checkpoint.base import BaseCheckpointSaver
+
 __all__ = ["RECURSION_LIMIT", "REPRODUCE_RUNS", "Ctx", "Overrides", "build_graph"]
 
 RECURSION_LIMIT = 200
@@ -38,6 +39,8 @@ RECURSION_LIMIT = 200
 
 def build_graph(ctx: Ctx, checkpointer: BaseCheckpointSaver | None = None):
     """The compiled graph; ``checkpointer`` (SQLite in the run folder) makes it resumable."""
+    # imported here: a command that stops at its input's check (exit 2) never loads the graph library
+    from langgraph.graph import END, START, StateGraph  # noqa: PLC0415
     g = StateGraph(RunState)
     for name, node in (("intake", intake), ("discover", discover), ("probe", probe), ("evaluate", evaluate),
                        ("plan", plan), ("experiment", experiment), ("judge", judge), ("conclude", conclude),

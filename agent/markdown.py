@@ -342,6 +342,7 @@ def render_hypothesis(doc: Doc, hid: str, f: RunFacts) -> None:
         doc.msg(text)
     shown = {seen.because} if seen else set()   # a verdict whose reason is already shown is not repeated
     followed: set[int] = set()
+    before = None   # the status the experiments above left: a later one that decides nothing new says "still"
     for ex in h.experiments:
         reason = (ex.reason + " ") if ex.reason else ""
         undo = (" Its undo is recorded before it acts: " + "; ".join(ex.undo_recorded) + ".") if ex.undo_recorded else ""
@@ -349,8 +350,13 @@ def render_hypothesis(doc: Doc, hid: str, f: RunFacts) -> None:
         render_calls(doc, ex.reference + ex.calls, f.target, f.metric, f.unit)
         after = ex.verdict
         if ex.result:
-            doc.msg(f"Result: {ex.result}." + (f" Verdict: **{STATUS_WORD.get(after.status, after.status)}**"
-                                                 f"{' by ' + after.how if after.how else ''}." if after else ""))
+            still = after is not None and before == after.status == "confirmed" and not ex.significant
+            doc.msg(f"Result: {ex.result}." + (
+                f" Verdict: still **{STATUS_WORD.get(after.status, after.status)}**, by the experiment above."
+                if still and after else
+                f" Verdict: **{STATUS_WORD.get(after.status, after.status)}**{' by ' + after.how if after.how else ''}."
+                if after else ""))
+            before = after.status if after else before
             shown.add(ex.result)
             if after:
                 followed.add(id(after))

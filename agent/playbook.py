@@ -27,6 +27,7 @@ import shlex
 import threading
 import time
 import typing
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -256,6 +257,23 @@ for _env in (_ENV, _LENIENT):
     _env.filters.update(FILTERS)
 
 
+# Each rule's text compiled once per process (compiling is most of a rule's cost, and every host's facts, every
+# run and every replay evaluates the same rules); a compiled template holds no state of a rendering.
+@lru_cache(maxsize=4096)
+def _expression(text: str) -> Any:
+    return _ENV.compile_expression(text)
+
+
+@lru_cache(maxsize=4096)
+def _strict(text: str) -> Any:
+    return _ENV.from_string(text)
+
+
+@lru_cache(maxsize=4096)
+def _lenient(text: str) -> Any:
+    return _LENIENT.from_string(text)
+
+
 def _templates(h: Hypothesis, n: int) -> list[tuple[str, str | None, str]]:
     """(field path, text, expr or tmpl) of every Jinja text of a hypothesis."""
     out: list[tuple[str, str | None, str]] = []
@@ -280,9 +298,9 @@ def _compile_all(pb: Playbook, file: str) -> None:
                 continue
             try:
                 if kind == "expr":
-                    _ENV.compile_expression(text)
+                    _expression(text)
                 else:
-                    _ENV.from_string(text)
+                    _strict(text)
             except TemplateError as exc:
                 raise PlaybookError(f"bad Jinja {('expression' if kind == 'expr' else 'template')}: {exc}",
                                     file=file, field=field,
@@ -420,7 +438,7 @@ class Finding(BaseModel):
 
 def _render(value: Any, ctx: dict[str, Any]) -> Any:
     if isinstance(value, str) and "{{" in value:
-        return _LENIENT.from_string(value).render(**ctx).strip()
+        return _lenient(value).render(**ctx).strip()
     if isinstance(value, dict):
         return {(_render(k, ctx) if isinstance(k, str) else k): _render(v, ctx) for k, v in value.items()}
     if isinstance(value, list):
@@ -439,13 +457,13 @@ def evaluate(h: Hypothesis, facts: dict[str, Any], file: str = "") -> list[Findi
             _LENIENT.start()
             items = [None]
             if r.foreach:
-                items = list(_ENV.compile_expression(r.foreach)(**facts) or [])
+                items = list(_expression(r.foreach)(**facts) or [])
             for item in items:
                 ctx = dict(facts, item=item) if r.foreach else facts
-                if not _ENV.compile_expression(r.when)(**ctx):
+                if not _expression(r.when)(**ctx):
                     continue
                 # a loop's separator left after its last item (`x16; `) is not part of the sentence
-                because = _LENIENT.from_string(r.because).render(**ctx).strip().rstrip(";, ")[:MAX_TEXT]
+                because = _lenient(r.because).render(**ctx).strip().rstrip(";, ")[:MAX_TEXT]
                 exp = None
                 if r.experiment:
                     # the fix stays a template: it reads the run's results, rendered by the report (``render_fix``)
@@ -473,8 +491,8 @@ def render_fix(fix: FixTemplate, ctx: dict[str, Any], where: str = "", file: str
     """A fix template rendered in the rules' sandbox: its text, and its commands that render to something."""
     try:
         _LENIENT.start()
-        text = _LENIENT.from_string(fix.text).render(**ctx).strip()[:MAX_TEXT]
-        commands = [c for c in (_LENIENT.from_string(t).render(**ctx).strip() for t in fix.commands) if c]
+        text = _lenient(fix.text).render(**ctx).strip()[:MAX_TEXT]
+        commands = [c for c in (_lenient(t).render(**ctx).strip() for t in fix.commands) if c]
     except (TemplateError, ArithmeticError, TypeError, ValueError, LookupError, AttributeError, RecursionError,
             MemoryError) as exc:
         raise PlaybookError(f"fix failed on this run's facts: {type(exc).__name__}: {exc}", file=file, field=where,

@@ -10,7 +10,7 @@ characters and bidi controls.
 from __future__ import annotations
 
 import statistics
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,7 @@ from typing import Any
 from debugagent.tools.escape import html_text
 from debugagent.tools.probes.text import clip_words, when
 from debugagent.tools.units import plain
-from jinja2 import Environment, select_autoescape
+from jinja2 import Environment, Template, select_autoescape
 from markupsafe import Markup
 from pydantic import BaseModel, Field
 
@@ -82,6 +82,12 @@ def environment() -> Environment:
     return env
 
 
+@lru_cache(maxsize=4)
+def _page(text: str) -> Template:
+    """The page's template, compiled once per process (most of a page's cost)."""
+    return environment().from_string(text)
+
+
 def shown(value: Any) -> Any:
     """Every value the template prints, before autoescape: a control character or a bidi control from the host
     shown escaped (``\\u202e`` cannot reverse a command on the page); the template's own markup left as it is."""
@@ -131,7 +137,7 @@ def context(f: RunFacts) -> dict[str, Any]:
 def render_html(events: list[Event]) -> str:
     from . import changes
     body, _ = changes.rows(events)
-    page = environment().from_string(template_text("report.html.j2")).render(
+    page = _page(template_text("report.html.j2")).render(
         **context(gather(events)), changes_title=changes.SECTION, changes_summary=changes.summary(events),
         changes=body)
     return page.rstrip("\n") + "\n"

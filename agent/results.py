@@ -26,6 +26,8 @@ class Regression(BaseModel):
     sd: float | None = None
     outcome: Literal["regression", "none", "better", "more", "noise"] | None = None
     runs_needed: int | None = None
+    # --peer: the healthy peer's runs, taken alternately with the host's: {"host", "samples", "interleaved"}
+    peer: dict[str, Any] | None = None
 
     @model_serializer(mode="wrap")
     def _measured_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import sqlite3
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from debugagent.tools.errors import (
     DebugAgentError,
@@ -27,9 +27,6 @@ from debugagent.tools.errors import (
     write_problem,
 )
 from debugagent.tools.redact import private_file, redact, redact_argv, redact_text
-from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
-from langgraph.checkpoint.sqlite import SqliteSaver
 from rich.markup import escape
 
 from .config import RunConfig
@@ -42,6 +39,9 @@ from .signals import Interrupted, Signals
 from .sinks import console
 from .state import RunState, conclusion_of, to_jsonable
 from .transcript import Transcript
+
+if TYPE_CHECKING:
+    from langchain_core.runnables import RunnableConfig
 
 __all__ = ["RunConfig", "RunOptions", "execute", "investigate", "resume_run", "undo_run"]
 
@@ -92,8 +92,19 @@ def investigate(opts: RunConfig, *, folder: Path | None = None, resume: bool = F
     ``transport`` lets a caller (a test, a notebook) pass an open transport; it is then
     left open. ``since`` (a ``time.monotonic()`` value) is where the live view's elapsed time starts.
     """
+    peer = None
     if opts.peer and not opts.baseline_snapshot:
-        opts = opts.model_copy(update={"baseline_snapshot": str(peer_snapshot(opts))})
+        path, peer = peer_snapshot(opts)
+        opts = opts.model_copy(update={"baseline_snapshot": str(path)})
+    try:
+        return _investigate(opts, folder, resume, transport, since, unattended_check, peer)
+    finally:
+        if peer is not None:
+            peer.close()
+
+
+def _investigate(opts: RunConfig, folder: Path | None, resume: bool, transport: Any, since: float | None,
+                 unattended_check: bool, peer: Any) -> dict[str, Any]:
     inputs = inputs_from_options(opts)
     if unattended_check:
         from .consent import check_unattended
@@ -102,7 +113,7 @@ def investigate(opts: RunConfig, *, folder: Path | None = None, resume: bool = F
         folder = new_run_folder(opts, inputs.symptom.metric)
     view = make_view(inputs, opts, folder, resume, since)
     with view:   # visible at once: opening a host can take seconds
-        session = open_run(opts, inputs, folder, resume=resume, transport=transport, view=view)
+        session = open_run(opts, inputs, folder, resume=resume, transport=transport, view=view, peer=peer)
         started = time.monotonic()
         try:
             state = drive(session, resume)
@@ -116,17 +127,21 @@ def investigate(opts: RunConfig, *, folder: Path | None = None, resume: bool = F
     return output_of(conclusion_of(state), folder, time.monotonic() - started)
 
 
-PEER_RUNS = 5   # as `snapshot --bench-runs`: the baseline's noise comes from these runs too
+PEER_RUNS = 1   # the snapshot's own run (its GPUs read under load, its benchmark checked); the baseline's runs come
+# later, interleaved with the host's in the reproduce step
 
 
-def peer_snapshot(opts: RunConfig) -> Path:
+def peer_snapshot(opts: RunConfig) -> tuple[Path, Any]:
     """``--peer HOST``: a snapshot of the healthy peer, taken now (read-only, nothing on it is changed) with
-    ``PEER_RUNS`` runs of the same benchmark, written under the state folder's ``peers/``; it is then the run's
-    baseline snapshot, so the diff against it drives the suspects and experiments run on ``--host`` alone."""
+    ``PEER_RUNS`` run of the same benchmark, written under the state folder's ``peers/``; it is then the run's
+    baseline snapshot, so the diff against it drives the suspects and experiments run on ``--host`` alone. Its
+    connection is left open (the ``Peer`` returned): the reproduce step alternates its benchmark runs with the
+    host's, then closes it."""
     from debugagent.tools.redact import write_private
     from debugagent.tools.registry import Runner
     from debugagent.tools.snapshot import collect, dump
 
+    from .context import Peer
     from .hosts import check_host
     from .symptom import parse_symptom
     if opts.baseline or opts.baseline_snapshot:
@@ -140,23 +155,34 @@ def peer_snapshot(opts: RunConfig) -> Path:
     quiet = opts.as_json or not err.is_terminal
     if not quiet:
         err.print(escape(f"reading the peer {opts.peer} ({PEER_RUNS} benchmark runs; nothing on it is changed) …"))
-    with open_transport(str(opts.peer), opts.ssh) as tr:
+    tr = open_transport(str(opts.peer), opts.ssh)
+    try:
         snap = collect(Runner(tr), bench=opts.bench, python=opts.python, repo=opts.repo,
                        server_pattern=opts.server_pattern, metric=metric, bench_regex=opts.bench_regex,
                        bench_runs=PEER_RUNS)
+    except BaseException:
+        tr.close()
+        raise
+    peer = Peer(name=str(opts.peer), transport=tr, bench=snap.bench.get("cmd"), metric=snap.bench.get("metric") or metric,
+                cwd=snap.discovery.repo if snap.discovery else None, regex=snap.bench.get("regex"))
     if not snap.bench.get("samples"):
+        peer.close()
         raise UsageError(f"--peer {opts.peer}: its benchmark gave no numbers of `{metric}`"
                          + (f" ({snap.errors[0]})" if snap.errors else ""),
                          fix="give the benchmark with --bench (and --metric in the symptom), the same on both hosts")
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     path = state_dir() / "peers" / f"{stamp}-{re.sub(r'[^A-Za-z0-9._-]', '_', str(opts.peer))[:60]}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_private(path, dump(snap) + "\n")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_private(path, dump(snap) + "\n")
+    except BaseException:
+        peer.close()
+        raise
     if not quiet:
         samples = snap.bench["samples"]
-        err.print(escape(f"the peer's baseline: {len(samples)} runs of {metric}, {min(samples):g} to {max(samples):g} "
-                         f"{snap.bench.get('unit') or ''} ({path})"))
-    return path
+        err.print(escape(f"the peer's snapshot: {metric} {samples[0]:g} {snap.bench.get('unit') or ''} ({path}); its "
+                         "baseline runs alternate with the host's when the run reproduces"))
+    return path, peer
 
 
 def output_of(conclusion: dict[str, Any], folder: Path, wall: float) -> dict[str, Any]:
@@ -211,6 +237,8 @@ def drive(session: Session, resume: bool) -> dict[str, Any] | Stopped:
     """The graph over the run folder's SQLite checkpoints, the host restored at the end or on a signal or an
     error; the final state, or ``Stopped`` when interrupted (every change undone)."""
     ctx, folder = session.ctx, session.folder
+    from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer  # noqa: PLC0415 - loaded once a run starts
+    from langgraph.checkpoint.sqlite import SqliteSaver  # noqa: PLC0415
     conn = sqlite3.connect(str(private_file(folder / "checkpoints.sqlite")), check_same_thread=False)
     graph = build_graph(ctx, checkpointer=SqliteSaver(conn, serde=RedactingSerde(JsonPlusSerializer())))
     config: RunnableConfig = {"configurable": {"thread_id": ctx.run_id}, "recursion_limit": RECURSION_LIMIT}
@@ -337,6 +365,7 @@ class RedactingSerde:
 
 def check_checkpoints(folder: Path, conn: sqlite3.Connection, config: RunnableConfig) -> None:
     """A resumed run's checkpoints can be read, or exit 2 naming the file (the journal still undoes)."""
+    from langgraph.checkpoint.sqlite import SqliteSaver  # noqa: PLC0415
     try:
         SqliteSaver(conn).get_tuple(config)
     except Exception as exc:  # noqa: BLE001 - sqlite, msgpack and langgraph each raise their own on a damaged file

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict
 from . import __version__
 from .config import RunConfig
 from .consent import make_ask
-from .context import Ctx, Overrides
+from .context import Ctx, Overrides, Peer
 from .discovery import DiscoveryInput, check_input
 from .events import Event, EventBase
 from .hosts import check_container, check_host, open_transport
@@ -121,8 +121,8 @@ def inputs_from_recording(head: EventBase | dict[str, Any], playbook: str | None
 
 
 def make_ctx(inputs: Inputs, transport: Any, transcript: Transcript, undo: Journal, run_id: str, *,
-             advisor: Any = None, confirm: Any = None) -> Ctx:
-    return Ctx(transport=transport, transcript=transcript, playbook=inputs.playbook, run_id=run_id, undo=undo,
+             advisor: Any = None, confirm: Any = None, peer: Any = None) -> Ctx:
+    return Ctx(peer=peer, transport=transport, transcript=transcript, playbook=inputs.playbook, run_id=run_id, undo=undo,
                symptom=inputs.symptom, baseline=inputs.baseline, baseline_snapshot=inputs.baseline_snapshot,
                allow_mutations=not inputs.read_only and (inputs.allow_mutations or transport.sandbox),
                confirm=None if inputs.read_only else confirm, advisor=advisor,
@@ -185,6 +185,8 @@ class Session:
         return self.ctx.transcript
 
     def close(self) -> None:
+        if self.ctx.peer is not None:
+            self.ctx.peer.close()
         if self.lock is not None:
             self.lock.release()
         if self.owned:
@@ -227,7 +229,8 @@ def check_on_host(opts: RunConfig, transport: Any) -> None:
                              "(pip's cache on the host is searched anyway)")
 
 
-def open_run(opts: RunConfig, inputs: Inputs, folder: Path, *, resume: bool, transport: Any, view: View) -> Session:
+def open_run(opts: RunConfig, inputs: Inputs, folder: Path, *, resume: bool, transport: Any, view: View,
+             peer: Any = None) -> Session:
     """Open the host (unless a transport is given: it is then left open), the run folder, the transcript, the
     journal and the host's lock; nothing is changed on the host."""
     owned = transport is None
@@ -254,7 +257,7 @@ def open_run(opts: RunConfig, inputs: Inputs, folder: Path, *, resume: bool, tra
         transcript.emit("run_started", **header(opts, inputs.playbook, run_id, inputs.baseline_snapshot))
     lock = _locked(HostLock(remote, run_id), opts, transcript, folder, transport, owned)
     transport.on_event = lambda kind, text: transcript.emit("error", kind=kind, message=text)
-    ctx = make_ctx(inputs, transport, transcript, undo, run_id, advisor=advisor_for(opts), confirm=make_ask(view))
+    ctx = make_ctx(inputs, transport, transcript, undo, run_id, advisor=advisor_for(opts), confirm=make_ask(view), peer=peer)
     return Session(ctx=ctx, folder=folder, lock=lock, owned=owned, view=view)
 
 
@@ -293,4 +296,16 @@ def open_replay(events: list[Event], *, playbook: str | None, out: Path, file: s
         from .llm import RecordedAdvisor
         advisor = RecordedAdvisor(llm_answers)
     undo = Journal(out / "journal.json", head["run_id"], transport.host)
-    return make_ctx(inputs, transport, transcript, undo, head["run_id"], advisor=advisor), transport
+    return make_ctx(inputs, transport, transcript, undo, head["run_id"], advisor=advisor,
+                    peer=replayed_peer(head, transport)), transport
+
+
+def replayed_peer(head: Any, transport: ReplayTransport) -> Peer | None:
+    """A ``--peer`` run's peer in its replay: the recording answers its calls too (in the order they were made)."""
+    name = (head.get("inputs") or {}).get("peer")
+    if not name:
+        return None
+    bench = (head.get("baseline_snapshot_data") or {}).get("bench") or {}
+    repo = ((head.get("baseline_snapshot_data") or {}).get("discovery") or {}).get("repo")
+    return Peer(name=str(name), transport=transport, bench=bench.get("cmd"), metric=bench.get("metric") or "",
+                cwd=repo, regex=bench.get("regex"), owned=False)

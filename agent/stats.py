@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import math
 import statistics
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Literal
 
 from debugagent.tools.units import plain
 from pydantic import BaseModel
-from scipy import stats as sps
 
 # One-sided error rate of a "cause" call at each look. Looks are correlated (each adds a run
 # to the same samples), so over a budget of up to ~15 looks the family-wise rate stays near
@@ -53,10 +52,17 @@ PARTIAL_POWER = 0.8     # ... this often
 Outcome = Literal["cause", "not_cause", "more"]
 
 
+@cache
+def _sps():  # noqa: ANN202 - the module itself (its type is inferred)
+    """``scipy.stats``, loaded on the first decision (a command that stops at its input's check never loads it)."""
+    from scipy import stats  # noqa: PLC0415
+    return stats
+
+
 @lru_cache(maxsize=4096)
 def t_quantile(q: float, df: int) -> float:
     """The exact quantile of Student's t (scipy), cached: decisions ask for the same few."""
-    return float(sps.t.ppf(q, df))
+    return float(_sps().t.ppf(q, df))
 
 
 def _var(x: list[float]) -> float:
@@ -80,7 +86,7 @@ def looks_normal(*groups: list[float]) -> bool:
     res = [v - statistics.fmean(g) for g in groups if len(g) > 1 for v in g]
     if len(res) < 10 or max(res) - min(res) == 0:
         return True
-    return float(sps.shapiro(res).pvalue) > 0.01
+    return float(_sps().shapiro(res).pvalue) > 0.01
 
 
 class Effect(BaseModel):
@@ -114,12 +120,12 @@ def effect(reference: list[float], changed: list[float], lower_is_better: bool,
     sd = _floor(sd, mr, mc)
     se = sd * math.sqrt(1 / len(reference) + 1 / len(changed))
     df = max(df, 1)
-    p = float(sps.t.sf(imp / se, df))
+    p = float(_sps().t.sf(imp / se, df))
     normal = looks_normal(reference, changed)
     if not normal and math.comb(len(reference) + len(changed), len(changed)) * ALPHA_CAUSE > 2:
         # Mann-Whitney only where it can reach the cause level at all (10 vs 4 runs cannot)
         alt = "less" if lower_is_better else "greater"
-        p = float(sps.mannwhitneyu(changed, reference, alternative=alt).pvalue)
+        p = float(_sps().mannwhitneyu(changed, reference, alternative=alt).pvalue)
     return Effect(improvement=imp, se=se, df=df, sd=sd, p_better=p, normal=normal)
 
 
@@ -175,7 +181,7 @@ def fresh_agrees(reference: list[float], fresh: list[float], changed: list[float
     imp = (mr - mc) if lower_is_better else (mc - mr)
     sd, df = noise_sd(reference, changed, noise)
     se = _floor(sd, mr, mc) * math.sqrt(1 / len(fresh) + 1 / len(changed))
-    return float(sps.t.sf(imp / se, max(df, 1))) < ALPHA_FRESH
+    return float(_sps().t.sf(imp / se, max(df, 1))) < ALPHA_FRESH
 
 
 def decide(reference: list[float], changed: list[float], regression: float | None, lower_is_better: bool, *,
@@ -330,7 +336,7 @@ class Reproduction(BaseModel):
 def one_reading_p(delta: float, sd: float, n: int) -> float:
     """One-sided p of a shift ``delta`` between ``n`` runs and one reading of the same noise ``sd`` (the reading's
     own noise assumed equal to the runs')."""
-    return float(sps.t.sf(delta / (sd * math.sqrt(1 + 1 / n)), max(n - 1, 1)))
+    return float(_sps().t.sf(delta / (sd * math.sqrt(1 + 1 / n)), max(n - 1, 1)))
 
 
 def reproduce(samples: list[float], baseline: float, lower_is_better: bool, claimed: float | None, *,
@@ -356,8 +362,8 @@ def reproduce(samples: list[float], baseline: float, lower_is_better: bool, clai
     se = sd * math.sqrt(1 / len(samples) + (1 / len(bs) if bs else 0.0))
     df = max(df, 1)
     delta = (m - baseline) if lower_is_better else (baseline - m)
-    p_worse = float(sps.t.sf(delta / se, df))
-    p_better = float(sps.t.sf(-delta / se, df))
+    p_worse = float(_sps().t.sf(delta / se, df))
+    p_better = float(_sps().t.sf(-delta / se, df))
     upper = delta + t_quantile(0.95, df) * se
     relevant = RELEVANT_PCT / 100 * abs(baseline)
     claim = claimed if claimed and claimed > 0 else None
@@ -374,7 +380,7 @@ def reproduce(samples: list[float], baseline: float, lower_is_better: bool, clai
     if one and delta > 0 and p_one >= ALPHA_ONE_READING and (outcome == "regression" or (outcome == "more" and final)):
         # the shift is inside the noise one reading carries: more runs help only while the budget could show it
         n = len(samples)
-        sd_up = sd * math.sqrt((n - 1) / float(sps.chi2.ppf(1 - SD_UPPER, n - 1)))
+        sd_up = sd * math.sqrt((n - 1) / float(_sps().chi2.ppf(1 - SD_UPPER, n - 1)))
         hopeless = final or one_reading_p(delta, sd_up, max(most or n, n)) >= ALPHA_ONE_READING
         outcome = "noise" if hopeless else "more"
     pct = abs(delta) / abs(baseline) if baseline else 0.0
@@ -389,7 +395,7 @@ def reproduce(samples: list[float], baseline: float, lower_is_better: bool, clai
     need = None
     if outcome == "more":
         target = claim or max(abs(delta), relevant)
-        z = float(sps.norm.ppf(1 - ALPHA_REPRODUCE) + sps.norm.ppf(POWER))
+        z = float(_sps().norm.ppf(1 - ALPHA_REPRODUCE) + _sps().norm.ppf(POWER))
         # se² = sd²·(1/n + 1/m): more runs of this state shrink only the first term; the baseline's m runs stay
         room = (target / (z * sd)) ** 2 - (1 / len(bs) if bs else 0.0)
         need = max(len(samples) + 1, math.ceil(1 / room)) if room > 0 else None

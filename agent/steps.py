@@ -12,6 +12,7 @@ from debugagent.tools.host import HostFacts, ServerInfo
 from debugagent.tools.redact import redact
 from debugagent.tools.snapshot import OPTIONAL_PROBES, Snapshot, collect
 from debugagent.tools.units import plain
+from debugagent.tools.workload import is_workload
 
 from . import verdicts as vd
 from .context import Ctx
@@ -90,10 +91,17 @@ def reproduce_regression(ctx: Ctx, d: dict[str, Any]) -> tuple[Regression, int]:
     """Sequential: 3 runs (2 when the baseline snapshot's runs estimate the noise too), then one more while
     undecided, up to --reproduce-runs."""
     if not bench_of(ctx, d):
+        if ctx.peer is not None:
+            ctx.peer.close()
         return Regression(), 0
     r = ctx.runner(None)
     most = ctx.overrides.most_reproduce_runs
     first = d.get("first_run")
+    if ctx.peer is not None and not ctx.peer.closed:
+        try:
+            return reproduce_with_peer(ctx, d, first, most)
+        finally:
+            ctx.peer.close()
     # the baseline snapshot's runs (two or more) are the baseline: they estimate the noise too, so one run fewer
     looks = min(REPRODUCE_FIRST - len(baseline_noise(ctx)), most)
     ctx.say(f"Reproducing first: {looks} runs of the benchmark as the host is now"
@@ -120,6 +128,75 @@ def reproduce_regression(ctx: Ctx, d: dict[str, Any]) -> tuple[Regression, int]:
     reg = regression_of(vals, rep, base, source)
     ctx.say(reproduce_words(reg, rep, len(vals)))
     return reg, runs
+
+
+PEER_LEAST = 2   # runs of each side before the first test: the peer's runs are the baseline and its noise
+
+
+def reproduce_with_peer(ctx: Ctx, d: dict[str, Any], first: dict[str, Any] | None, most: int) -> tuple[Regression, int]:
+    """``--peer``: the peer's benchmark runs alternate with the host's (the check's run, then peer, host, peer,
+    host, …), so a load that changes during the run shows on both sides; the peer's runs are the baseline and its
+    noise. The peer is only read; its connection is closed when this returns, before any experiment."""
+    assert ctx.peer is not None
+    peer, r, pr = ctx.peer, ctx.runner(None), ctx.peer_runner()
+    ctx.say(f"Reproducing against the peer {peer.name}, measured now: its benchmark runs alternate with the host's "
+            f"(peer, host, peer, host, …{'; the check’s run is the host’s first' if first else ''}), so a load that "
+            f"changes during the run shows on both; at least {PEER_LEAST} of each, more while the answer is not clear "
+            f"(at most {most} of the host's). The peer is only read, and its connection is closed before any experiment.")
+    vals: list[float] = [first["value"]] if first else []
+    peer_vals: list[float] = []
+    unit, runs, rep, order = (first["unit"] if first else None), len(vals), None, (["host"] if first else [])
+    peer_failed = 0
+    while True:
+        if len(peer_vals) >= PEER_LEAST and len(vals) >= PEER_LEAST:
+            base = statistics.fmean(peer_vals)
+            claimed = ctx.symptom.worse(ctx.symptom.in_unit(unit or ctx.symptom.unit), base)
+            rep = reproduce(vals, base, ctx.symptom.direction == "lower", claimed, baseline_samples=peer_vals,
+                            final=runs >= most, most=most)
+            if rep.outcome != "more":
+                break
+        if runs >= most or peer_failed >= PEER_LEAST and not peer_vals:
+            break
+        p = pr.call("bench", {"cmd": peer.bench, "metric": peer.metric, "cwd": peer.cwd, "regex": peer.regex},
+                    why=f"peer {peer.name}, run {len(order) - runs + 1} (interleaved with the host's)")
+        order.append("peer")
+        if p.ok:
+            peer_vals.append(p.output.value)
+        else:
+            peer_failed += 1
+        o = r.call("bench", {"cmd": bench_of(ctx, d), "metric": d["metric"], "cwd": d.get("repo"),
+                             "regex": ctx.overrides.bench_regex}, why=f"reproduce, run {runs + 1}")
+        runs += 1
+        order.append("host")
+        if o.ok:
+            vals.append(o.output.value)
+            unit = o.output.unit or unit
+    source = f"the peer {peer.name}'s {len(peer_vals)} runs, interleaved with the host's"
+    if len(peer_vals) < PEER_LEAST:   # the peer's benchmark failed now: its snapshot's runs, taken before, are all there is
+        ctx.say(f"The peer {peer.name}'s benchmark gave {len(peer_vals)} number(s) now; its snapshot's runs (taken "
+                "before the host's, not interleaved) are the baseline.")
+        base, base_samples, source = _baseline_for(ctx, unit)
+        if base is not None and vals:
+            claimed = ctx.symptom.worse(ctx.symptom.in_unit(unit or ctx.symptom.unit), base)
+            rep = reproduce(vals, base, ctx.symptom.direction == "lower", claimed, baseline_samples=base_samples,
+                            final=True, most=most)
+        reg = regression_of(vals, rep, base, source)
+    else:
+        reg = regression_of(vals, rep, statistics.fmean(peer_vals), source)
+    reg = reg.model_copy(update={"peer": {"host": peer.name, "samples": peer_vals, "interleaved": True,
+                                          "order": order}})
+    reg.model_fields_set.add("peer")
+    u = f" {unit}" if unit else ""
+    ctx.say(f"Interleaved runs (peer, host alternating): the peer {peer.name} {runs_words(peer_vals)}{u}; "
+            f"the host {runs_words(vals)}{u}. The peer's connection is closed; it was not changed.")
+    ctx.say(reproduce_words(reg, rep, len(vals)))
+    return reg, runs
+
+
+def runs_words(vals: list[float]) -> str:
+    if not vals:
+        return "gave no number"
+    return f"mean {plain(statistics.fmean(vals), 4)} over {len(vals)} runs ({', '.join(plain(v, 4) for v in vals)})"
 
 
 def regression_of(vals: list[float], rep: Reproduction | None, base: float | None, source: str) -> Regression:
@@ -343,13 +420,16 @@ def lab_for(ctx: Ctx, s: RunState, hid: str) -> Lab:
                ctx.run_id, ctx.symptom.direction == "lower",
                LabSetup.from_inputs(ctx.overrides, (d.get("host_facts") or {}).get("profile")), ctx.warmth,
                ctx.found_restarted, discovery=run_input(ctx.overrides, d["metric"], d.get("server")),
-               noise=baseline_noise(ctx), fresh_runs=fresh, shadow=d.get("shadow"))   # how many to run; ``Lab.reference`` keeps how many it had
+               noise=baseline_noise(ctx, reg), fresh_runs=fresh, shadow=d.get("shadow"),
+               workload=d.get("server") if is_workload(d.get("server")) else None)   # how many to run; ``Lab.reference`` keeps how many it had
 
 
-def baseline_noise(ctx: Ctx) -> tuple[list[float], ...]:
-    """The baseline snapshot's benchmark runs (two or more), which the experiments' tests pool into their estimate
-    of the noise, as the reproduce step does; none without a baseline snapshot."""
-    bs = _baseline_for(ctx, None)[1]
+def baseline_noise(ctx: Ctx, reg: Regression | None = None) -> tuple[list[float], ...]:
+    """The baseline snapshot's benchmark runs (two or more; with ``--peer``, the peer's runs interleaved with the
+    reproduce step's), which the experiments' tests pool into their estimate of the noise, as the reproduce step
+    does; none without a baseline snapshot."""
+    peer = (reg.peer or {}).get("samples") if reg is not None else None
+    bs = list(peer) if peer and len(peer) >= 2 else _baseline_for(ctx, None)[1]
     return (bs,) if len(bs) >= 2 else ()
 
 

@@ -312,3 +312,80 @@ def test_a_changed_flag_of_a_container_main_process_is_refused_with_the_commands
 def proc_state_of(pid: int) -> tuple:
     p = Path(f"/proc/{pid}")
     return p.joinpath("cmdline").read_bytes(), p.joinpath("environ").read_bytes(), os.readlink(p / "cwd")
+
+
+class APIServer:
+    """A Kubernetes API server of one empty namespace on 127.0.0.1 (plain HTTP, any port): discovery answers, and
+    every pod is NotFound, as the real API server says it (a `Status` object, 404)."""
+
+    def __init__(self) -> None:
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        self.paths: list[str] = []
+        paths = self.paths
+
+        class H(BaseHTTPRequestHandler):
+            def do_GET(self):   # noqa: N802
+                paths.append(self.path)
+                p = self.path.split("?")[0]
+                if p == "/api":
+                    code, body = 200, {"kind": "APIVersions", "versions": ["v1"],
+                                       "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": ""}]}
+                elif p == "/api/v1":
+                    code, body = 200, {"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+                        {"name": "pods", "singularName": "pod", "namespaced": True, "kind": "Pod",
+                         "verbs": ["get", "list"], "shortNames": ["po"]},
+                        {"name": "pods/exec", "singularName": "", "namespaced": True, "kind": "PodExecOptions",
+                         "verbs": ["create", "get"]}]}
+                elif p == "/apis":
+                    code, body = 200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": []}
+                else:
+                    name = p.rsplit("/", 1)[-1]
+                    code, body = 404, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                                       "message": f'pods "{name}" not found', "reason": "NotFound",
+                                       "details": {"name": name, "kind": "pods"}, "code": 404}
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_POST = do_GET   # noqa: N815
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.mark.skipif(not shutil.which("kubectl"), reason="needs kubectl")
+def test_a_pod_that_does_not_exist_is_exit_2_naming_how_to_list_the_pods(tmp_path, monkeypatch):
+    """The real kubectl, its kubeconfig pointing at an API server on 127.0.0.1 where the pod does not exist: exit 2
+    with `kubectl get pods -n NS` as the fix, before anything runs; and with no API server answering, exit 4."""
+    api = APIServer()
+    try:
+        conf = tmp_path / "kubeconfig"
+        conf.write_text(f"apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:{api.port}\n"
+                        "contexts:\n- name: c\n  context:\n    cluster: c\n    user: u\nusers:\n- name: u\n  user: {}\n"
+                        "current-context: c\n")
+        monkeypatch.setenv("KUBECONFIG", str(conf))
+        monkeypatch.setenv("HOME", str(tmp_path))   # kubectl's discovery cache: the test's own
+        with pytest.raises(UsageError) as e:
+            open_transport("k8s:serving/vllm-0")
+        assert e.value.exit_code == 2 and "no such pod or container" in e.value.message, e.value.message
+        assert "kubectl get pods -n serving" in str(e.value.fix)
+        assert any("/namespaces/serving/pods/vllm-0" in p for p in api.paths)
+        assert not any("exec" in p for p in api.paths)   # nothing was run in a pod
+    finally:
+        api.close()
+    with pytest.raises(TransportError) as e4:   # the same kubeconfig, nothing listening there now
+        open_transport("k8s:serving/vllm-0")
+    assert e4.value.exit_code == 4 and "cannot reach its cluster" in e4.value.message, e4.value.message

@@ -155,17 +155,38 @@ def test_fleet_html_holds_host_text_as_text(tmp_path):
 
 
 def test_run_with_a_peer_as_baseline_confirms_the_cause_on_the_slow_host(tmp_path):
-    """`run --peer GOOD`: the healthy peer is read now (5 benchmark runs, nothing changed on it) and is the
-    baseline; the experiment runs on the slow host and confirms the power cap."""
+    """`run --peer GOOD`: the healthy peer is read now (nothing changed on it), its benchmark runs alternate with the
+    slow host's in the reproduce step (peer, host, peer, host, …) and are the baseline; the experiment runs on the
+    slow host alone and confirms the power cap. The run replays from its recording, the peer's calls included."""
     r = cli("run", "--host", "sim:power-capped", "--peer", "sim:power-capped@good", "--symptom", "decode 74 tok/s",
             "--json", "--out", str(tmp_path / "run"))
     assert r.returncode == 0, r.stderr
     o = json.loads(r.stdout)
     assert o["root_cause"]["hypothesis"] == "gpu_clocks"
-    started = json.loads((tmp_path / "run" / "events.jsonl").read_text().splitlines()[0])
-    peer = started["baseline_snapshot_data"]
-    assert len(peer["bench"]["samples"]) == 5 and min(peer["bench"]["samples"]) > 80   # the healthy peer's runs
+    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    peer = events[0]["baseline_snapshot_data"]
     assert peer["gpus"][0]["power_limit"] == 700.0 and peer["host"] == "sim:power-capped@good"
+    # the benchmark runs of the reproduce step, in the order they were made: the check's run (the host's first),
+    # then peer and host alternating; the peer's values are the healthy twin's, the host's the capped one's
+    calls = {e["call_id"]: e for e in events if e["event"] == "tool_call"}
+    runs = [(calls[e["call_id"]]["purpose"], e["output"]["value"]) for e in events
+            if e["event"] == "tool_result" and calls[e["call_id"]]["tool"] == "bench" and calls[e["call_id"]]["hypothesis"] is None
+            and calls[e["call_id"]]["purpose"] in ("peer", "reproduce")]
+    kinds = [k for k, _ in runs]
+    assert len(kinds) >= 4 and kinds == ["peer", "reproduce"] * (len(kinds) // 2), kinds
+    assert all(v > 80 for k, v in runs if k == "peer") and all(v < 80 for k, v in runs if k == "reproduce")
+    # no experiment starts before the reproduce step (and the peer's connection) is over
+    first_exp = min(i for i, e in enumerate(events) if e["event"] == "tool_call" and e.get("hypothesis"))
+    last_peer = max(i for i, e in enumerate(events) if e["event"] == "tool_call" and e["purpose"] == "peer")
+    assert last_peer < first_exp
+    reg = o["regression"]
+    assert reg["peer"]["interleaved"] is True and reg["peer"]["host"] == "sim:power-capped@good"
+    assert reg["peer"]["samples"] == [v for k, v in runs if k == "peer"]
+    assert "interleaved" in reg["baseline_source"]
+    md = (tmp_path / "run" / "transcript.md").read_text()
+    assert "Interleaved runs (peer, host alternating)" in md
+    rp = cli("replay", str(tmp_path / "run"))
+    assert rp.returncode == 0, rp.stdout + rp.stderr
 
 
 def test_peer_bad_input(tmp_path):
@@ -190,3 +211,36 @@ def test_a_host_whose_benchmark_fails_is_named(tmp_path):
     assert "b: read (b.json), but its benchmark gave no numbers" in r.stderr
     rec = json.loads((out / "fleet.json").read_text())
     assert all(h["bench_failed"] for h in rec["hosts"])
+
+
+@pytest.mark.skipif(not (Path(sys.executable).parent / "ansible").is_file() and not shutil.which("ansible"),
+                    reason="needs ansible-core (pip install ansible-core)")
+def test_fleet_snapshot_through_ansible(tmp_path):
+    """`fleet snapshot --via ansible`: the same snapshots, their commands sent by a real `ansible -m raw` over the
+    same inventory (its own ssh, host keys checked against the fleet's known_hosts); `fleet diff` reads them and
+    names the odd host. A host Ansible cannot reach is named with Ansible's message; the rest are read."""
+    import os
+    specs = {"gpu-01": "power-capped@good", "gpu-02": "power-capped@good", "gpu-03": "power-capped"}
+    with ExitStack() as stack:
+        inv, kh = fleet(stack, tmp_path, specs, unreachable="gpu-04")
+        out = tmp_path / "fleet"
+        env_path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
+        r = subprocess.run([sys.executable, "-m", "debugagent.agent.cli", "fleet", "snapshot", "--via", "ansible",
+                            "-i", str(inv), "-o", str(out), "--known-hosts", str(kh), "--connect-timeout", "5",
+                            "--bench-runs", "0"], capture_output=True, text=True, timeout=600, cwd=ROOT,
+                           env={**os.environ, "PATH": env_path})
+    assert r.returncode == 4, r.stderr
+    assert "Traceback" not in r.stderr
+    assert "3 of 4 hosts read" in r.stderr and "through ansible -m raw" in r.stderr
+    assert "gpu-04: could not be read: ansible:" in r.stderr
+    rec = json.loads((out / "fleet.json").read_text())
+    assert {h["name"]: bool(h["file"]) for h in rec["hosts"]} == {"gpu-01": True, "gpu-02": True, "gpu-03": True,
+                                                                   "gpu-04": False}
+    snap = json.loads((out / "gpu-03.json").read_text())
+    assert snap["gpus"][0]["power_limit"] == 450.0 and snap["gpus"][0]["sm_clock"]   # read under the benchmark's load
+    d = cli("fleet", "diff", str(out), "--json")
+    assert d.returncode == 1, d.stderr
+    o = json.loads(d.stdout)
+    split = {s["path"]: s for s in o["splits"]}
+    assert split["gpus.0.power_limit"]["odd"] == {"gpu-03": 450.0}
+    assert {h for s in o["splits"] for h in s["odd"]} == {"gpu-03"}

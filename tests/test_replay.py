@@ -45,6 +45,10 @@ def test_kept_transcript_replays_to_its_conclusion(run, tmp_path):
     # what the code writes now from this recording's host outputs reads right: no `+1.77e+03`, no "mean …", no
     # "1 commits", no ";;", one interval per share (the kept files hold what the code wrote when they were recorded)
     assert not garbled_outputs(tmp_path / "replay"), "\n".join(garbled_outputs(tmp_path / "replay"))
+    md = (tmp_path / "replay" / "transcript.md").read_text()
+    for m in re.finditer(r"Result: ([^\n]*?): not a cause[^\n]*Verdict: ([^\n]*)", md):
+        # an experiment that is "not a cause" never reads as the one that confirmed: the earlier one did
+        assert "CONFIRMED" not in m.group(2) or m.group(2).startswith("still **CONFIRMED**, by the experiment above"), m[0]
 
 
 def test_recording_header_and_redaction():

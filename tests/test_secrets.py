@@ -361,6 +361,16 @@ def test_a_value_seen_under_a_secret_name_is_hidden_everywhere_after():
     assert r.text("ps: srv PlantedLearned1 --x") == f"ps: srv {REDACTED} --x"
 
 
+def test_a_text_redacted_before_a_value_was_learned_is_redacted_again_after():
+    """A text already redacted (and remembered as redacted) shows a value learned later hidden: learning one
+    forgets every text already done."""
+    r = Redactor()
+    line = "ps: srv PlantedLater2 --x"
+    assert r.text(line) == line and r.text(line) == line
+    r.value({"env": {"MY_PASSWORD": "PlantedLater2"}})
+    assert r.text(line) == f"ps: srv {REDACTED} --x"
+
+
 def test_argv_hides_the_next_argument_of_a_secret_flag_only():
     """In an argument vector, `--api-key VALUE` hides VALUE; `--num-draft-tokens 4` and boolean flags stay."""
     r = Redactor()

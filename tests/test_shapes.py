@@ -21,9 +21,10 @@ from debugagent.agent.lab.errors import ExperimentError
 from debugagent.agent.lab.server import ServerRun
 from debugagent.tools import shape, supervise
 from debugagent.tools.host import ServerInfo
-from debugagent.tools.mutate import RestartServer
+from debugagent.tools.mutate import RestartServer, parse_server_control
 from debugagent.tools.registry import Runner
 from debugagent.tools.replay import legacy_command
+from debugagent.tools.shadow import parse_gpu_memory
 from debugagent.tools.transport import FakeTransport, LocalTransport
 
 
@@ -81,6 +82,20 @@ def test_a_systemd_unit_is_read_from_the_cgroup_and_a_supervisord_from_the_ances
     assert (sv.supervisor.pid, sv.supervisor.config, sv.supervisor.program, sv.supervisor.group) == (
         700, "/etc/sv/supervisord.conf", "infer", "serving")
     assert [a.pid for a in sv.ancestors] == [700, 1]
+
+
+def test_a_line_separator_inside_a_value_stays_in_its_line():
+    """The `== section` outputs split on \\n only: U+2028 inside an argument, a comm or a path is part of the value
+    (str.splitlines would cut the line there and lose the rest)."""
+    s = shape.parse_server_shape(812, shape_text(tree="812\t1\t/srv/bin/python3\x1f--served-model-name\x1fa\u2028b",
+                                                 ancestors="1\tsys\u2028temd\t/sbin/init"))
+    assert [w.argv for w in s.tree] == [["/srv/bin/python3", "--served-model-name", "a\u2028b"]]
+    assert [a.comm for a in s.ancestors] == ["sys\u2028temd"]
+    c = parse_server_control(812, "== cgroup\n0::/user.slice\n== self_cgroup\n0::/user.slice\n== parent\n1\n"
+                                  "sh\u2028ell\n/bin/sh\n== stdout\n/srv/logs/out\u2028x.log\n== end\n")
+    assert c.parent == "sh\u2028ell" and c.stdout == "/srv/logs/out\u2028x.log"
+    m = parse_gpu_memory("== gpus\n0, GPU-1, 143771 MiB, 10 MiB\n== apps\nGPU-1\u2028x, 812, 10 MiB\n== end\n")
+    assert [a.gpu_uuid for a in m.apps] == ["GPU-1\u2028x"]
 
 
 def test_the_launcher_layout_and_engine_origin_are_described():
@@ -239,7 +254,7 @@ def test_the_program_section_is_edited_and_every_other_byte_kept():
 
 
 # ---------------------------------------------------------------- systemd, through a fake host
-def systemd_host(calls: list[str], journal: Journal, systemctl: bool = True):
+def systemd_host(calls: list[str], journal: Journal, systemctl: bool = True, permitted: bool = True):
     def host(command: str) -> str:
         calls.append(command)
         if "== marks" in command:   # server_shape
@@ -252,6 +267,11 @@ def systemd_host(calls: list[str], journal: Journal, systemctl: bool = True):
                 assert journal.pending(), "the drop-in was written before its undo was journalled"
             if not systemctl:
                 return ("systemctl is not installed here\n", "", 1)
+            if not permitted:
+                if "DropInPaths" in command:   # the undo of a drop-in never written
+                    return "running pid=812\n"
+                return ("no permission to write /etc/systemd/system (this session runs as uid 1000): nothing written\n",
+                        "", 1)
             return "started pid=4321\n"
         raise AssertionError(command)
     return host
@@ -282,6 +302,8 @@ def test_a_systemd_unit_is_restarted_through_a_drop_in_and_its_undo_removes_it(t
                'Environment="NCCL_DEBUG=WARN $$HOME 5%%"\nUnsetEnvironment="CUDA_LAUNCH_BLOCKING"\nExecStart=\n'
                'ExecStart="/opt/venv/bin/python3" "-m" "sglang.launch_server" "--port" "30000"\n')
     assert write == ("command -v systemctl >/dev/null || { echo 'systemctl is not installed here'; exit 1; }; "
+                     "[ -w /etc/systemd/system ] || { echo \"no permission to write /etc/systemd/system (this session "
+                     "runs as uid $(id -u)): nothing written\"; exit 1; }; "
                      f"mkdir -p /etc/systemd/system/sglang.service.d && printf %s {shlex.quote(content)} > {path} || exit 1; "
                      "systemctl daemon-reload || exit 1; systemctl restart sglang.service || exit 1; "
                      "echo \"started pid=$(systemctl show -p MainPID --value sglang.service)\"")
@@ -290,9 +312,9 @@ def test_a_systemd_unit_is_restarted_through_a_drop_in_and_its_undo_removes_it(t
     assert lab.undo.check(step) is None
     left = lab.undo.run(Runner(t))
     assert left == [] and not j.pending()
-    assert calls[-1] == (f"rm -f {path} || exit 1; rmdir /etc/systemd/system/sglang.service.d 2>/dev/null; "
-                         "systemctl daemon-reload || exit 1; systemctl restart sglang.service || exit 1; "
-                         "echo \"started pid=$(systemctl show -p MainPID --value sglang.service)\"")
+    assert calls[-1].endswith(f"rm -f {path} || exit 1; rmdir /etc/systemd/system/sglang.service.d 2>/dev/null; "
+                              "systemctl daemon-reload || exit 1; systemctl restart sglang.service || exit 1; "
+                              "echo \"started pid=$(systemctl show -p MainPID --value sglang.service)\"")
 
 
 def test_a_drop_in_step_naming_another_file_is_refused(tmp_path):
@@ -320,3 +342,90 @@ def test_a_systemd_restart_that_fails_leaves_its_undo_journalled(tmp_path):
         lab.server.start(Runner(t), SRV, ServerRun(argv=SRV.argv, cwd="/srv", unset=["CUDA_LAUNCH_BLOCKING"]), "x")
     (step,) = j.pending()
     assert step.tool == "systemd_dropin_remove"   # the undo removes whatever part was written
+
+
+FAKE_SYSTEMCTL = """#!/bin/sh
+echo "$*" >> "{log}"
+[ "$1" = show ] && {{ echo 0; exit 0; }}
+echo "Failed to $1: Access denied" >&2
+exit 1
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/setpriv").is_file(), reason="needs root and setpriv to "
+                    "run the commands as a user who may not write /etc/systemd/system")
+def test_no_permission_for_systemd_changes_nothing_and_says_run_as_root(tmp_path, request):
+    """As a user who may not write /etc/systemd/system (setpriv to nobody, a `systemctl` that is refused as a real
+    one is): the drop-in command stops before it writes or reloads anything, its undo has nothing to do (exit 0, no
+    daemon-reload), and the experiment is refused with the fix; nothing is left to undo."""
+    import tempfile
+    here = Path(tempfile.mkdtemp(prefix="systemctl-perm-"))   # a folder nobody may enter (the test's own is 0700)
+    request.addfinalizer(lambda: __import__("shutil").rmtree(here, ignore_errors=True))
+    here.chmod(0o777)
+    log = here / "systemctl.log"
+    bin_ = here / "bin"
+    bin_.mkdir()
+    bin_.chmod(0o755)
+    (bin_ / "systemctl").write_text(FAKE_SYSTEMCTL.format(log=log))
+    (bin_ / "systemctl").chmod(0o755)
+    unit, path = "debugagent-test-perm.service", "/etc/systemd/system/debugagent-test-perm.service.d/debugagent-r1.conf"
+
+    def as_nobody(command: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "bash", "-c", command],
+                              capture_output=True, text=True, env={"PATH": f"{bin_}:/usr/bin:/bin"}, timeout=60)
+    r = as_nobody(supervise.SystemdDropin(unit=unit, path=path, content="[Service]\n").command())
+    assert r.returncode == 1 and "no permission to write /etc/systemd/system" in r.stdout and "uid 65534" in r.stdout
+    assert not Path(path).parent.exists() and not log.exists()   # nothing written, systemctl never run
+    r = as_nobody(supervise.SystemdDropinRemove(unit=unit, path=path, remove_dir=True).command())
+    assert r.returncode == 0 and r.stdout.strip() == "running pid=0", r.stdout + r.stderr
+    assert "daemon-reload" not in log.read_text() and "restart" not in log.read_text()
+
+    calls: list[str] = []
+    lab, j = lab_for(tmp_path, None)
+    t = FakeTransport(systemd_host(calls, j, permitted=False))
+    with pytest.raises(ExperimentError) as e:
+        lab.server.start(Runner(t), SRV, ServerRun(argv=SRV.argv[:-1], cwd="/srv"), "--disable-cuda-graph removed")
+    assert "cannot be changed from this session" in str(e.value) and "run it as root" in str(e.value)
+    assert "--restart-cmd" in str(e.value)
+    assert lab.undo.run(Runner(t)) == [] and not j.pending()   # its undo finds nothing to do
+
+
+def test_a_python_that_is_no_venv_with_its_engine_in_dist_packages_is_a_system_python():
+    """Debian's python3 copied under another prefix (an image's, a test's) keeps its dist-packages: a system Python;
+    one under another prefix whose engine is in site-packages is not."""
+    js = ('{"python": "/opt/py/bin/python3", "prefix": "/opt/py", "venv": false, "launcher": "module", "command": '
+          '"infer.serve", "module": "infer.serve", "engine": {"module": "infer", "root": '
+          '"/opt/py/local/lib/python3.11/dist-packages", "how": "%s"}}')
+    assert shape.parse_server_shape(812, shape_text(python=js % "dist-packages")).layout == "system"
+    assert shape.parse_server_shape(812, shape_text(python=js % "site-packages")).layout == "other"
+
+
+def test_a_console_script_code_experiment_asks_where_its_entry_point_module_is_imported_from(tmp_path):
+    """A console script's entry is a path (VENV/bin/inferd), not a module: the code experiment asks server_shape for the
+    module its entry point names and where the interpreter imports it from (an editable checkout: a .pth path), and
+    restarts the server from the worktree with it first on PYTHONPATH."""
+    from types import SimpleNamespace
+
+    from debugagent.agent.lab.kinds.code import CodeRevert
+    js = ('{"python": "/srv/venv/bin/python", "prefix": "/srv/venv", "venv": true, "launcher": "console_script", '
+          '"command": "inferd", "module": "inferd.cli", "engine": {"module": "inferd", "root": "/srv/inferd-src", '
+          '"how": "editable"}}')
+    asked: list[str] = []
+
+    def host(command: str) -> str:
+        if "== marks" in command:
+            return shape_text(python=js)
+        if "find_spec" in command or "importlib.util" in command:
+            asked.append(command)
+            return ('{"repo": "/srv/inferd-src", "cwd": "/srv", "cwd_in_repo": null, "modules": [{"module": "inferd", '
+                    '"origin": "/srv/inferd-src/inferd/__init__.py", "root": "/srv/inferd-src", "rel": "", '
+                    '"how": "a .pth path"}]}\n')
+        raise KeyError(command)
+    lab, _ = lab_for(tmp_path, None)
+    srv = ServerInfo(pid=812, argv=["/srv/venv/bin/python", "/srv/venv/bin/inferd", "--port", "8000"], cwd="/srv",
+                     python="/srv/venv/bin/python", entry="/srv/venv/bin/inferd")
+    lab.server.find_or_none = lambda r: srv   # type: ignore[method-assign]
+    _, plan = CodeRevert().plan(lab, Runner(FakeTransport(host)), "/srv/inferd-src", "/tmp/debugagent-wt-r1",
+                                SimpleNamespace(packages={}))   # type: ignore[arg-type]
+    assert asked and shlex.split(asked[0])[-1] == "inferd"
+    assert plan.mode == "server" and plan.run is not None and plan.run.path_first == ["/tmp/debugagent-wt-r1"]

@@ -172,7 +172,7 @@ class ContainerTransport(BaseTransport):
             raise UsageError(f"{t.label}: no such {'pod or container' if t.kind == 'k8s' else 'process' if t.kind == 'nsenter' else 'running container'} "
                              f"on {where}: {tail}", fix=f"check the name: {t.list_hint()}")
         if any(s in low for s in ("cannot connect", "connection refused", "is the docker daemon running", "unable to connect",
-                                  "no such file or directory")) and t.kind != "nsenter":
+                                  "no such file or directory", "did you specify the right host or port")) and t.kind != "nsenter":
             raise ConnectError(f"{t.label}: {cli} cannot reach its {'cluster' if t.kind == 'k8s' else 'daemon'} on {where}: {tail}", host=self.host,
                                fix=DAEMON[t.kind])
         if r.exit_code in (126, 127):

@@ -43,6 +43,7 @@ from .gpu import GpuProcess
 from .host import SERVER_PATTERN, HostFacts, Proc, ProcTable, ServerInfo
 from .registry import Outcome, Runner
 from .shape import ServerShape
+from .workload import parse as parse_workload
 
 FoundBy = Literal["known", "pattern", "gpu", "port"]
 PORT_RE = re.compile(r"(?::|--port[= ]|-p )([0-9]{2,5})\b")
@@ -311,9 +312,19 @@ def finish(runner: Runner, inp: DiscoveryInput, table_o: Outcome, gpu_o: Outcome
         else:
             errors.append(sd.error or "server_details failed")
     values = resolve(inp, facts, server)
+    workload = None
+    if server is None and (workload := parse_workload(values["bench"][0])) is not None:
+        # no server: the benchmark is the program (an offline workload); what it runs stands for the server
+        server = workload
+        values = resolve(inp, facts, server)
     if table_o.ok:
         own &= {p.pid for p in table_o.output.procs}
     how = describe(process, ranked[1:], own, invisible, inp)
+    if workload is not None:
+        how += (f" The benchmark is the program itself, an offline workload: `{workload.entry}` run by "
+                f"{workload.python}" + (f" in {workload.cwd}" if workload.cwd else "") + "; its interpreter, code, "
+                "packages and environment are the suspects, its flags are its work (never changed), and each "
+                "experiment re-runs it with the change (nothing to restart).")
     return Discovery(server=server, process=process if server else None, others=ranked[1:], own=sorted(own),
                      invisible_gpu_pids=invisible, host_facts=facts, gpu_processes=gpu,
                      sources={k: src for k, (v, src) in values.items() if v},

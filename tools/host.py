@@ -18,7 +18,7 @@ from . import benchfmt
 from .errors import ParseError, parser
 from .redact import redact_env, redact_flags
 from .shape import ServerShape
-from .transport import q, split_lines
+from .transport import q, split_lines, split_sections
 
 SERVER_PATTERN = r"sglang\.launch_server|sglang\.srt\.|vllm\.entrypoints|vllm serve|text-generation-launcher|trtllm-serve"
 SEP = "\x1f"
@@ -227,7 +227,7 @@ def parse_ss_listen(text: str) -> list[Listener]:
 @parser("process_table")
 def parse_process_table(text: str) -> ProcTable:
     # split on "\n" only: str.splitlines() would also split on \x1c-\x1e and \x0b/\x0c inside an argv
-    s = _sections(text, "process_table", ["procs", "exe", "end"], lines=text.split("\n"))
+    s = split_sections(text, "process_table", ["procs", "exe", "end"], lines=text.split("\n"))
     self_pid = None
     for ln in text.split("\n"):
         if ln.startswith("== self"):
@@ -338,16 +338,7 @@ def unescape_entry(text: str) -> str:
 
 @parser("server_details")
 def parse_server_details(pid: int, text: str) -> ServerInfo:
-    sections: dict[str, list[str]] = {}
-    cur = None
-    for ln in text.split("\n"):
-        if ln.startswith("== "):
-            cur = ln[3:].strip()
-            sections[cur] = []
-        elif cur is not None:
-            sections[cur].append(ln)
-    if "cmdline" not in sections or "end" not in sections:
-        raise ParseError("output lacks the `== cmdline` … `== end` sections", tool="server_details", excerpt=text[:80])
+    sections = split_sections(text, "server_details", ["cmdline", "end"], lines=text.split("\n"))
     argv = [unescape_entry(a[1:]) for a in sections["cmdline"] if a.startswith("+")]
     if not argv:
         raise ParseError(f"process {pid} has an empty command line (gone, or a kernel thread)", tool="server_details")
@@ -566,24 +557,9 @@ class GitInfo(BaseModel):
         return None
 
 
-def _sections(text: str, tool: str, required: list[str], lines: list[str] | None = None) -> dict[str, list[str]]:
-    sections: dict[str, list[str]] = {}
-    cur = None
-    for ln in split_lines(text) if lines is None else lines:
-        if ln.startswith("== "):
-            cur = ln[3:].strip()
-            sections[cur] = []
-        elif cur is not None:
-            sections[cur].append(ln)
-    missing = [r for r in required if r not in sections]
-    if missing:
-        raise ParseError(f"output lacks section(s) {', '.join(missing)}", tool=tool, excerpt=text[:80])
-    return sections
-
-
 @parser("git_state")
 def parse_git_state(repo: str, text: str) -> GitInfo:
-    s = _sections(text, "git_state", ["head", "branch", "status", "log", "reflog", "end"])
+    s = split_sections(text, "git_state", ["head", "branch", "status", "log", "reflog", "end"])
     commits = []
     for ln in s["log"]:
         parts = ln.split(SEP, 3)   # the subject is last and may hold the separator itself
@@ -636,7 +612,7 @@ class HostFacts(BaseModel):
 
 @parser("host_info")
 def parse_host_info(text: str) -> HostFacts:
-    s = _sections(text, "host_info", ["hostname", "kernel", "cores", "loadavg", "governor", "end"])
+    s = split_sections(text, "host_info", ["hostname", "kernel", "cores", "loadavg", "governor", "end"])
     try:
         cores = int(s["cores"][0].strip())
         load1 = float(s["loadavg"][0].split()[0])
@@ -724,7 +700,7 @@ class DriverFacts(BaseModel):
 @parser("driver_files")
 def parse_driver_files(text: str) -> DriverFacts:
     m = re.search(r"Kernel Module\s+([0-9.]+)", text)
-    libs = _sections(text, "driver_files", ["libs", "end"])["libs"]
+    libs = split_sections(text, "driver_files", ["libs", "end"])["libs"]
     newest = None
     version = None
     for ln in libs:

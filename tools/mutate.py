@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import ParseError, parser
 from .session import ansi_c_quote
-from .transport import q
+from .transport import q, split_sections
 
 # the repository's hooks (post-checkout) never run for debugagent's own worktrees: what they did would not be undone
 # (added after the kept recordings were made: ``replay.legacy_command``)
@@ -538,16 +538,7 @@ def _cgroup_paths(lines: list[str]) -> list[str]:
 
 @parser("server_control")
 def parse_server_control(pid: int, text: str) -> Control:
-    sections: dict[str, list[str]] = {}
-    cur = None
-    for ln in text.splitlines():
-        if ln.startswith("== "):
-            cur = ln[3:].strip()
-            sections[cur] = []
-        elif cur is not None:
-            sections[cur].append(ln)
-    if "end" not in sections:
-        raise ParseError("output lacks the `== end` section", tool="server_control", excerpt=text[:80])
+    sections = split_sections(text, "server_control", ["end"])
     mine = set(_cgroup_paths(sections.get("self_cgroup", [])))
     paths = [c for c in _cgroup_paths(sections.get("cgroup", [])) if c not in mine]
     par = [ln for ln in sections.get("parent", []) if ln.strip()]

@@ -26,7 +26,7 @@ import json
 import shlex
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .errors import ParseError
 
@@ -69,6 +69,7 @@ class ContainerSpec(BaseModel):
     pid: str = ""
     add_host: list[str] = Field(default_factory=list)
     hostname: str = ""
+    id: str = ""                                          # the container's id (not a `run` option)
 
     @property
     def argv(self) -> list[str]:
@@ -119,7 +120,8 @@ class ContainerSpec(BaseModel):
                    cap_drop=list(h.get("CapDrop") or []),
                    security_opt=[s for s in h.get("SecurityOpt") or [] if not s.startswith("label=") or runtime == "docker"],
                    init=bool(h.get("Init")), pid=h.get("PidMode") or "", add_host=list(h.get("ExtraHosts") or []),
-                   hostname=_hostname(c.get("Hostname") or "", str(data.get("Id") or ""), h.get("NetworkMode") or ""))
+                   hostname=_hostname(c.get("Hostname") or "", str(data.get("Id") or ""), h.get("NetworkMode") or ""),
+                   id=str(data.get("Id") or ""))
         if not spec.name or not spec.image:
             raise ParseError("the inspect names no container or image", tool="container_inspect", excerpt=str(text)[:120])
         return spec
@@ -128,7 +130,7 @@ class ContainerSpec(BaseModel):
     def changed(self, argv: list[str] | None = None, set_env: dict[str, str] | None = None,
                 unset_env: list[str] | None = None) -> ContainerSpec:
         """This container with only the change applied: the server's command line, environment variables set or unset."""
-        out = self.model_copy(deep=True)
+        out = self.model_copy(deep=True, update={"id": ""})
         if argv is not None and argv != self.argv:
             n = len(self.entrypoint)
             if argv[:n] == self.entrypoint:
@@ -313,3 +315,94 @@ def _hostname(hostname: str, cid: str, network: str) -> str:
     if not hostname or network == "host" or (cid and cid.startswith(hostname)):
         return ""
     return hostname
+
+
+# ---------------------------------------------------------------- the recreate itself (--allow-container-recreate)
+def aside_name(name: str) -> str:
+    """The name the container as found keeps while its changed copy runs under its own."""
+    return f"{name}.debugagent-found"
+
+
+def _main_pid(rt: str, n: str) -> str:
+    """Shell that prints ``started pid=N``: the container's main process as its own commands number it (1 in its
+    pid namespace; the host's pid where it shares the host's)."""
+    return (f"mode=$({rt} inspect --type container -f '{{{{.HostConfig.PidMode}}}}' {n} 2>/dev/null); "
+            f"if [ \"$mode\" = host ]; then pid=$({rt} inspect --type container -f '{{{{.State.Pid}}}}' {n}); else pid=1; fi; "
+            "echo \"started pid=$pid\"")
+
+
+def _check_run(run: list[str], runtime: str, name: str) -> None:
+    if run[:5] != [runtime, "run", "-d", "--name", name]:
+        raise ValueError(f"not `{runtime} run -d --name {name} …`: {command_line(run[:5])}")
+
+
+class ContainerRecreate(BaseModel):
+    """Replace the container by its changed copy, on the host it runs on: ``RUNTIME stop NAME``, ``RUNTIME rename
+    NAME ASIDE``, ``RUNTIME run -d --name NAME …`` (``run``: built by ``ContainerSpec.run_argv`` from the container's
+    own inspect with only the change). Refused, before anything changes, unless NAME is still the container found
+    (``found_id``). Its undo (``container_restore``) is journalled first."""
+
+    model_config = ConfigDict(extra="forbid")
+    runtime: str = Field(pattern=r"^(docker|podman)$")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    found_id: str = Field(pattern=r"^[0-9a-f]{12,64}$")
+    run: list[str]
+
+    @model_validator(mode="after")
+    def _runs_that_container(self) -> ContainerRecreate:
+        _check_run(self.run, self.runtime, self.name)
+        return self
+
+    def command(self) -> str:
+        rt, n, a = self.runtime, shlex.quote(self.name), shlex.quote(aside_name(self.name))
+        return (f"{OUTER}id=$({rt} inspect --type container -f '{{{{.Id}}}}' {n} 2>/dev/null); "
+                f"[ \"$id\" = {shlex.quote(self.found_id)} ] || {{ echo \"{self.name} is not the container found "
+                f"(id ${{id:-none}}); nothing changed\"; exit 1; }}; "
+                f"{rt} stop {n} >/dev/null || exit 1; {rt} rename {n} {a} || exit 1; "
+                f"{command_line(self.run)} || exit 1; " + _main_pid(rt, n))
+
+    def display_command(self) -> str:
+        return (f"{OUTER}{self.runtime} stop {self.name}; {self.runtime} rename {self.name} {aside_name(self.name)}; "
+                + command_line(self.run))
+
+
+class ContainerRestore(BaseModel):
+    """The undo of ``container_recreate``: the very container back under its name. Whatever runs under NAME that is
+    not the container found is removed, the one set aside is renamed back, and it is started; where the container
+    found is gone (removed by hand), it is made again from its journalled inspect (``found_run``: the same name,
+    image, command, environment, mounts, ports). Re-runnable from any point: each command finds the host as it is."""
+
+    model_config = ConfigDict(extra="forbid")
+    runtime: str = Field(pattern=r"^(docker|podman)$")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    found_id: str = Field(pattern=r"^[0-9a-f]{12,64}$")
+    found_run: list[str]                                # the container as found, as `run` would make it again
+    argv: list[str] = Field(default_factory=list)       # the server as found (what the as-found check looks for)
+
+    @model_validator(mode="after")
+    def _runs_that_container(self) -> ContainerRestore:
+        _check_run(self.found_run, self.runtime, self.name)
+        return self
+
+    def command(self) -> str:
+        rt, n, a = self.runtime, shlex.quote(self.name), shlex.quote(aside_name(self.name))
+        fid = shlex.quote(self.found_id)
+        idof = f"{rt} inspect --type container -f '{{{{.Id}}}}'"
+        return (f"{OUTER}id=$({idof} {n} 2>/dev/null); "
+                f"if [ -n \"$id\" ] && [ \"$id\" != {fid} ]; then {rt} rm -f {n} >/dev/null || exit 1; id=; fi; "
+                f"if [ -z \"$id\" ] && [ \"$({idof} {a} 2>/dev/null)\" = {fid} ]; then {rt} rename {a} {n} || exit 1; id={fid}; fi; "
+                f"if [ -z \"$id\" ]; then echo 'the container found is gone: made again from its inspect'; "
+                f"{command_line(self.found_run)} || exit 1; else {rt} start {n} >/dev/null || exit 1; fi; "
+                + _main_pid(rt, n))
+
+    def display_command(self) -> str:
+        rt, n = self.runtime, self.name
+        return f"{OUTER}{rt} rm -f {n}; {rt} rename {aside_name(n)} {n}; {rt} start {n}"
+
+
+def inspect_fields(data: dict[str, Any], runtime: str) -> dict[str, Any]:
+    """What the as-found check compares of a container: its id, whether it runs, and every field of its spec."""
+    spec = ContainerSpec.of_inspect([data], runtime=runtime)
+    state = data.get("State") or {}
+    return {"id": str(data.get("Id") or ""), "running": bool(state.get("Running")),
+            **{k: v for k, v in spec.model_dump().items() if k not in ("runtime", "id")}}

@@ -284,11 +284,18 @@ class Redactor:
     """Detectors plus the secret values learned so far (a value seen once under a secret name)."""
 
     MIN_LEARNED = 8
+    # the texts already redacted and their redaction, while nothing new was learned (a run redacts the same
+    # outputs again for each checkpoint and output file): a text's redaction depends on it and the learned values
+    # alone, and learning a value empties it
+    CACHE_ENTRIES = 4096
+    CACHE_CHARS = 1 << 16
 
     def __init__(self) -> None:
         self._learned: set[str] = set()
         self._learned_re: re.Pattern[str] | None = None
         self._lock = threading.Lock()
+        self._generation = 0
+        self._done: dict[str, str] = {}
 
     # ------------------------------------------------------------ learning
     def learn(self, value: str) -> None:
@@ -299,6 +306,8 @@ class Redactor:
             self._learned.add(v)
             alts = sorted(self._learned, key=len, reverse=True)
             self._learned_re = re.compile("|".join(re.escape(a) for a in alts))
+            self._generation += 1
+            self._done = {}
 
     def _secret(self, value: str) -> str:
         """The replacement of a value under a secret name (the value is remembered)."""
@@ -311,6 +320,19 @@ class Redactor:
         """Hide every secret in free text (command lines, outputs, messages)."""
         if not text or not isinstance(text, str):
             return text
+        cache, generation = self._done, self._generation
+        done = cache.get(text)
+        if done is not None:
+            return done
+        out = self._text(text)
+        # kept only where nothing was learned meanwhile (learning replaces the dict: a late store goes to the old one)
+        if generation == self._generation and len(text) <= self.CACHE_CHARS:
+            if len(cache) >= self.CACHE_ENTRIES:
+                cache.clear()
+            cache[text] = out
+        return out
+
+    def _text(self, text: str) -> str:
         low = text.lower()   # each detector runs only where its anchor occurs (large outputs stay fast)
         if "private key" in low:
             text = _PEM.sub(REDACTED, text)

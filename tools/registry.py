@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from . import mutate, probes, shadow, supervise
+from . import mutate, probes, recreate, shadow, supervise
 from .errors import ParseError
 from .probes.base import Parser, Tool
 from .transport import CommandResult, Transport
@@ -61,6 +61,10 @@ MUTATIONS: tuple[Tool, ...] = (
          mutates=True),
     Tool("systemd_dropin_remove", supervise.SystemdDropinRemove, lambda i, r: mutate.parse_restart(r.stdout),
          timeout=300.0, mutates=True),
+    Tool("container_recreate", recreate.ContainerRecreate, lambda i, r: mutate.parse_restart(r.stdout), timeout=300.0,
+         mutates=True),
+    Tool("container_restore", recreate.ContainerRestore, lambda i, r: mutate.parse_restart(r.stdout), timeout=300.0,
+         mutates=True),
     Tool("start_copy", shadow.StartCopy, lambda i, r: mutate.parse_restart(r.stdout), timeout=120.0, mutates=True),
     Tool("stop_copy", shadow.StopCopy, _done(), timeout=120.0, mutates=True),
 )

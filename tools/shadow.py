@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import ParseError
 from .mutate import NICE, SAME, RunAs, cmdline_match
-from .transport import q
+from .transport import q, split_sections
 
 
 class StartCopy(BaseModel):
@@ -173,18 +173,18 @@ def _num(s: str) -> float | None:
 def parse_gpu_memory(text: str) -> GpuMemoryOut:
     if "== gpus" not in text:
         return GpuMemoryOut(readable=False, why="there is no nvidia-smi on the host")
-    section, gpus, apps = "", [], []
-    for ln in text.splitlines():
-        if ln.startswith("== "):
-            section = ln[3:].strip()
-            continue
+    sections = split_sections(text, "gpu_memory")
+    gpus, apps = [], []
+    for ln in sections.get("gpus", []):
         parts = [p.strip() for p in ln.split(",")]
-        if section == "gpus" and ln.strip():
+        if ln.strip():
             total, used = (_num(parts[2]), _num(parts[3])) if len(parts) == 4 else (None, None)
             if total is None or used is None:
                 return GpuMemoryOut(readable=False, why=f"nvidia-smi did not list the GPUs ({ln.strip()[:120]})")
             gpus.append(GpuRow(index=parts[0], uuid=parts[1], total_mib=total, used_mib=used))
-        elif section == "apps" and ln.strip() and "No running" not in ln:
+    for ln in sections.get("apps", []):
+        parts = [p.strip() for p in ln.split(",")]
+        if ln.strip() and "No running" not in ln:
             used = _num(parts[2]) if len(parts) == 3 else None
             if len(parts) != 3 or not parts[1].isdigit():
                 raise ParseError("expected gpu_uuid, pid, used_memory", tool="gpu_memory", excerpt=ln)

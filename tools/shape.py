@@ -18,8 +18,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .errors import ParseError, parser
-from .transport import q
+from .errors import parser
+from .transport import q, split_sections
 
 SHAPE_SCRIPT = r"""
 import importlib.util, json, os, re, sys, sysconfig
@@ -312,16 +312,7 @@ OTHER_SUPERVISORS = ("supervise", "s6-supervise", "runsv", "circusd", "pm2", "mo
 
 @parser("server_shape")
 def parse_server_shape(pid: int, text: str) -> ServerShape:
-    sections: dict[str, list[str]] = {}
-    cur = None
-    for ln in text.splitlines():
-        if ln.startswith("== "):
-            cur = ln[3:].strip()
-            sections[cur] = []
-        elif cur is not None:
-            sections[cur].append(ln)
-    if "end" not in sections:
-        raise ParseError("output lacks the `== end` section", tool="server_shape", excerpt=text[:80])
+    sections = split_sections(text, "server_shape", ["end"])
     cgroups = [c.strip() for c in sections.get("cgroup", []) if c.strip()]
     marks = [m.strip() for m in sections.get("marks", []) if m.strip()]
     ancestors = []
@@ -367,9 +358,12 @@ def parse_server_shape(pid: int, text: str) -> ServerShape:
             shape.module = d.get("module")
             shape.python = d.get("python")
             prefix = str(d.get("prefix") or "")
-            shape.layout = "venv" if d.get("venv") else "system" if prefix in ("/usr", "/usr/local") else "other"
             if d.get("engine"):
                 shape.engine = Engine.model_validate(d["engine"])
+            # a system Python: the distribution's own prefix, or one whose packages live in dist-packages (Debian's
+            # site layout, as an image's /usr/bin/python3 copied under another prefix keeps it)
+            dist = shape.engine is not None and shape.engine.how == "dist-packages"
+            shape.layout = "venv" if d.get("venv") else "system" if prefix in ("/usr", "/usr/local") or dist else "other"
     elif py:
         shape.errors.append("the server's interpreter could not say how it runs: " + py[-1][:200])
     return shape

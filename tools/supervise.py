@@ -239,6 +239,8 @@ class SystemdDropin(BaseModel):
     def command(self) -> str:
         d = q(self.path.rsplit("/", 1)[0])
         return (f"command -v systemctl >/dev/null || {{ echo 'systemctl is not installed here'; exit 1; }}; "
+                "[ -w /etc/systemd/system ] || { echo \"no permission to write /etc/systemd/system (this session runs as "
+                "uid $(id -u)): nothing written\"; exit 1; }; "
                 f"mkdir -p {d} && printf %s {q(self.content)} > {q(self.path)} || exit 1; systemctl daemon-reload || exit 1; "
                 f"systemctl restart {q(self.unit)} || exit 1; "
                 f"echo \"started pid=$(systemctl show -p MainPID --value {q(self.unit)})\"")
@@ -246,7 +248,8 @@ class SystemdDropin(BaseModel):
 
 class SystemdDropinRemove(BaseModel):
     """The undo of ``systemd_dropin``: remove the drop-in (and ``UNIT.d`` when it made it and it is empty now),
-    ``daemon-reload``, restart the unit. Re-runnable: a drop-in already gone is not an error."""
+    ``daemon-reload``, restart the unit. Re-runnable: a drop-in already gone is not an error; one never written nor
+    loaded by systemd (the experiment stopped before it wrote anything) leaves nothing to do."""
 
     model_config = ConfigDict(extra="forbid")
     unit: str = Field(pattern=UNIT_RE)
@@ -257,7 +260,11 @@ class SystemdDropinRemove(BaseModel):
     def command(self) -> str:
         d = q(self.path.rsplit("/", 1)[0])
         rmdir = f"rmdir {d} 2>/dev/null; " if self.remove_dir else ""
-        return (f"rm -f {q(self.path)} || exit 1; {rmdir}systemctl daemon-reload || exit 1; "
+        u, f = q(self.unit), q(self.path)
+        # nothing to undo where the drop-in was never written nor loaded (no systemctl, no permission to write it)
+        return (f"if [ ! -e {f} ] && ! systemctl show -p DropInPaths --value {u} 2>/dev/null | tr ' ' '\\n' | grep -qxF {f}; "
+                f"then pid=$(systemctl show -p MainPID --value {u} 2>/dev/null); echo \"running pid=${{pid:-0}}\"; exit 0; fi; "
+                f"rm -f {q(self.path)} || exit 1; {rmdir}systemctl daemon-reload || exit 1; "
                 f"systemctl restart {q(self.unit)} || exit 1; "
                 f"echo \"started pid=$(systemctl show -p MainPID --value {q(self.unit)})\"")
 

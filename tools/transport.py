@@ -28,7 +28,7 @@ from typing import Protocol, TypeAlias, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
-from .errors import UnknownCommand
+from .errors import ParseError, UnknownCommand
 from .session import Capped  # standard library only, shared with the SSH transport
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -154,6 +154,24 @@ def split_lines(text: str) -> list[str]:
     if parts and parts[-1] == "":
         parts.pop()
     return [p[:-1] if p.endswith("\r") else p for p in parts]
+
+
+def split_sections(text: str, tool: str, required: Iterable[str] = (), lines: list[str] | None = None) -> dict[str, list[str]]:
+    """A probe's output in ``== NAME`` sections: each name to its lines (the lines before the first header are
+    dropped; a header seen again starts its section anew). Lines are ``split_lines``' (a U+2028 inside a value stays
+    in its line) unless ``lines`` gives them; a section of ``required`` missing is a ``ParseError`` naming it."""
+    sections: dict[str, list[str]] = {}
+    cur = None
+    for ln in split_lines(text) if lines is None else lines:
+        if ln.startswith("== "):
+            cur = ln[3:].strip()
+            sections[cur] = []
+        elif cur is not None:
+            sections[cur].append(ln)
+    missing = [r for r in required if r not in sections]
+    if missing:
+        raise ParseError(f"output lacks section(s) {', '.join(missing)}", tool=tool, excerpt=text[:80])
+    return sections
 
 
 def decode(data: bytes) -> str:

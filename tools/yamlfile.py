@@ -13,12 +13,25 @@ from pydantic import ValidationError
 
 from .errors import FileError
 
+# libyaml's parser where PyYAML was built with it (several times faster on a playbook); a file it refuses is read
+# again by PyYAML's own parser, so an error names the same problem and line either way
+_FAST = getattr(yaml, "CSafeLoader", None)
+
+
+def _load(text: str) -> Any:
+    if _FAST is not None:
+        try:
+            return yaml.load(text, Loader=_FAST)  # noqa: S506 - the safe loader, in C
+        except yaml.YAMLError:
+            pass
+    return yaml.safe_load(text)
+
 
 def load_yaml_mapping(text: str, file: str, error: type[FileError], example: str) -> dict[str, Any]:
     """YAML text -> a mapping (its values are whatever the file holds), or ``error`` naming the file and
     the line."""
     try:
-        data = yaml.safe_load(text)
+        data = _load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         raise error(f"not valid YAML: {getattr(exc, 'problem', exc)}", file=file,

@@ -19,7 +19,9 @@ from collections.abc import Callable
 from typing import Any
 
 from debugagent.tools.discovery import is_debugagent
+from debugagent.tools.errors import ParseError
 from debugagent.tools.mutate import Identity, LockClocks, parse_identity
+from debugagent.tools.recreate import OUTER, inspect_fields
 from debugagent.tools.transport import CommandResult, q
 from pydantic import BaseModel
 
@@ -58,10 +60,12 @@ def areas_of(tool: str, inp: dict[str, Any], run_id: str, pattern: str | None) -
         pat = server_pattern(pattern, list(inp.get("argv") or inp.get("found_argv") or []))
         if pat:
             out["server"] = {"pattern": pat}
-    if tool in ("supervisor_restore", "systemd_dropin_remove"):
+    if tool in ("supervisor_restore", "systemd_dropin_remove", "container_restore"):
         pat = server_pattern(pattern, list(inp.get("argv") or []))
         if pat:
             out["server"] = {"pattern": pat}
+        if tool == "container_restore":
+            out[f"container:{inp['runtime']}:{inp['name']}"] = {"runtime": inp["runtime"], "name": inp["name"]}
         path = inp.get("file") or inp.get("path")
         if path:
             out[f"file:{path}"] = {"path": path}
@@ -98,6 +102,8 @@ def read_command(area: str, how: dict[str, Any]) -> str:
     if area == "governor":
         return ("printf 'governors=%s\\n' \"$(cat /sys/devices/system/cpu/cpu[0-9]*/cpufreq/scaling_governor "
                 "2>/dev/null | sort | uniq -c | tr -s ' \\n' ' ')\"")
+    if area.startswith("container:"):   # on the host the container runs on (``OUTER``), read-only
+        return f"{OUTER}{how['runtime']} inspect --type container {q(how['name'])}"
     if area == "tmp":
         return (f"for f in /tmp/debugagent-*{q(how['run_id'])}*; do [ -e \"$f\" ] && printf 'tmp=%s\\n' \"$f\"; done; "
                 "echo '== end'")
@@ -245,11 +251,31 @@ def parse_reading(area: str, text: str, digest: Callable[[bytes], str]) -> dict[
     if area == "governor":
         m = re.search(r"^governors=(.*)$", text, re.M)
         return {"governors": m.group(1).strip()} if m and m.group(1).strip() else None
+    if area.startswith("container:"):
+        return parse_container(text, area.split(":")[1], digest)
     if area == "tmp":
         if "== end" not in text:
             return None
         return {"names": sorted(ln[4:] for ln in text.splitlines() if ln.startswith("tmp="))}
     return None
+
+
+def parse_container(text: str, runtime: str, digest: Callable[[bytes], str]) -> dict[str, Any] | None:
+    """A container as its runtime's inspect says: its id, whether it runs, and each field ``run`` takes back (image,
+    command, environment, mounts, ports, …) as a keyed digest (its values may hold secrets); the environment's
+    variable names beside their digests."""
+    try:
+        data = json.loads(text)
+        one = data[0] if isinstance(data, list) and len(data) == 1 else data
+        if not isinstance(one, dict):
+            return None
+        fields = inspect_fields(one, runtime)
+    except (ValueError, KeyError, TypeError, ParseError):
+        return None
+    env = [e.partition("=") for e in fields.pop("env")]
+    return {"id": fields.pop("id"), "running": fields.pop("running"),
+            "fields": {k: digest(json.dumps(v, sort_keys=True).encode()) for k, v in sorted(fields.items())},
+            "env_names": [k for k, _, _ in env], "env_digests": [digest(v.encode()) for _, _, v in env]}
 
 
 def read(run: Callable[[str], CommandResult], area: str, how: dict[str, Any],
@@ -381,10 +407,36 @@ def compare(area: str, before: dict[str, Any], after: dict[str, Any] | None) -> 
             return [Difference(area=area, text=f"the CPU governors are {after['governors']}, found {before['governors']}",
                                fix=f"echo {gov} | sudo tee /sys/devices/system/cpu/cpu*/cpufreq/scaling_governor")]
         return []
+    if area.startswith("container:"):
+        return _container_diffs(area, before, after)
     if area == "tmp":
         return [Difference(area=area, text=f"{n} is left in /tmp", fix=f"rm -rf {q(n)}")
                 for n in sorted(set(after["names"]) - set(before["names"]))]
     return []
+
+
+def _container_diffs(area: str, before: dict[str, Any], after: dict[str, Any]) -> list[Difference]:
+    _, runtime, name = area.split(":", 2)
+    what = []
+    if after["id"] != before["id"]:
+        what.append(f"it is another container (id {after['id'][:12]}, found {before['id'][:12]})")
+    if after["running"] != before["running"]:
+        what.append("it is " + ("running" if after["running"] else "not running") + ", found "
+                    + ("running" if before["running"] else "not running"))
+    fb, fa = before.get("fields") or {}, after.get("fields") or {}
+    changed = sorted(k for k in set(fb) | set(fa) if fb.get(k) != fa.get(k))
+    if changed:
+        what.append("its " + ", ".join(changed) + " differ")
+    eb = dict(zip(before.get("env_names") or [], before.get("env_digests") or [], strict=False))
+    ea = dict(zip(after.get("env_names") or [], after.get("env_digests") or [], strict=False))
+    env = sorted(n for n in set(eb) | set(ea) if eb.get(n) != ea.get(n))
+    if env:
+        what.append("its environment differs in " + ", ".join(env))
+    if not what:
+        return []
+    return [Difference(area=area, text=f"the {runtime} container {name}: " + "; ".join(what),
+                       fix=f"`{runtime} ps -a --filter name={q(name)}` names what runs; the container as found is "
+                           f"`{runtime} rename {q(name + '.debugagent-found')} {q(name)}` where it is still set aside")]
 
 
 def describe(area: str) -> str:
@@ -400,6 +452,9 @@ def describe(area: str) -> str:
         return f"GPU {area[7:]}'s clocks"
     if area == "governor":
         return "the CPU governor"
+    if area.startswith("container:"):
+        _, runtime, name = area.split(":", 2)
+        return f"the {runtime} container {name} (its id, state and inspect)"
     return "the run's /tmp names"
 
 

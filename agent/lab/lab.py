@@ -40,7 +40,8 @@ class Lab:
                  measure: Measure, run_id: str, lower_is_better: bool, setup: LabSetup | None = None,
                  warmth: Warmth | None = None, found_restarted: list[float] | None = None, *,
                  discovery: DiscoveryInput | None = None, noise: tuple[list[float], ...] = (),
-                 fresh_runs: int = 0, shadow: dict[str, Any] | None = None) -> None:
+                 fresh_runs: int = 0, shadow: dict[str, Any] | None = None,
+                 workload: dict[str, Any] | None = None) -> None:
         self.runner_for = runner_for
         self.emit = emit
         self.journal = undo
@@ -60,6 +61,11 @@ class Lab:
         self.server = Server(self.setup, run_id, emit, measure.ready_timeout_s, discovery, self.undo.push,
                              self.measuring.restarted)
         self.server.on_started = self.undo.note_started
+        if workload is not None:   # an offline workload: no server; experiments change its command line
+            from debugagent.tools.host import ServerInfo
+            self.server.workload = ServerInfo.model_validate(workload)
+            self.server.workload_bench = measure.bench
+            self.server.changed = lambda cmd: setattr(self.measuring, "changed_cmd", cmd)
         # shadow experiments (``shadow.py``): copies of the server are started and measured; the server is only read
         self.shadow: Shadow | None = None
         if shadow is not None:
@@ -138,6 +144,7 @@ class Lab:
         self._reconnects = r.transport.reconnects
         self.server.started = None
         self.server.found_again = None
+        self.measuring.changed_cmd = None
         if self.shadow is not None:
             self.shadow.copies = {}
         self.measuring.runs_at_start = self.measuring.bench_runs
@@ -158,6 +165,7 @@ class Lab:
                 raise ExperimentError(f"the experiment's fields do not fit this host ({type(exc).__name__}: {exc}); "
                                       f"check them with `debugagent playbook validate`") from exc
         except BaseException as exc:
+            self.measuring.changed_cmd = None
             try:
                 self.do_undo(r)
             except DebugAgentError as uexc:  # the step stays pending; the run's restore() retries and reports it
@@ -167,6 +175,7 @@ class Lab:
                 raise RestoreError(f"the experiment failed ({exc}) and the host could not be fully restored; "
                                    f"left: {'; '.join(left)}", left=left) from exc
             raise
+        self.measuring.changed_cmd = None   # the workload as found again
         left = self.do_undo(r)
         if left:
             raise RestoreError(f"the host could not be fully restored after the experiment; left: {'; '.join(left)}",
@@ -175,6 +184,8 @@ class Lab:
             # the unchanged copy, started the same way at the same time and measured in turn, is the control
             return result.model_copy(update={"text": f"{self.shadow.describe()}: {result.text}"})
         # the causes reverted together were each controlled alone already
-        if self.server.started is not None and result.significant and not spec.get("joint"):
+        # (an offline workload restarted nothing: its runs before the change are the unchanged state's)
+        if self.server.started is not None and self.server.workload is None and result.significant \
+                and not spec.get("joint"):
             result = self.control(r, result, bad, regression)
         return result

@@ -62,6 +62,8 @@ class Bench:
         self.remeasured = False
         self.runs_at_start = 0
         self.last_decision: Any = None   # the experiment's decision (``stats.Decision``), as the control leaves it
+        # an offline workload run with an experiment's change (``Server.start``): the changed state's command
+        self.changed_cmd: str | None = None
 
     # ------------------------------------------------------------ one value
     def bench(self, r: Runner, cwd: str | None, why: str, env: dict[str, str] | None = None,
@@ -87,7 +89,7 @@ class Bench:
         attempt = 0
         said = started
         while True:
-            o = r.call("bench", {"cmd": cmd or m.bench, "metric": m.metric, "cwd": cwd, "regex": m.regex, "env": env or {}}, why=why)
+            o = r.call("bench", {"cmd": cmd or self.changed_cmd or m.bench, "metric": m.metric, "cwd": cwd, "regex": m.regex, "env": env or {}}, why=why)
             self.bench_runs += 1
             if o.ok:
                 return o.output.value
@@ -143,7 +145,7 @@ class Bench:
         self.remeasured = True
         got: list[float] = []
         for _ in range(self.fresh_runs):
-            v = self.bench(r, self.spec.cwd, "the reference state, re-measured before the change")
+            v = self.bench(r, self.spec.cwd, "the reference state, re-measured before the change", cmd=self.spec.bench)
             got += [v] if v is not None else []
         bad.extend(got)
         self.fresh_runs = len(got)   # asked for ``fresh_runs``; a failed run gives none
@@ -180,7 +182,8 @@ class Bench:
                 vals.append(self.measured(r, cwd, why, env))
                 runs += 1
             if interleave and (not cap or runs < cap):
-                ref.append(self.measured(r, self.spec.cwd, "the reference state (unchanged), between runs"))
+                ref.append(self.measured(r, self.spec.cwd, "the reference state (unchanged), between runs",
+                                         cmd=self.spec.bench))
                 runs += 1
                 fresh += 1
             capped = bool(cap and runs + (self.warmups - w0) + (2 if interleave else 1) > cap)

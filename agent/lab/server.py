@@ -32,6 +32,7 @@ class LabSetup(BaseModel):
     restart_cmd: str | None = None
     health_url: str | None = None
     ready_line: str | None = None
+    allow_container_recreate: bool = False
 
     @classmethod
     def from_inputs(cls, overrides: Overrides, profile: dict[str, Any] | None) -> LabSetup:
@@ -41,7 +42,8 @@ class LabSetup(BaseModel):
         return cls(server_pattern=overrides.server_pattern, python=overrides.python,
                    code_root=overrides.code_root or pr.get("code_root"), wheelhouse=[str(w) for w in wh],
                    restart_cmd=overrides.restart_cmd or pr.get("restart_cmd"),
-                   health_url=pr.get("health_url"), ready_line=pr.get("ready_line"))
+                   health_url=pr.get("health_url"), ready_line=pr.get("ready_line"),
+                   allow_container_recreate=bool(overrides.allow_container_recreate))
 
 
 class ServerRun(BaseModel):
@@ -86,40 +88,56 @@ def hook_hint() -> str:
             "DEBUGAGENT_UNSET_ENV and DEBUGAGENT_PYTHONPATH_FIRST (DEBUGAGENT_PHASE is experiment, then undo)")
 
 
-def container_plan(r: Runner, srv: Any, run: ServerRun, change: str) -> str | None:
+class ContainerPlan(BaseModel):
+    """What a restart of a container's main process takes: the text that refuses it (with the commands to run by
+    hand), and for docker and podman the container as found and its changed copy (``--allow-container-recreate``)."""
+
+    text: str
+    found: Any = None      # recreate.ContainerSpec
+    changed: Any = None
+
+
+RECREATE_HINT = ("--allow-container-recreate lets debugagent run them itself, journalled and undone like any experiment")
+
+
+def container_plan(r: Runner, srv: Any, run: ServerRun, change: str) -> ContainerPlan | None:
     """Where the run entered the server's container (``--host docker:NAME``, ``podman:``, ``k8s:``, or ``--container``)
     and the server is its main process: the commands that would restart it with the change (a new container from the
     found one's own inspect, with only the change; for a pod, its Deployment's patch and rollout), and the ones that
-    put it back. debugagent runs none of them: the experiment is refused with them, to run by hand."""
+    put it back. Without ``--allow-container-recreate`` debugagent runs none of them: the experiment is refused with
+    them, to run by hand; a Kubernetes workload is never changed."""
     target = getattr(r.transport, "target", None)
     kind = getattr(target, "kind", None)
     if target is None or kind not in ("docker", "podman", "k8s"):
         return None
-    from debugagent.tools.recreate import command_line, k8s_plan, recreate_plan
+    from debugagent.tools.recreate import aside_name, command_line, k8s_plan, recreate_plan
     argv = run.argv if run.argv != srv.argv else None
     if run.path_first:
-        return (f"the server runs as the main process of {target.label}: {change} needs code from the host's folders "
-                "first on its PYTHONPATH, which a new container would not see; debugagent does not recreate containers")
+        return ContainerPlan(text=f"the server runs as the main process of {target.label}: {change} needs code from the "
+                             "host's folders first on its PYTHONPATH, which a new container would not see; debugagent "
+                             "does not recreate containers for it")
     if kind == "k8s":
         do, undo = k8s_plan(target.namespace, target.name, target.container, argv, run.set, run.unset)
-        return (f"the server runs as the main process of {target.label}: a Kubernetes workload is never changed by "
-                f"debugagent. To test {change}, run: " + "; ".join(f"`{c}`" for c in do)
-                + "; then the benchmark. To put it back: " + "; ".join(f"`{c}`" for c in undo))
+        return ContainerPlan(text=f"the server runs as the main process of {target.label}: a Kubernetes workload is never "
+                             f"changed by debugagent. To test {change}, run: " + "; ".join(f"`{c}`" for c in do)
+                             + "; then the benchmark. To put it back: " + "; ".join(f"`{c}`" for c in undo))
     o = r.call("container_inspect", {"runtime": kind, "name": target.name},
                why="the container as it runs: what a new one with only the change needs")
     if not o.ok:
-        return (f"the server runs as the main process of {target.label}, and `{kind} inspect` could not be read "
-                f"({o.error}): restarting it with {change} means recreating the container")
+        return ContainerPlan(text=f"the server runs as the main process of {target.label}, and `{kind} inspect` could not "
+                             f"be read ({o.error}): restarting it with {change} means recreating the container")
     found = o.output
     if found.argv != list(srv.argv):
-        return (f"the server runs as the main process of {target.label}, but `{kind} inspect` names another command "
-                f"line ({command_line(found.argv)[:200]}); debugagent does not recreate the container")
-    do, undo = recreate_plan(found, found.changed(argv=argv, set_env=run.set, unset_env=run.unset),
-                             f"{found.name}.debugagent-found")
-    return (f"the server runs as the main process of {target.label}: restarting it with {change} means a new "
-            "container, which debugagent does not make. To test it, run on the container's host: "
-            + "; ".join(f"`{c}`" for c in do) + "; then the benchmark. To put the very container back as found: "
-            + "; ".join(f"`{c}`" for c in undo))
+        return ContainerPlan(text=f"the server runs as the main process of {target.label}, but `{kind} inspect` names "
+                             f"another command line ({command_line(found.argv)[:200]}); debugagent does not recreate the "
+                             "container")
+    changed = found.changed(argv=argv, set_env=run.set, unset_env=run.unset)
+    do, undo = recreate_plan(found, changed, aside_name(found.name))
+    return ContainerPlan(text=f"the server runs as the main process of {target.label}: restarting it with {change} means "
+                         "a new container. To test it, run on the container's host: "
+                         + "; ".join(f"`{c}`" for c in do) + "; then the benchmark. To put the very container back as "
+                         "found: " + "; ".join(f"`{c}`" for c in undo) + f" ({RECREATE_HINT})",
+                         found=found, changed=changed)
 
 
 class Server:
@@ -141,11 +159,18 @@ class Server:
         self.restarted = restarted
         self.started: dict[str, Any] | None = None
         self.found_again: dict[str, Any] | None = None
+        # an offline workload (``tools.workload``): no server; each experiment runs the benchmark, the program
+        # itself, with its change (``bench``: its command as found; ``changed``: tells the benchmark the new one)
+        self.workload: Any = None
+        self.workload_bench = ""
+        self.changed: Callable[[str | None], None] = lambda cmd: None
         # told the pid and start time of each server an experiment started (the undo's step names it)
         self.on_started: Callable[[str, int, int], None] = lambda pid_file, pid, start: None
 
     def find(self, r: Runner) -> Any:
         """The server as it runs now, found by the run's own discovery (its overrides, the server found earlier)."""
+        if self.workload is not None:
+            return self.workload
         srv = find_server(r, self.discovery or DiscoveryInput(server_pattern=self.setup.server_pattern))
         if srv is None:
             pat = self.setup.server_pattern
@@ -162,7 +187,7 @@ class Server:
     def check_alive(self, r: Runner) -> None:
         """A failing benchmark after a restart: if the server this experiment started has exited, say so now."""
         pid = (self.started or {}).get("pid")
-        if not pid or "hook" in (self.started or {}) or "supervised" in (self.started or {}):
+        if not pid or self.workload is not None or "hook" in (self.started or {}) or "supervised" in (self.started or {}):
             # under a hook or a supervisor, a supervisor may replace it: not ours to judge
             return
         o = r.call("server_ready", {"pid": pid}, why="is the restarted server still running?")
@@ -173,6 +198,8 @@ class Server:
     # ------------------------------------------------------------ restart
     def start(self, r: Runner, srv: Any, run: ServerRun, change: str) -> int:
         """Restart ``srv`` as ``run`` (its undo journalled first); wait until it is ready; return the new pid."""
+        if self.workload is not None:
+            return self._start_workload(run, change)
         if self.setup.restart_cmd:
             return self._start_by_hook(r, srv, run, change)
         c = r.call("server_control", {"pid": srv.pid}, why="how the server runs: a systemd unit, a container or a "
@@ -181,7 +208,9 @@ class Server:
             raise ExperimentError(c.error or "server_control failed")
         ctl = c.output
         if ctl.kind == "container" and (plan := container_plan(r, srv, run, change)):
-            raise ExperimentError(plan)
+            if plan.found is not None and self.setup.allow_container_recreate:
+                return self._start_container(r, srv, run, change, plan.found, plan.changed)
+            raise ExperimentError(plan.text)
         if ctl.kind in ("supervisor", "systemd"):
             sup = self._supervisor(r, srv)
             if sup is not None and sup.kind == "supervisord" and sup.config and sup.program:
@@ -231,6 +260,23 @@ class Server:
         self._wait_ready(r, o.output.pid, o.output.log, o.output.log_size)
         self._check_identity(r, o.output.pid)
         return o.output.pid
+
+    def _start_workload(self, run: ServerRun, change: str) -> int:
+        """An offline workload: nothing runs between its runs, so nothing is restarted and nothing on the host
+        changes; its next runs are its command line with the change (``tools.workload.command``). Its flags are
+        the work it does: never changed."""
+        if run.set_flags or run.unset_flags:
+            flags = [*(f"--{f}" for f in run.unset_flags), *(f"--{f}" for f in run.set_flags)]
+            raise ExperimentError(f"the benchmark is an offline workload, whose flags ({', '.join(flags)}) are the work it "
+                                  "does, not how a server runs it: debugagent does not change them")
+        from debugagent.tools.workload import command
+        cmd = command(self.workload_bench, list(run.argv), run.cwd, unset=list(run.unset), set_env=dict(run.set),
+                      path_first=list(run.path_first))
+        self.started = {"run": run, "workload": cmd, "change": change, "pid": 0}
+        self.changed(cmd)
+        self.emit("experiment", phase="plan", text=f"no server to restart: the workload is the benchmark, and its next "
+                  f"runs are `{cmd}` ({change})")
+        return 0
 
     # ------------------------------------------------------------ supervised servers
     def _supervisor(self, r: Runner, srv: Any) -> supervise_shape.Supervisor | None:
@@ -334,9 +380,40 @@ class Server:
         o = r.call("systemd_dropin", {"unit": unit, "path": path, "content": text},
                    why=f"restart with {change}, through systemd: the drop-in {path}, daemon-reload, restart {unit}")
         if not o.ok:
+            said = o.result.stdout.strip().splitlines()[-1:] or [o.error or "systemctl failed"]
+            if "no permission" in said[0] or "not installed" in said[0]:
+                raise ExperimentError(f"the unit {unit} cannot be changed from this session: {said[0]}; debugagent "
+                                      "changes a systemd unit only where it may write its drop-in and run systemctl: "
+                                      "run it as root on the host, or give " + hook_hint().removeprefix("give "))
             raise ExperimentError(o.error or "systemctl failed")
         self.started = {"run": run, "supervised": {"unit": unit, "path": path, "content": text}, "change": change,
                         "pid": o.output.pid}
+        self.restarted()
+        self._wait_ready(r, o.output.pid, None, 0)
+        return o.output.pid
+
+    # ------------------------------------------------------------ a container's main process
+    def _start_container(self, r: Runner, srv: Any, run: ServerRun, change: str, found: Any, changed: Any) -> int:
+        """``--allow-container-recreate``: the container stopped and set aside (renamed), its changed copy started under
+        its name from its own inspect with only the change; the undo (journalled first) removes the copy, renames the
+        very container back and starts it (or, where it is gone, makes it again from the journalled inspect)."""
+        from debugagent.tools.recreate import aside_name, command_line
+        if not found.id:
+            raise ExperimentError(f"`{found.runtime} inspect {found.name}` names no container id; debugagent does not "
+                                  "recreate a container it cannot tell apart from its copy")
+        new_run, found_run = changed.run_argv(found.name), found.run_argv(found.name)
+        rt, n = found.runtime, found.name
+        self.push_undo("container_restore", {"runtime": rt, "name": n, "found_id": found.id, "found_run": found_run,
+                                             "argv": list(srv.argv)},
+                       f"remove the changed container {n}, rename {aside_name(n)} (the container as found, id "
+                       f"{found.id[:12]}) back to {n} and start it; where it is gone, make it again from its inspect: "
+                       f"{command_line(found_run)[:300]}")
+        o = r.call("container_recreate", {"runtime": rt, "name": n, "found_id": found.id, "run": new_run},
+                   why=f"restart with {change}: the {rt} container {n} stopped and set aside as {aside_name(n)}, a new "
+                       "one started under its name from its own inspect with only the change")
+        if not o.ok:
+            raise ExperimentError(o.error or f"`{rt} run` failed")
+        self.started = {"run": run, "supervised": {"container": n, "runtime": rt}, "change": change, "pid": o.output.pid}
         self.restarted()
         self._wait_ready(r, o.output.pid, None, 0)
         return o.output.pid
@@ -363,10 +440,15 @@ class Server:
         if st is None:
             raise ExperimentError("no experiment server to restart")
         run: ServerRun = st["run"]
+        if "workload" in st:   # the worktree's checkout changed under the workload's command: its next run reads it
+            return 0
         if "hook" in st:
             return self._start_by_hook(r, None, run, st["change"], again=True)
         if "supervised" in st:
             sv = st["supervised"]
+            if "container" in sv:
+                raise ExperimentError(f"the {sv['runtime']} container {sv['container']} is not recreated again for each "
+                                      "step: a bisection needs the code on the host")
             if "unit" in sv:
                 o = r.call("systemd_dropin", {"unit": sv["unit"], "path": sv["path"], "content": sv["content"]}, why=why)
             else:

@@ -35,7 +35,7 @@ UNDO_TOOLS: dict[str, tuple[str, ...]] = {
     "remove_file": ("path",), "remove_tree": ("path",), "git_worktree_remove": ("path",),
     "git_worktree_checkout": ("path",), "restart_server": ("stop_pid_file", "env_file", "pid_file"),
     "restart_hook": (), "set_power_limit": (), "set_governor": (), "lock_clocks": (), "stop_copy": ("pid_file", "env_file", "log"),
-    "supervisor_restore": ("backup",), "systemd_dropin_remove": (),
+    "supervisor_restore": ("backup",), "systemd_dropin_remove": (), "container_restore": (),
 }
 PREFIX = "/tmp/debugagent-"
 STOPPING_S = 30.0   # how long the check waits for a server still stopping (one still loading: the ready timeout)

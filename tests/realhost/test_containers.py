@@ -204,3 +204,96 @@ def test_a_real_podman_container_is_entered_and_its_recreate_commands_work(tmp_p
         assert back["Id"] == found["Id"] and back["Args"] == found["Args"] and back["Name"] == found["Name"]
     finally:
         subprocess.run(["podman", "rm", "-f", "-a"], env=env, capture_output=True, timeout=120)
+
+
+def test_a_real_podman_container_is_recreated_by_the_experiment_and_put_back(tmp_path, monkeypatch):
+    """`debugagent run --host podman:NAME --allow-container-recreate`: a server that is a real podman container's main
+    process, started with --disable-cuda-graph and CUDA_LAUNCH_BLOCKING=1. Each is confirmed by an experiment that
+    recreates the container from its own inspect with only that change (journalled first); the undo puts the very
+    container back (same id, name, image, command, environment, mounts), and the as-found check reads its inspect."""
+    if os.environ.get("DEBUGAGENT_TEST_PODMAN") != "1":
+        pytest.skip("a real podman container recreated by two experiments takes 3-6 min of podman's own time on a "
+                    "loaded 2-core machine: DEBUGAGENT_TEST_PODMAN=1 runs it (apt-get install podman runc)")
+    why = why_no_podman(tmp_path)
+    if why:
+        pytest.skip(why)
+    env = podman_env(tmp_path)
+    for k in ("CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF"):
+        monkeypatch.setenv(k, env[k])
+    h = Host(dir=tmp_path / "h", python="/usr/bin/python3")
+    h.dir.mkdir()
+    h.cwd = h.dir / "srv"
+    h.write_code(h.cwd)
+    (h.dir / "bench.py").write_text(__import__("tests.realhost.conftest", fromlist=["BENCH"]).BENCH)
+    name = f"srv-{h.port}"
+    bench = f"/usr/bin/python3 {h.dir / 'bench.py'} {h.port}"
+
+    def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(["podman", *args], env=env, capture_output=True, text=True, check=check, timeout=120)
+
+    def measure(n: int = 3) -> float:
+        deadline, got = time.monotonic() + 60, []
+        while len(got) < n and time.monotonic() < deadline:
+            r = podman("exec", name, *bench.split(), check=False)
+            if r.returncode == 0:
+                got.append(float(r.stdout.split("=")[1].split()[0]))
+            else:
+                time.sleep(0.2)
+        assert len(got) == n, "the container's server did not answer"
+        return sorted(got)[n // 2]
+
+    def inspect(which: str = name) -> dict:
+        return json.loads(podman("inspect", "--type", "container", which).stdout)[0]
+
+    def start(flags: list[str], envs: list[str]) -> None:
+        h.flags = flags
+        podman("run", "-d", "--name", name, "--network", "none", "-v", "/usr:/usr:ro", "-v", f"{h.dir}:{h.dir}",
+               "--workdir", str(h.cwd), "-e", "LANG=C.UTF-8", *envs, "--label", "team=inference",
+               "localhost/box:1", *h.argv())
+
+    try:
+        start([], [])
+        base = measure(5)
+        podman("rm", "-f", name)
+        start(["--disable-cuda-graph"], ["-e", "CUDA_LAUNCH_BLOCKING=1"])
+        bad = measure(5)
+        assert bad > base + 25, (base, bad)
+        found = inspect()
+        cli = Path(sys.executable).parent / "debugagent"
+        out = tmp_path / "run"
+        t0 = time.monotonic()
+        r = subprocess.run([str(cli), "run", "--host", f"podman:{name}", "--server-pattern", h.pattern, "--bench", bench,
+                            "--allow-mutations", "--allow-container-recreate", "--json", "--out", str(out),
+                            "--ready-timeout", "60", "--symptom", f"latency {bad:.2f} ms", "--baseline",
+                            f"latency {base:.2f} ms"], capture_output=True, text=True, timeout=900, cwd=h.dir, env=env)
+        wall = time.monotonic() - t0
+        assert r.stdout.strip().startswith("{"), f"exit {r.returncode}; stderr: {r.stderr[-3000:]}"
+        o = json.loads(r.stdout)
+        events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+        print(f"\n[podman recreate] exit {r.returncode}, {o['commands']} commands, {o['bench_runs']} benchmark runs, "
+              f"{wall:.1f} s")
+        causes = {c["hypothesis"]: c for c in o["root_causes"] or []}
+        assert r.returncode == 0 and set(causes) == {"serving_config", "env_var"}, o["summary"]
+        assert all(c["how"] == "experiment" for c in causes.values())
+        recreated = [e for e in events if e["event"] == "tool_call" and e["tool"] == "container_recreate"]
+        assert recreated and not any(e["event"] == "tool_call" and e["tool"] == "restart_server" for e in events)
+        assert any("--disable-cuda-graph" not in e["input"]["run"] for e in recreated)
+        assert any("CUDA_LAUNCH_BLOCKING=1" not in e["input"]["run"] for e in recreated)
+        kinds = [(e["event"], e.get("tool")) for e in events if e.get("tool") in ("container_recreate", "container_restore")]
+        assert kinds.index(("experiment", "container_restore")) < kinds.index(("tool_call", "container_recreate"))
+        assert any("checked after the undo: the host is as it was found" in (e.get("text") or "")
+                   and f"the podman container {name}" in e["text"] for e in events)
+        md = (out / "transcript.md").read_text()
+        fixes = md.split("## What to do now", 1)[-1].split("\n## ", 1)[0]
+        assert f"podman stop {name} && podman rm {name} && podman run -d --name {name}" in fixes, fixes
+        back = inspect()
+        for f in ("Id", "Name", "ImageName", "Path", "Args", "Mounts"):
+            assert back[f] == found[f], f
+        for f in ("Env", "WorkingDir", "Labels"):
+            assert back["Config"][f] == found["Config"][f], f
+        assert back["HostConfig"]["NetworkMode"] == found["HostConfig"]["NetworkMode"] and back["State"]["Running"]
+        assert podman("inspect", "--type", "container", f"{name}.debugagent-found", check=False).returncode != 0
+        assert [c for c in podman("ps", "-a", "--format", "{{.Names}}").stdout.split() if c.startswith(name)] == [name]
+        assert measure() > base + 25   # the container as found, serving as found
+    finally:
+        subprocess.run(["podman", "rm", "-f", "-a"], env=env, capture_output=True, timeout=120)

@@ -134,7 +134,8 @@ def compiled_client(service: str) -> Path | None:
     if out.exists():
         return out
     cache.mkdir(parents=True, exist_ok=True)
-    tmp = cache / f".sim-client-{key}.{os.getpid()}"
+    # a name of this process and thread: hosts started at once in one process (threads) compile side by side
+    tmp = cache / f".sim-client-{key}.{os.getpid()}.{threading.get_ident()}"
     r = subprocess.run([cc, "-O2", "-o", str(tmp), f'-DSERVICE="{service}"', "-x", "c", "-"], input=src,
                        capture_output=True)
     if r.returncode != 0:
@@ -261,6 +262,8 @@ class SimHost:
         self._clients()
         self.controller = Controller(self.scenario, self.state, self.salt, self.path(SERVICE_DIR) / "service.sock",
                                      self.path("/sys"), strip="" if self.sealed else str(self.sandbox))
+        if self.offline:   # the folder the workload runs in exists, as the job's own would (a `-m` workload has no script there)
+            self.path(self._cwd()).mkdir(parents=True, exist_ok=True)
         if self.sealed:
             self._bwrap, self.init_pid = seal.start(self)
         self._save_exec()
@@ -463,9 +466,13 @@ class SimHost:
         info = next(src.parent.glob("pip-*.dist-info"), None)
         when = _ts(DEFAULT_INSTALLED)
         # the package as hard links where the file system allows (no bytes copied); never a bind, whose
-        # source folder /proc/self/mountinfo would name. Its metadata is written, dated as the image.
-        shutil.copytree(src, site / src.name, copy_function=_link_or_copy, ignore=shutil.ignore_patterns("__pycache__"))
+        # source folder /proc/self/mountinfo would name. Its metadata is written, dated as the image. Its compiled
+        # bytecode comes too, as an installed pip's does (pip compiles at install): the host's first pip command
+        # then starts in a third of the CPU time; the rewritten __init__.py's is left out (compiled when run)
+        shutil.copytree(src, site / src.name, copy_function=_link_or_copy)
         init = site / src.name / "__init__.py"
+        for stale in (site / src.name / "__pycache__").glob("__init__.*"):
+            stale.unlink()
         text = init.read_text()
         init.unlink()  # a hard link: the real pip's file stays as it is
         init.write_text(re.sub(r'(?m)^__version__ = "[^"]*"', f'__version__ = "{PIP_VERSION}"', text, count=1))

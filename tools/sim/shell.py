@@ -46,8 +46,9 @@ class SimShell:
         self.roots = roots
         self.user = user
         self._re = re.compile(
-            r"(?<![\w.~/-])(" + "|".join(re.escape(r) for r in sorted(roots, key=len, reverse=True))
-            + r")(?=[/\s'\";|&)<>:*\[]|$)")
+            # a path starts a word, or follows the \x1f that joins a command line's arguments (a restart's check)
+            r"(?:(?<![\w.~/-])|(?<=\\x1f))(" + "|".join(re.escape(r) for r in sorted(roots, key=len, reverse=True))
+            + r")(?=[/\s'\";|&)<>:*\[]|\\x1f|$)")
         self._marker = sandbox.encode()
 
         self.sealed = False

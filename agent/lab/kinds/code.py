@@ -135,8 +135,14 @@ class CodeRevert(Kind):
         editable = [p.editable for p in facts.packages.values() if p.editable]
         imports = None
         python = (srv.python if srv else None) or lab.setup.python
-        if srv is not None and python:
-            mods = [m for m in [srv.entry.split(".")[0] if srv.entry and not srv.entry.endswith(".py") else ""] if m]
+        if srv is not None and python and srv.pid:   # an offline workload has no process to ask
+            entry = srv.entry or ""
+            mods = [entry.split(".")[0]] if entry and "/" not in entry and not entry.endswith(".py") else []
+            if entry and "/" in entry and not entry.endswith(".py"):   # a console script: its entry point's module
+                o = r.call("server_shape", {"pid": srv.pid, "python": python, "cwd": srv.cwd or "/"},
+                           why="the module the server's console script runs (where its code is imported from)")
+                if o.ok and o.output.module:
+                    mods.append(o.output.module.split(".")[0])
             for p in facts.packages.values():
                 if p.editable:
                     mods += p.modules[:1]
@@ -168,7 +174,8 @@ class CodeRevert(Kind):
         bench_cwd = map_path(lab.measure_spec.cwd, repo, wt) or wt
         if plan.mode == "server" and plan.run is not None:
             lab.server.start(r, srv, plan.run, f"the code of {target[:7]} (worktree {wt})")
-            where = "server restarted from the worktree"
+            where = ("the workload run from the worktree" if lab.server.workload is not None
+                     else "server restarted from the worktree")
         else:
             where = "benchmark in the worktree"
         lab.emit("experiment", phase="measure", text=f"benchmark at {target[:7]} ({where})")
@@ -182,6 +189,7 @@ class CodeRevert(Kind):
                 extra["culprit"] = culprit
                 extra["bisect_steps"] = steps
                 text += (f"; bisect over the range took {len(steps)} steps"
-                         + (" (the server restarted at each)" if plan.mode == "server" else "")
+                         + ("" if plan.mode != "server" else " (the workload run from the worktree at each)"
+                            if lab.server.workload is not None else " (the server restarted at each)")
                          + f": first bad commit {culprit['short']} \"{culprit['subject']}\"")
         return lab.result(spec, vals, d, text, **extra)

@@ -69,7 +69,10 @@ class ServerRestart(Kind):
                                            set_flags={k: str(v) for k, v in set_flags.items()}, unset_flags=unset_flags),
                          change)
         vals, d = lab.sample(r, lab.measure_spec.cwd, bad, regression, why=f"the benchmark with {change}")
-        return lab.result(spec, vals, d, f"with {change}: {d.text}", change=change)
+        # an offline workload: the fix is its command line with the change, as the experiment ran it
+        fix = (lab.server.started or {}).get("workload") if lab.server.workload is not None else None
+        return lab.result(spec, vals, d, f"with {change}: {d.text}", change=change,
+                          **({"fix": fix} if fix and d.significant else {}))
 
 
 class RestoreBaselineFlags(ServerRestart):

@@ -1,0 +1,78 @@
+"""The scenarios written from public reports (tests/scenarios/reports/): every server shape (`-m MODULE` of an
+installed distribution of any name, a script, a console script, an offline workload, a multi-process server, an
+image's python under /usr/local). Here each is validated and started, cheaply: its server runs with its command
+line (an offline workload: no server, and its program prints the metric). Their diagnosis, sealed and not, is
+`bench/scenarios --reports --seal both` (docs/benchmarks.md); an offline workload is diagnosed end to end on a real
+host by tests/realhost/test_offline.py."""
+
+from __future__ import annotations
+
+import json
+import re
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from debugagent.tools.sim import SimTransport, parse_scenario
+
+HERE = Path(__file__).parent / "scenarios" / "reports"
+REPORTS = sorted(HERE.glob("*.yaml"))
+THREAD = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+/(?:issues|pull)/\d+")
+
+
+def load(path: Path):
+    return parse_scenario(path.read_text(), str(path))
+
+
+def shape(sc) -> str:
+    srv = sc.host.server
+    if srv.offline:
+        return "offline"
+    words = srv.cmd.split()
+    return "module" if "-m" in words else "script" if len(words) > 1 and words[1].endswith(".py") else "console"
+
+
+def test_fifteen_or_more_each_citing_its_thread():
+    assert len(REPORTS) >= 15
+    scenarios = [load(p) for p in REPORTS]   # each valid, as `sim validate` reads it
+    for p, sc in zip(REPORTS, scenarios, strict=True):
+        assert THREAD.search(sc.story), f"{p.name}: its story cites no public thread"
+        assert THREAD.search(p.read_text().split("\nversion:")[0]), f"{p.name}: no thread in its header comment"
+    assert {shape(sc) for sc in scenarios} == {"offline", "module", "script", "console"}
+    assert any(sc.host.server.worker for sc in scenarios), "no multi-process server"
+    assert any(sc.host.server.offline and "-m" in sc.host.server.cmd.split() for sc in scenarios), "no -m workload"
+
+
+def started(path: Path) -> str:
+    """Start the host of ``path``, check it runs as its scenario says, close it; its name once it did."""
+    sc = load(path)
+    srv = sc.host.server
+    with SimTransport(f"sim:{path}") as t:
+        profile = json.loads(t.run("cat /etc/debugagent/host.json").stdout)
+        args = t.run("ps -eo args").stdout
+        if srv.offline:
+            assert sc.host.python not in args, args   # no server: nothing of the host's python runs
+            out = t.run(profile["bench"])
+            assert out.exit_code == 0 and re.search(rf"{sc.bench.metric}=[\d.]+ {re.escape(sc.bench.unit)}", out.stdout), out
+        else:
+            assert srv.cmd.split()[0] in args and srv.cmd.split()[-1] in args, args
+    return path.stem
+
+
+def test_each_starts():
+    """Every one starts (a few at a time: a start mostly waits on its processes)."""
+    with ThreadPoolExecutor(4) as pool:
+        assert sorted(pool.map(started, REPORTS)) == sorted(p.stem for p in REPORTS)
+
+
+def test_an_unsealed_host_rewrites_every_path_of_a_restart_check():
+    """A restart recognises the server by its command line's arguments joined by \\x1f; on a host that is not
+    sealed each path among them moves onto the host's folder, not only the first (a script server's restart was
+    refused as "not the server any more")."""
+    from debugagent.tools.sim.shell import SimShell
+    sh = SimShell("/sb", "/sb/usr/local/bin", ["/opt", "/root"], "root")
+    check = "same $P $'/opt/venv/bin/python3\\x1f/opt/app.py\\x1f--port\\x1f80\\x1f'"
+    assert sh.rewrite(check) == "same $P $'/sb/opt/venv/bin/python3\\x1f/sb/opt/app.py\\x1f--port\\x1f80\\x1f'"
+    assert sh.rewrite("cat /optional/x /opt") == "cat /optional/x /sb/opt"
+    # a root that is a file (the system's python, bound at its path) followed by the separator
+    py = SimShell("/sb", "/sb/usr/local/bin", ["/usr/bin/python3", "/root"], "root")
+    assert py.rewrite("same $P $'/usr/bin/python3\\x1f-m\\x1fvllm\\x1f'") == "same $P $'/sb/usr/bin/python3\\x1f-m\\x1fvllm\\x1f'"

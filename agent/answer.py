@@ -14,6 +14,9 @@ from typing import Any
 
 from debugagent.tools.probes.text import clip_words
 
+from .conclusion import not_judged_words
+from .verdicts import NotJudged
+
 HEADLINE_MAX = 160
 ITEM_MAX = 220
 
@@ -115,8 +118,9 @@ def evidence_lines(o: Mapping[str, Any]) -> list[str]:
         out.append(f"- not decided: {_names(o['inconclusive'])}")
     if o.get("ruled_out"):
         out.append(f"- ruled out: {_names(o['ruled_out'])}")
-    nj = o.get("not_judged") or {}
-    judged = [f"--{f}" for f in nj.get("flags") or []] + list(nj.get("env") or [])
-    if judged:
-        out.append(f"- not judged (no knowledge list names them): {', '.join(judged)}")
+    untested, removed = not_judged_words(NotJudged.model_validate(o.get("not_judged") or {}))
+    if untested:
+        out.append(f"- not judged (no knowledge list names them): {', '.join(untested)}")
+    if removed:
+        out.append(f"- removed by experiment, not a cause (no knowledge list names them): {', '.join(removed)}")
     return out

@@ -93,7 +93,17 @@ def summary(events: list[Event]) -> str:
         return "Nothing on the host was changed."
     done = sum(1 for c in changes if c.undone)
     return (f"{plural(len(changes), 'change')}, each journalled before it acted; {done} undone"
-            + (f"; left to undo: {'; '.join(left)}" if left or done < len(changes) else "") + ".")
+            + (f"; left to undo: {'; '.join(left)}" if left or done < len(changes) else "") + "." + why_allowed(events))
+
+
+def why_allowed(events: list[Event]) -> str:
+    """Why a run changed the host without --allow-mutations: its host was simulated (run.json keeps the flag as
+    given, false); on a real host the same experiments need the flag or a yes at the prompt."""
+    start = next((e for e in events if isinstance(e, RunStarted)), None)
+    if start is None or getattr(start.inputs, "allow_mutations", False) or not start.host.startswith("sim:"):
+        return ""
+    return (" They ran without --allow-mutations because the host is simulated (its changes end with its sandbox); "
+            "on a real host each needs --allow-mutations (--yes) or a yes at the prompt.")
 
 
 def as_json(events: list[Event]) -> list[dict[str, Any]]:

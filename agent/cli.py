@@ -181,8 +181,17 @@ def replay(run_dir: Annotated[str, typer.Argument(metavar="RUN", help="a transcr
 
 @app.command()
 def report(run_dir: Annotated[str, typer.Argument(metavar="RUN", help="a run folder (the one `debugagent run` printed)")],
-           no_open: Annotated[bool, typer.Option("--no-open", help="print the path only; do not open a browser")] = False) -> None:
-    """Print the path of a run's report.html and open it in a browser when a display exists."""
+           no_open: Annotated[bool, typer.Option("--no-open", help="print the path only; do not open a browser")] = False,
+           as_bundle: Annotated[bool, typer.Option("--bundle", help="write the run's issue bundle instead, as `debugagent bundle RUN` does")] = False,
+           output: Annotated[str | None, typer.Option("-o", "--out", metavar="FILE", help="with --bundle: where to write the .tar.gz (default: bundle.tar.gz in the run folder)")] = None) -> None:
+    """Print the path of a run's report.html and open it in a browser when a display exists; with --bundle, write
+    its issue bundle (`debugagent bundle RUN`)."""
+    if as_bundle:
+        from .bundle import write_bundle
+        print(write_bundle(run_dir, output))
+        return
+    if output is not None:
+        raise UsageError(f"-o/--out {output}: only the bundle is written to a file", fix=f"add --bundle: debugagent report --bundle {run_dir} -o {output}")
     from .outputs import FORMATS, missing, write_outputs
     folder = Path(run_dir)
     if folder.name == "events.jsonl":
@@ -496,6 +505,8 @@ def playbook_validate(path: Annotated[str, typer.Argument(metavar="FILE", help="
     """Check a playbook file against the schema; exit 2 naming file and field on error."""
     from .playbook import load_playbook
     pb = load_playbook(path)
+    for w in pb.shadow_warnings():
+        err.print(f"warning: {path}: {w}", markup=False)
     out.print(f"ok: {path}: {len(pb.hypotheses)} hypotheses")
 
 
@@ -516,12 +527,15 @@ def playbook_schema() -> None:
 
 @playbook_app.command("test")
 def playbook_test(path: Annotated[str, typer.Argument(metavar="FILE", help="the changed playbook .yaml")],
-                  transcript: Annotated[list[str], typer.Option("--transcript", metavar="RUN", help="recorded run folder (repeatable)")]) -> None:
-    """Replay recorded runs against a changed playbook; exit 5 if any conclusion changes."""
-    from .replay import replay_run
+                  more: Annotated[list[str] | None, typer.Argument(metavar="[RUN]...", help="more run folders (what a shell makes of --transcript 'transcripts/*')", show_default=False)] = None,
+                  transcript: Annotated[list[str] | None, typer.Option("--transcript", metavar="RUN", help="recorded run folder (repeatable; a glob such as 'transcripts/*', or a folder of run folders)")] = None) -> None:
+    """Replay recorded runs against a changed playbook; exit 5 if any conclusion changes (a hypothesis the
+    recording lacks is reported as new, not as a change)."""
+    from .replay import replay_run, run_folders
+    runs = run_folders([*(transcript or []), *(more or [])])
     worst = 0
-    for t in transcript:
-        code = replay_run(t, playbook=path, as_json=False)
+    for t in runs:
+        code = replay_run(str(t), playbook=path, as_json=False)
         worst = max(worst, code)
     raise typer.Exit(worst)
 

@@ -124,6 +124,13 @@ def no_regression_summary(regression: Regression) -> str:
     return f"No reproducible regression: {regression.why}. Nothing is blamed."
 
 
+def not_judged_words(nj: NotJudged) -> tuple[list[str], list[str]]:
+    """The flags (``--NAME``) and variables no knowledge list names: those never decided, and those a removal in a
+    group decided "not a cause"."""
+    names = [(f"--{f}", f) for f in nj.flags] + [(v, v) for v in nj.env]
+    return [w for w, n in names if n not in nj.removed], [w for w, n in names if n in nj.removed]
+
+
 def conclude(hyps: dict[str, Hyp], order: list[str], regression: Regression, *, baseline_snapshot: bool,
              next_steps: dict[str, str], not_judged: NotJudged, joint: dict[str, Any] | None = None) -> Conclusion:
     def closed(status: str) -> list[Open]:
@@ -159,8 +166,11 @@ def conclude(hyps: dict[str, Hyp], order: list[str], regression: Regression, *, 
                 summary += " Other suspects: " + ", ".join(s.hypothesis for s in suspects[1:]) + "."
     if undecided:
         summary += " Could not decide: " + ", ".join(o.hypothesis for o in undecided) + "."
-    if not_judged.flags or not_judged.env:
-        summary += " Not judged: " + ", ".join([f"--{f}" for f in not_judged.flags] + not_judged.env) + "."
+    untested, removed = not_judged_words(not_judged)
+    if untested:
+        summary += " Not judged: " + ", ".join(untested) + "."
+    if removed:
+        summary += " Removed by experiment, not a cause (no knowledge list names them): " + ", ".join(removed) + "."
     return Conclusion(root_cause=causes[0] if causes else None, root_causes=causes, suspects=suspects,
                       ruled_out=ruled, inconclusive=undecided, not_judged=not_judged, summary=summary,
                       exit_code=0 if causes else 3,

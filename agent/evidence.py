@@ -48,3 +48,36 @@ def evidence_matches(glob: str, change: Change) -> bool:
     if glob.startswith(EDITABLE) and not change.editable:
         return False
     return fnmatch.fnmatchcase(change.path, _glob_pattern(glob)[0])
+
+
+def glob_paths(glob: str) -> list[str]:
+    """The snapshot-diff paths ``glob`` can match, a placeholder segment (NAME, N) filled as
+    ``glob_matches_some_path`` fills it (with the glob's own segments: ``packages.flashinfer*.build``)."""
+    pat, paths = _glob_pattern(glob)
+    fills = {*pat.split("."), "x", "0"}
+    out = {".".join(f if part in PLACEHOLDERS else part for part in t.split(".")) for t in paths for f in fills}
+    return sorted(c for c in out if fnmatch.fnmatchcase(c, pat))
+
+
+def shadowed(hypotheses: list[tuple[str, list[str]]]) -> list[str]:
+    """Evidence globs that can never claim a change: each path they match is matched first by a glob of a
+    hypothesis listed before (a change belongs to the first hypothesis whose evidence matches it). One warning a
+    glob, naming what shadows it; ``hypotheses`` is (id, evidence globs), in the playbook's order."""
+    out = []
+    for j, (hid, globs) in enumerate(hypotheses):
+        for g in globs:
+            by: dict[str, str] = {}
+            paths = glob_paths(g)
+            for c in paths:
+                for hid0, globs0 in hypotheses[:j]:
+                    first = next((g0 for g0 in globs0 if fnmatch.fnmatchcase(c, _glob_pattern(g0)[0])
+                                  and (not g0.startswith(EDITABLE) or g.startswith(EDITABLE))), None)
+                    if first:
+                        by.setdefault(c, f"`{first}` of {hid0}")
+                        break
+            if paths and len(by) == len(paths):
+                names = sorted(set(by.values()))
+                out.append(f"{hid}: evidence `{g}` is shadowed by {', '.join(names)}, listed first: a change goes to the "
+                           f"first hypothesis whose evidence matches it, so {hid} never sees these; narrow that glob or "
+                           f"list {hid} first")
+    return out

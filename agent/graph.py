@@ -145,15 +145,24 @@ def judge(ctx: Ctx, state: RunState) -> dict[str, Any]:
 
 
 def conclude(ctx: Ctx, state: RunState) -> dict[str, Any]:
-    """The verdicts as a conclusion (``conclusion.run_conclusion``), with the run's counts."""
-    c = concl.run_conclusion(state.hyps, ctx.playbook.order(), state.regression,
+    """The verdicts as a conclusion (``conclusion.run_conclusion``), with the run's counts. A hypothesis ruled out on
+    what it measured while values no list judges were never decided by removal is "not decided" first
+    (``verdicts.unjudged_left``)."""
+    hyps, targets = state.hyps, ctx.playbook.group_targets()
+    nj = vd.without_judged(hyps, vd.NotJudged.model_validate((state.facts or {}).get("not_judged") or {}))
+    if ctx.baseline_snapshot is None and not state.regression.refuted:
+        left = vd.unjudged_left(hyps, nj, targets)
+        for hid, h in left.items():
+            steps.emit_verdict(ctx, hid, h, h.because[-1])
+        hyps = {**hyps, **left}
+    c = concl.run_conclusion(hyps, ctx.playbook.order(), state.regression,
                              baseline_snapshot=ctx.baseline_snapshot is not None,
                              next_steps=ctx.playbook.knowledge.get("next_steps") or {},
-                             not_judged=vd.NotJudged.model_validate((state.facts or {}).get("not_judged") or {}),
+                             not_judged=vd.removed_not_cause(hyps, nj, targets),
                              commands=ctx.commands, bench_runs=state.bench_runs, notes=state.notes,
                              joint=state.joint)
     ctx.transcript.emit("conclusion", **c.to_json())
-    return {"conclusion": c}
+    return {"conclusion": c, "hyps": hyps}
 
 
 def report(ctx: Ctx, state: RunState) -> dict[str, Any]:

@@ -403,11 +403,29 @@ def render_conclusion(doc: Doc, f: RunFacts) -> None:
         doc.add(f"Note: {n}", "")
 
 
-def render_fixes(doc: Doc, fixes: list[Fix]) -> None:
+def todo_words(f: RunFacts) -> str:
+    """What to do when no cause was confirmed: as the run went. Experiments not allowed: give --allow-mutations;
+    experiments that ran (and were undone) but failed: fix what stopped them (a package's build: --wheelhouse)."""
+    ran = any(x.result for h in f.hyps.values() for x in h.experiments)
+    refused = any("--allow-mutations" in n for h in f.hyps.values() for n in h.notes)
+    failed = [x for h in f.hyps.values() for x in h.experiments if x.result and not x.samples]
+    said = "Nothing to undo on the host: no cause was confirmed" + (
+        " (every change the experiments made was undone, as the section below says). " if ran else ". ")
+    said += "Each suspect above names the experiment that would decide it"
+    if refused:
+        said += "; run it with `--allow-mutations` (experiments were not allowed in this run)"
+    if failed:
+        wheel = any(x.spec.get("kind") == "package_restore" for x in failed)
+        said += ("; where its experiment failed, fix what stopped it and run again"
+                 + (" (a package's other build: `--wheelhouse DIR` holding its wheel)" if wheel else ""))
+    return said + (", or give a baseline snapshot (`--baseline-snapshot`)." if f.baseline_snapshot is None else ".")
+
+
+def render_fixes(doc: Doc, fixes: list[Fix], f: RunFacts | None = None) -> None:
     doc.add("## What to do now", "")
     if not fixes:
-        doc.add("Nothing to undo on the host: no cause was confirmed. " "Each suspect above names the experiment that "
-                "would decide it; run it with `--allow-mutations`, or give a baseline snapshot (`--baseline-snapshot`).", "")
+        doc.add(todo_words(f) if f is not None else "Nothing to undo on the host: no cause was confirmed. Each suspect "
+                "above names the experiment that would decide it, or give a baseline snapshot (`--baseline-snapshot`).", "")
         return
     for i, fx in enumerate(fixes, 1):
         doc.add(f"{i}. {fx.text}")
@@ -473,7 +491,7 @@ def render(events: list[Event]) -> str:
         render_hypothesis(doc, hid, f)
     render_items(doc, f.epilogue, f)
     render_conclusion(doc, f)
-    render_fixes(doc, fixes_for(f))
+    render_fixes(doc, fixes_for(f), f)
     # every host's string in it is made safe for a Markdown renderer at once: no raw HTML, no code span a backtick
     # from the host can open or close, no control character (tools/escape.py)
     render_changes(doc, events)

@@ -156,6 +156,11 @@ class Playbook(Strict):
             cur = nxt
         return seen + [i for i in ids if i not in seen]
 
+    def shadow_warnings(self) -> list[str]:
+        """Evidence globs a glob of a hypothesis listed before always wins over (``evidence.shadowed``)."""
+        from .evidence import shadowed
+        return shadowed([(h.id, list(h.evidence)) for h in self.hypotheses])
+
     def get(self, hid: str) -> Hypothesis:
         return next(h for h in self.hypotheses if h.id == hid)
 

@@ -35,12 +35,17 @@ def outcome(conclusion: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def word(status: str | None) -> str:
+    """A verdict as the transcript says it; a hypothesis one side lacks is "absent" (never Python's None)."""
+    return status.replace("_", " ") if status else "absent"
+
+
 def verdict_diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     lines = []
     for hid in sorted(set(a["verdicts"]) | set(b["verdicts"])):
         x, y = a["verdicts"].get(hid), b["verdicts"].get(hid)
         if x != y:
-            lines.append(f"  {hid}: {x} (recorded) -> {y} (replayed)")
+            lines.append(f"  {hid}: {word(x)} (recorded) -> {word(y)} (replayed)")
     if a["root_causes"] != b["root_causes"]:
         lines.append(f"  root causes: {a['root_causes']} (recorded) -> {b['root_causes']} (replayed)")
     if a["exit_code"] != b["exit_code"]:
@@ -61,16 +66,38 @@ def replay_events(events: list[Event], *, playbook: str | None, out: Path, file:
     conclusion = conclusion_of(state)
     a = outcome(recorded.model_dump(mode="json", by_alias=True) if recorded is not None else {})
     b = outcome(conclusion)
-    # a hypothesis the playbook gained since the recording, left inconclusive since the recording never gathered
-    # its evidence (an optional probe it lacks is not sent: tools.probes.plan), changes no conclusion
-    gained = sorted(h for h, v in b["verdicts"].items() if a["verdicts"] and h not in a["verdicts"] and v == "inconclusive")
-    for h in gained:
+    # a hypothesis the playbook gained since the recording (or a changed playbook adds) is new, not a changed
+    # conclusion: its verdict is reported apart; a new root cause or exit code still changes the conclusion
+    new = {h: v for h, v in b["verdicts"].items() if a["verdicts"] and h not in a["verdicts"]}
+    for h in new:
         del b["verdicts"][h]
     return {"same": a == b and recorded is not None, "recorded": a, "replayed": b, "diff": verdict_diff(a, b),
-            "gained": gained,
+            "gained": sorted(new), "new": dict(sorted(new.items())),
             "commands": ctx.commands, "replay_s": round(time.monotonic() - t0, 3),
             "recorded_s": max((e.t for e in events), default=0), "conclusion": conclusion,
             "unused_results": transport.unused, "transcript": str(out), "events": len(events)}
+
+
+def run_folders(given: list[str]) -> list[Path]:
+    """The recorded runs named: each folder holding an events.jsonl (or the file itself), a glob's matches, or a
+    folder of run folders (one level down, as transcripts/h200); a name that gives none is exit 2 naming it."""
+    import glob
+    if not given:
+        raise UsageError("no recorded run given", fix="give --transcript RUN (repeatable, or a glob: --transcript 'transcripts/*')")
+    out: list[Path] = []
+    for g in given:
+        names = sorted(glob.glob(g)) if glob.has_magic(g) else [g]
+        found: list[Path] = []
+        for n in map(Path, names):
+            if n.is_file() and n.name == "events.jsonl" or (n / "events.jsonl").is_file():
+                found.append(n)
+            elif n.is_dir():
+                found += sorted(p.parent for p in n.glob("*/events.jsonl"))
+        if not found:
+            raise UsageError(f"--transcript {g}: no recorded run (no events.jsonl in it nor in a folder under it)",
+                             fix="give a folder `debugagent run` wrote, or one of transcripts/")
+        out += [f for f in found if f not in out]
+    return out
 
 
 def replay_run(run_dir: str, *, playbook: str | None = None, as_json: bool = False, out: str | None = None) -> int:
@@ -98,7 +125,11 @@ def replay_run(run_dir: str, *, playbook: str | None = None, as_json: bool = Fal
         res["transcript"] = None   # same conclusion: the replayed transcript was not kept
     if as_json:
         print(json.dumps({k: v for k, v in res.items() if k != "conclusion"}, indent=1))
-    elif res["same"]:
+        return 0 if res["same"] else 5
+    if res["new"]:
+        err.print(f"replay of {path}: new hypotheses (not in the recording, so not compared): "
+                  + ", ".join(f"{h} {v.replace('_', ' ')}" for h, v in res["new"].items()), markup=False)
+    if res["same"]:
         rc = res["recorded"]["root_causes"]
         err.print(f"replay of {path}: same conclusion ({', '.join(h for h, _ in rc) or 'no root cause'}; "
                   f"{res['commands']} commands answered from the recording in {res['replay_s']:.2f} s)")

@@ -42,6 +42,7 @@ class Hyp(BaseModel):
     rule: str | None = None           # what decided "ruled out": the bound an experiment fell below, or the rule
     cause_specs: list[dict[str, Any]] = Field(default_factory=list)   # the experiments that confirmed it (a group's
     # narrowest half replaces the group)
+    judged: list[str] = Field(default_factory=list)   # the flags and variables its decided experiments changed
 
 
 def from_findings(findings: list[Finding], next_step: str | None) -> Hyp:
@@ -90,6 +91,8 @@ def apply_result(h: Hyp, spec: dict[str, Any], res: ExperimentResult, max_runs_h
         return h
     outcome = res.decided
     h.because.append(res.text)
+    if outcome in ("cause", "not_cause") and not spec.get("group"):
+        h.judged = sorted(set(h.judged) | spec_names(spec))
     if outcome == "cause":
         h.status, h.how, h.next = "confirmed", "experiment", None
         narrower = set(spec.get("group") or [])
@@ -164,6 +167,8 @@ class NotJudged(BaseModel):
     workload: list[str] = Field(default_factory=list)
     # flags set to a value as fast as the engine's default (the knowledge's ``default_values``): nothing to test
     at_default: list[str] = Field(default_factory=list)
+    # of ``flags`` and ``env``, those a removal in a group decided "not a cause" (``removed_not_cause``)
+    removed: list[str] = Field(default_factory=list)
 
 
 def _matches(item: dict[str, Any], value: Any) -> bool:
@@ -240,6 +245,60 @@ def add_groups(hyps: dict[str, Hyp], nj: NotJudged, targets: dict[str, str]) -> 
     return added
 
 
+def spec_names(spec: dict[str, Any]) -> set[str]:
+    """The flags and variables an experiment sets or removes (empty names, a template's unused slot, left out)."""
+    names = [*(spec.get("set_flags") or {}), *(spec.get("unset_flags") or []), *(spec.get("set_env") or {}),
+             *(spec.get("unset_env") or [])]
+    return {str(n) for n in names if n}
+
+
+def without_judged(hyps: dict[str, Hyp], nj: NotJudged) -> NotJudged:
+    """The not-judged lists without what a hypothesis' own experiment changed and decided (a playbook's hypothesis
+    for OMP_NUM_THREADS judges it, though no knowledge list names it)."""
+    judged = {n for h in hyps.values() for n in h.judged}
+    return nj.model_copy(update={"flags": [f for f in nj.flags if f not in judged],
+                                 "env": [v for v in nj.env if v not in judged]})
+
+
+def _decided_not_cause(h: Hyp, items: list[str]) -> set[str]:
+    """Of ``items``, those a group removal on ``h`` decided "not a cause" (measured, not failed nor undecided)."""
+    return {i for r in h.results if r.group and not r.error and r.decided == "not_cause" for i in r.group} & set(items)
+
+
+def removed_not_cause(hyps: dict[str, Hyp], nj: NotJudged, targets: dict[str, str]) -> NotJudged:
+    """The not-judged lists with ``removed``: the values their group's removal decided "not a cause"."""
+    done: set[str] = set()
+    for hid, what in targets.items():
+        if hid in hyps:
+            done |= _decided_not_cause(hyps[hid], nj.flags if what == "flags" else nj.env)
+    return nj.model_copy(update={"removed": sorted(done)})
+
+
+def unjudged_left(hyps: dict[str, Hyp], nj: NotJudged, targets: dict[str, str]) -> dict[str, Hyp]:
+    """Group targets ruled out on what they measured (a known-costly flag removed) while values no knowledge list
+    names were never decided by removal (their group not run, failed or undecided): "not decided", naming how many
+    and which, since unknown is not "ruled out". Returns the hypotheses changed (call it without a baseline snapshot:
+    there, equal flags and variables exclude them all)."""
+    out: dict[str, Hyp] = {}
+    for hid, what in targets.items():
+        items = nj.flags if what == "flags" else nj.env
+        h = hyps.get(hid)
+        if not items or h is None or h.status != "ruled_out":
+            continue
+        if _decided_not_cause(h, items) == set(items):
+            continue
+        noun = ("flag" if what == "flags" else "variable") + ("s" if len(items) > 1 else "")
+        names = ", ".join(f"--{f}" if what == "flags" else f for f in items)
+        h = h.model_copy(deep=True)
+        h.status, h.how, h.rule = "inconclusive", None, None
+        h.because.append(f"ruled out only for what was measured; {len(items)} {noun} not judged ({names}): no knowledge "
+                         f"list names {'them' if len(items) > 1 else 'it'} and no experiment removed "
+                         f"{'them' if len(items) > 1 else 'it'}")
+        h.next = h.next or f"\"{group_experiment(what, items)['title']}\" (split like a bisection if it recovers)"
+        out[hid] = h
+    return out
+
+
 def not_run(h: Hyp, spec: dict[str, Any], title: str) -> Hyp:
     """The hypothesis when the user did not allow its experiment: dropped, and named as what would decide it."""
     h = h.model_copy(deep=True)
@@ -271,7 +330,9 @@ def candidates(hyps: dict[str, Hyp], order: list[str], done: list[str], costs: d
     experiment confirmed runs its groups' halves and its other values known to cost (a second costly variable is a
     second cause), not its weaker evidence."""
     cands = [(hid, e) for hid in order for e in hyps[hid].experiments
-             if hyps[hid].status in ("suspect", "confirmed", "inconclusive") and exp_key(hid, e) not in done
+             if (hyps[hid].status in ("suspect", "confirmed", "inconclusive")
+                 or (hyps[hid].status == "ruled_out" and e.get("group")))   # ruled out on what it measured: the
+             and exp_key(hid, e) not in done                                 # values no list judges are still tested
              and not (hyps[hid].status == "confirmed" and hyps[hid].how == "experiment" and not e.get("group")
                       and evidence_rank(e, baseline_head) > 0)]
     return order_experiments(cands, order, costs, baseline_head)

@@ -82,3 +82,28 @@ def test_changed_and_undone_section_in_transcript_and_report(run):
         assert "Nothing on the host was changed." in md
     else:
         assert f"{sum(1 for c in made if c.undone)} undone" in md
+
+
+def test_what_to_do_now_advises_what_stopped_the_experiments_not_flags_already_given():
+    """The quick start's experiments ran (the host was changed and undone) and the one that would decide the top
+    suspect failed for want of a wheel: "What to do now" says to fix that (`--wheelhouse`), never to give
+    `--allow-mutations`, which would change nothing; a run whose experiment was not allowed still says it."""
+    from debugagent.agent.markdown import todo_words
+    from debugagent.agent.runfacts import gather
+    f = gather(read_events(ROOT / "transcripts" / "eagle3-flashinfer-rebuilt" / "events.jsonl"))
+    said = todo_words(f)
+    assert "--allow-mutations" not in said and "--wheelhouse" in said and "every change the experiments made was undone" in said
+    f.hyps["compiled_dependency"].notes.append("not run: restart the server … (give --allow-mutations)")
+    assert "--allow-mutations" in todo_words(f)
+
+
+def test_a_simulated_run_says_why_it_changed_the_host_without_the_flag():
+    """The quick start restarted the server while its run.json keeps allow_mutations false: the changed-and-undone
+    section says the host is simulated and what a real host needs; a run given the flag does not say it."""
+    from debugagent.agent import changes
+    events = read_events(ROOT / "transcripts" / "eagle3-flashinfer-rebuilt" / "events.jsonl")
+    said = changes.summary(events)
+    assert "without --allow-mutations because the host is simulated" in said and "a yes at the prompt" in said
+    start = events[0]
+    flagged = [start.model_copy(update={"inputs": start.inputs.model_copy(update={"allow_mutations": True})}), *events[1:]]
+    assert "simulated" not in changes.summary(flagged)

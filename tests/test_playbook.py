@@ -216,3 +216,66 @@ def test_a_playbook_without_groups_gives_them_by_evidence():
         h.pop("groups", None)
     assert parse_playbook(yaml.safe_dump(data)).group_targets() == {"serving_config": "flags", "env_var": "env"}
     assert parse_playbook(MINI).group_targets() == {}
+
+
+OMP = """
+  - id: omp_threads
+    title: OpenMP threads of the server
+    cost: 1
+    checks: [server_details]
+    rules:
+      - when: "server is not none and server.env.get('OMP_NUM_THREADS')"
+        verdict: suspect
+        because: "OMP_NUM_THREADS={{ server.env.get('OMP_NUM_THREADS') }} is set"
+        experiment: {kind: server_restart, title: "restart the server without OMP_NUM_THREADS", unset_env: [OMP_NUM_THREADS]}
+      - when: "true"
+        verdict: ruled_out
+        because: "OMP_NUM_THREADS is not set"
+"""
+
+
+def test_playbook_test_reports_a_new_hypothesis_as_new_and_takes_what_a_shell_makes_of_a_glob(tmp_path):
+    """Adding a hypothesis is no changed conclusion: `playbook test` says it is new, with its verdict in words
+    (never Python's None), and exits 0; `--transcript transcripts/*` as a shell expands it (several folders after
+    one --transcript) is taken, a folder named twice replayed once."""
+    from pathlib import Path
+
+    from debugagent.agent.replay import run_folders
+    from debugagent.tools.errors import UsageError
+    root = Path(__file__).resolve().parents[1]
+    pb = tmp_path / "omp.yaml"
+    pb.write_text((root / "playbooks" / "gpu-inference-regression.yaml").read_text() + OMP)
+    run = str(root / "transcripts" / "pcie-degraded")
+    from debugagent.agent.cli import app
+    from typer.testing import CliRunner
+    r = CliRunner().invoke(app, ["playbook", "test", str(pb), "--transcript", run, run])
+    assert r.exit_code == 0, r.output
+    assert "new hypotheses (not in the recording, so not compared): omp_threads ruled out" in r.output
+    assert r.output.count("same conclusion (pcie_link;") == 1 and "None" not in r.output
+    # the forms a person types: a quoted glob, a folder of run folders (transcripts/h200), a name that gives none
+    (tmp_path / "runs" / "a").mkdir(parents=True)
+    (tmp_path / "runs" / "a" / "events.jsonl").write_text("")
+    (tmp_path / "runs" / "lab" / "b").mkdir(parents=True)
+    (tmp_path / "runs" / "lab" / "b" / "events.jsonl").write_text("")
+    (tmp_path / "runs" / "notes.txt").write_text("")
+    assert run_folders([str(tmp_path / "runs" / "*")]) == [tmp_path / "runs" / "a", tmp_path / "runs" / "lab" / "b"]
+    with pytest.raises(UsageError, match="no recorded run"):
+        run_folders([str(tmp_path / "runs" / "notes.txt")])
+
+
+def test_validate_warns_of_evidence_a_glob_listed_before_always_takes(tmp_path):
+    """A hypothesis added after env_var with evidence `server.env.OMP_*` never sees a change (env_var's
+    `server.env.*` claims it first): `playbook validate` warns naming both, and still exits 0; the default playbook
+    (whose `editable:packages.*` leaves the other packages to compiled_dependency) gets no warning."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "playbooks" / "gpu-inference-regression.yaml").read_text()
+    assert load_playbook(None).shadow_warnings() == []
+    pb = tmp_path / "omp.yaml"
+    pb.write_text(text + OMP.replace("    checks: [server_details]\n", "    checks: [server_details]\n    evidence: ['server.env.OMP_*']\n"))
+    (w,) = load_playbook(str(pb)).shadow_warnings()
+    assert w.startswith("omp_threads: evidence `server.env.OMP_*` is shadowed by `server.env.*` of env_var")
+    from debugagent.agent.cli import app
+    from typer.testing import CliRunner
+    r = CliRunner().invoke(app, ["playbook", "validate", str(pb)])
+    assert r.exit_code == 0 and "warning:" in r.output and "omp_threads" in r.output

@@ -182,3 +182,20 @@ def test_every_package_folder_is_packaged():
     data = conf.get("package-data", {})
     for pkg, globs in data.items():
         assert pkg in listed and all(list(where[pkg].glob(g)) for g in globs), (pkg, globs)
+
+
+def test_readme_example_is_the_kept_quick_start_answer():
+    """The README's example answer is what the kept recording of the quick start prints (scripts/record-transcripts
+    re-records it): its headline, each evidence line (the overlay's run id shown as …) and its counts. A verdict
+    wider than what was measured (serving_config ruled out while flags were not judged) shows here first."""
+    from debugagent.agent.answer import evidence_lines, headline
+    from debugagent.agent.events import Conclusion
+    events = read_events(ROOT / "transcripts" / "eagle3-flashinfer-rebuilt" / "events.jsonl")
+    o = next(e for e in reversed(events) if isinstance(e, Conclusion)).model_dump(mode="json", by_alias=True)
+    text = README.read_text()
+    block = text[text.index("$ debugagent run --host gpu-box"):].split("```", 1)[0].splitlines()
+    answer = [re.sub(r"/tmp/debugagent-overlay-[^/]+/", "/tmp/debugagent-overlay-…/", line)
+              for line in [headline(o), *("  " + x for x in evidence_lines(o))]]
+    assert block[1:1 + len(answer)] == answer, "the README's example answer: copy it from the kept recording"
+    assert block[1 + len(answer)] == "" and block[2 + len(answer)].startswith(
+        f"{o['commands']} commands, {o['bench_runs']} benchmark runs, ")

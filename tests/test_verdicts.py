@@ -298,3 +298,81 @@ def test_a_ruled_out_experiment_says_the_bound_that_decided_it():
     c = concl.conclude({**hyps(), "code_change": h}, ORDER, REG, baseline_snapshot=False, next_steps={},
                        not_judged=vd.NotJudged())
     assert c.ruled_out[0].rule == d.rule
+
+
+def test_a_hypothesis_ruled_out_on_its_known_flag_still_tests_the_flags_no_list_judges():
+    """The quick start's case: serving_config ruled out by removing its one known-costly flag, the speculative flags
+    no knowledge list names left. With no confirmed cause, their group is added and runs: a ruled-out verdict covers
+    what was measured, not the flags it never touched."""
+    spec = {"kind": "server_restart", "title": "restart the server with --speculative-attention-mode decode"}
+    hs = {"serving_config": vd.apply_result(vd.Hyp(status="suspect", experiments=[spec]), spec, result("not_cause")),
+          "env_var": vd.Hyp(status="inconclusive")}
+    assert hs["serving_config"].status == "ruled_out"
+    nj = vd.NotJudged(flags=["speculative-algorithm", "speculative-num-steps"])
+    targets = {"serving_config": "flags", "env_var": "env"}
+    assert vd.add_groups(hs, nj, targets) == [("serving_config", nj.flags)]
+    cands = vd.candidates(hs, ["serving_config", "env_var"], [], {}, None)
+    assert [(h, e.get("group")) for h, e in cands] == [("serving_config", nj.flags)]
+
+
+def test_ruled_out_never_stands_while_flags_of_its_evidence_are_not_judged():
+    """A group target ruled out on what it measured, while flags no list judges were never decided by removal (not
+    run, failed, or undecided), is "not decided" and says how many and which; once their group is decided "not a
+    cause" the ruled-out stands; with a baseline snapshot nothing changes (equal flags exclude them all)."""
+    ruled = vd.Hyp(status="ruled_out", how="experiment", because=["--speculative-attention-mode decode: no change"],
+                   rule="the 80% upper bound …")
+    nj = vd.NotJudged(flags=["speculative-algorithm", "speculative-num-steps"])
+    targets = {"serving_config": "flags", "env_var": "env"}
+    got = vd.unjudged_left({"serving_config": ruled}, nj, targets)
+    h = got["serving_config"]
+    assert h.status == "inconclusive" and h.how is None and h.rule is None
+    assert "2 flags not judged" in h.because[-1] and "--speculative-algorithm, --speculative-num-steps" in h.because[-1]
+    assert h.next and "--speculative-algorithm" in h.next
+    c = concl.conclude(got, ["serving_config"], REG, baseline_snapshot=False, next_steps={}, not_judged=nj)
+    assert [o.hypothesis for o in c.inconclusive] == ["serving_config"] and not c.ruled_out
+    group = vd.group_experiment("flags", nj.flags)
+    for bad in (result("more"), ExperimentResult.failed("server_restart", "the server did not come back")):
+        tried = vd.apply_result(ruled.model_copy(update={"experiments": [group]}), group, bad)
+        assert vd.unjudged_left({"serving_config": tried}, nj, targets)["serving_config"].status == "inconclusive"
+    decided = vd.apply_result(ruled.model_copy(update={"experiments": [group]}), group, result("not_cause"))
+    assert vd.unjudged_left({"serving_config": decided}, nj, targets) == {}
+    assert vd.unjudged_left({"serving_config": ruled}, vd.NotJudged(), targets) == {}
+    assert vd.unjudged_left({"serving_config": ruled}, vd.NotJudged(env=["NCCL_X"]), targets) == {}
+
+
+def test_flags_a_group_removal_decided_are_said_as_removed_not_as_not_judged():
+    """Once their group's removal decided "not a cause", the flags no list names are said so (`removed` in --json,
+    the summary and the answer), not "not judged"; a failed removal leaves them not judged."""
+    from debugagent.agent.answer import evidence_lines
+    nj = vd.NotJudged(flags=["speculative-algorithm", "speculative-num-steps"], env=["NCCL_X"])
+    targets = {"serving_config": "flags", "env_var": "env"}
+    group = vd.group_experiment("flags", nj.flags)
+    ruled = vd.Hyp(status="ruled_out", how="experiment", experiments=[group])
+    hs = {"serving_config": vd.apply_result(ruled, group, result("not_cause")),
+          "env_var": vd.apply_result(vd.Hyp(status="inconclusive", experiments=[vd.group_experiment("env", ["NCCL_X"])]),
+                                     vd.group_experiment("env", ["NCCL_X"]),
+                                     ExperimentResult.failed("server_restart", "the server did not come back"))}
+    got = vd.removed_not_cause(hs, nj, targets)
+    assert got.removed == ["speculative-algorithm", "speculative-num-steps"]
+    c = concl.conclude(hs, ["serving_config", "env_var"], REG, baseline_snapshot=False, next_steps={}, not_judged=got)
+    assert "Not judged: NCCL_X." in c.summary
+    assert "not a cause (no knowledge list names them): --speculative-algorithm, --speculative-num-steps." in c.summary
+    lines = evidence_lines(c.to_json())
+    assert "- not judged (no knowledge list names them): NCCL_X" in lines
+    assert ("- removed by experiment, not a cause (no knowledge list names them): --speculative-algorithm, "
+            "--speculative-num-steps") in lines
+
+
+def test_a_value_a_hypothesis_experiment_decided_is_not_said_not_judged():
+    """A playbook's own hypothesis whose experiment unset OMP_NUM_THREADS and decided it: the summary names it as the
+    root cause and no longer as "not judged"; a failed experiment judged nothing."""
+    spec = {"kind": "server_restart", "title": "restart the server without OMP_NUM_THREADS", "unset_env": ["OMP_NUM_THREADS"]}
+    h = vd.apply_result(vd.Hyp(status="suspect", experiments=[spec]), spec, result("cause", 0.9, (0.7, 1.1)))
+    nj = vd.NotJudged(env=["NCCL_X", "OMP_NUM_THREADS"])
+    got = vd.without_judged({"omp_threads": h}, nj)
+    assert got.env == ["NCCL_X"]
+    c = concl.conclude({"omp_threads": h}, ["omp_threads"], REG, baseline_snapshot=False, next_steps={}, not_judged=got)
+    assert c.summary.startswith("Root cause: omp_threads") and "OMP_NUM_THREADS" not in c.summary.split("Not judged")[1]
+    failed = vd.apply_result(vd.Hyp(status="suspect", experiments=[spec]), spec,
+                             ExperimentResult.failed("server_restart", "the server did not come back"))
+    assert vd.without_judged({"omp_threads": failed}, nj).env == ["NCCL_X", "OMP_NUM_THREADS"]

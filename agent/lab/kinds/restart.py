@@ -62,8 +62,9 @@ class ServerRestart(Kind):
         set_flags, unset_flags, set_env, unset_env = self.changes(spec, facts)
         argv = edit_argv(srv.argv, set_flags, unset_flags)
         change = "; ".join(filter(None, [
-            " ".join(f"--{f} removed" for f in unset_flags), " ".join(f"--{k} {v}" for k, v in set_flags.items()),
-            " ".join(f"{v} unset" for v in unset_env), " ".join(f"{k}={v}" for k, v in set_env.items())]))
+            ", ".join(f"--{f}" for f in unset_flags) + " removed" if unset_flags else "",
+            " ".join(f"--{k} {v}" for k, v in set_flags.items()),
+            ", ".join(unset_env) + " unset" if unset_env else "", " ".join(f"{k}={v}" for k, v in set_env.items())]))
         lab.server.start(r, srv, ServerRun(argv=argv, cwd=srv.cwd, set=set_env, unset=unset_env,
                                            set_flags={k: str(v) for k, v in set_flags.items()}, unset_flags=unset_flags),
                          change)

@@ -138,7 +138,9 @@ def run_round(ansible: str, inventory: str, scripts: dict[str, str], work: Path,
         cmd.append("--ssh-common-args=" + " ".join(shlex.quote(a) for a in ssh_args))   # `=`: the value starts with -
     env = {**os.environ, "ANSIBLE_HOME": str(work / "home"), "ANSIBLE_LOCAL_TEMP": str(work / "tmp"),
            "ANSIBLE_NOCOLOR": "1", "ANSIBLE_RETRY_FILES_ENABLED": "0", "ANSIBLE_DEPRECATION_WARNINGS": "0",
-           "ANSIBLE_CONTROL_PATH_DIR": str(work / "cp")}
+           # ssh's control sockets: a short private folder (a socket's path must fit in 108 bytes; the output
+           # folder may be deeper), removed after
+           "ANSIBLE_SSH_CONTROL_PATH_DIR": (cpdir := tempfile.mkdtemp(prefix="da-cp-", dir="/tmp"))}
     said = "timed out"
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL)
@@ -146,6 +148,8 @@ def run_round(ansible: str, inventory: str, scripts: dict[str, str], work: Path,
         said = next((x for x in lines if "error" in x.lower()), lines[-1] if lines else f"exit {p.returncode}")
     except subprocess.TimeoutExpired:
         pass   # the hosts with no tree file are said as such
+    finally:
+        shutil.rmtree(cpdir, ignore_errors=True)
     results: dict[str, dict[str, Any]] = {}
     for h in scripts:
         f = tree / h

@@ -50,7 +50,7 @@ def test_written_events_read_back_as_models(tmp_path):
 
 def test_version_1_recordings_are_migrated_as_read():
     """A kept recording of schema 1 reads with every tool call's purpose, its file left as it is."""
-    run = ROOT / "transcripts" / "launch-blocking" / "events.jsonl"
+    run = ROOT / "transcripts" / "h200" / "code" / "events.jsonl"
     assert json.loads(run.read_text().splitlines()[0])["schema_version"] == 1
     calls = [e for e in read_events(run) if isinstance(e, ToolCall)]
     purposes = {e.purpose for e in calls}

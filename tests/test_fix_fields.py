@@ -23,10 +23,13 @@ def _facts(hid: str, spec: dict, cause: dict, **outputs) -> RunFacts:
 
 def test_bisected_code_regression_reverts_the_culprit_and_restarts():
     """The kept bisection: `git revert` of the first bad commit (not a checkout of the good one), then the restart."""
-    (fx,) = fixes_for(gather(read_events(ROOT / "transcripts" / "code-regression-bisect" / "events.jsonl")))
-    assert fx.commands[0].endswith('git -C /root/sglang revert --no-edit 3a5dc4ed1747c2a1954482d1fa3763ee42e14a88"')
+    events = read_events(ROOT / "transcripts" / "code-regression-bisect" / "events.jsonl")
+    (cause,) = next(e for e in events if e["event"] == "conclusion")["root_causes"]
+    sha = cause["culprit"]["sha"]   # the bisection's first bad commit, as the recording found it
+    (fx,) = fixes_for(gather(events))
+    assert fx.commands[0].endswith(f'git -C /root/sglang revert --no-edit {sha}"')
     assert "checkout" not in " ".join(fx.commands) and "sglang.launch_server" in fx.commands[1]
-    assert "3a5dc4e" in fx.text and "branch main" in fx.text
+    assert sha[:7] in fx.text and "branch main" in fx.text
 
 
 def test_the_culprit_is_read_from_its_field_not_the_summary():

@@ -46,10 +46,11 @@ def outside_details(md: str) -> str:
 
 # ---------------------------------------------------------------- transcript.md
 def test_quick_start_reads_short(quick):
-    """The quick start's transcript has under 160 lines outside its collapsed blocks (150 before the tenth
-    hypothesis, changed_default, and the section of what was changed and undone)."""
+    """The quick start's transcript has under 180 lines outside its collapsed blocks (150 before the tenth
+    hypothesis, changed_default, and the section of what was changed and undone; 160 before the experiment that
+    removes the speculative flags no list names, so that serving_config's verdict covers them)."""
     _, md, _ = quick
-    assert len(outside_details(md).splitlines()) < 160
+    assert len(outside_details(md).splitlines()) < 180
 
 
 def test_each_hypothesis_is_a_section_holding_its_experiment(quick):
@@ -86,7 +87,7 @@ def test_benchmark_runs_are_one_table_with_mean_and_sd(quick):
     assert (f"| run | 1 (msg {msg}) | " + " | ".join(str(i) for i in range(2, len(vals) + 1)) + " | mean ± sd |") in md
     assert f"{statistics.fmean(vals):.2f} ± {statistics.stdev(vals):.2f}" in md
     assert f"over {len(vals)} runs against a baseline of 20" in md
-    assert md.count("gpu-bench\"` ×") == 3   # reproduction and two experiments, each one message
+    assert md.count("gpu-bench\"` ×") == 4   # reproduction and three experiments, each one message
 
 
 def test_arithmetic_timeline_and_fix(quick):
@@ -179,7 +180,7 @@ def test_report_is_offline_and_small(quick):
     page = (folder / "report.html").read_text()
     assert (folder / "report.html").stat().st_size < 1_000_000
     assert not re.search(r"(src|href)=['\"]?(https?:)?//", page)
-    assert page.count("<svg") == 2 and "compiled_dependency" in page
+    assert page.count("<svg") == 3 and "compiled_dependency" in page   # a chart per measured experiment
 
 
 def png_is_blank(path: Path) -> bool:

@@ -24,7 +24,7 @@ host_text = st.one_of(
                               "GPU 00000000:00.0", "    Clocks Event Reasons", "Active", "\u2028", "[REDACTED]", ""]),
              max_size=30).map("\n".join),
 )
-INPUTS = {"server_details": {"pid": 7}, "gpu_sample_under_load": {"load": "gpu-bench"}, "gpu_nvml_under_load": {"load": "gpu-bench"},
+INPUTS = {"server_details": {"pid": 7}, "container_recreate": {"runtime": "podman", "name": "srv", "found_id": "0123456789ab", "run": ["podman", "run", "-d", "--name", "srv", "img"]}, "container_restore": {"runtime": "podman", "name": "srv", "found_id": "0123456789ab", "found_run": ["podman", "run", "-d", "--name", "srv", "img"]}, "gpu_sample_under_load": {"load": "gpu-bench"}, "gpu_nvml_under_load": {"load": "gpu-bench"},
           "python_packages": {"python": "/usr/bin/python3"}, "git_state": {"repo": "/r"}, "git_range": {"repo": "/r", "good": "a", "bad": "b"},
           "bench": {"cmd": "b", "metric": "verify"}, "git_worktree_add": {"repo": "/r", "path": "/p", "commit": "c"},
           "git_worktree_remove": {"repo": "/r", "path": "/p"},

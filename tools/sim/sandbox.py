@@ -160,10 +160,16 @@ def host_salt(name: str) -> str:
     f = state / "sim-salt"
     if not f.exists():
         state.mkdir(parents=True, exist_ok=True)
-        tmp = state / f".sim-salt.{os.getpid()}"
+        # one temporary name per process and thread: hosts started at once in one process race here
+        tmp = state / f".sim-salt.{os.getpid()}.{threading.get_ident()}"
         tmp.write_text(secrets.token_hex(32))
         tmp.chmod(0o600)
-        os.replace(tmp, f) if not f.exists() else tmp.unlink()
+        try:
+            os.link(tmp, f)   # atomic: the first one made wins, every other host reads that one
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink(missing_ok=True)
     return hashlib.sha256(f"{f.read_text().strip()}:{name}".encode()).hexdigest()[:32]
 
 

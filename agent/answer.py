@@ -3,7 +3,8 @@ its share with the interval, how it was shown), then the evidence as a short lis
 
 Both are made from the conclusion's typed fields (the ``conclusion`` event, whose dump is the ``--json``
 object's source): the share and its interval are ``explains`` and ``explains_ci``, never re-read from a sentence.
-``summary`` (the long sentence in ``--json``, the transcript and the report) is left as it is.
+``summary`` (the long sentence in ``--json`` and in the transcript's and the report's sections) is left as it is;
+the transcript's and the report's answer line give each cause's share and ``cause_what``.
 """
 
 from __future__ import annotations
@@ -45,6 +46,26 @@ def _what(c: Mapping[str, Any]) -> str:
     return head if head != text or len(text) < 100 else text.split(": ", 1)[0]
 
 
+def cause_what(summary: str, evidence: Sequence[str] = ()) -> str:
+    """The short form of a cause's result for the transcript's and the report's answer line (what was changed,
+    without its numbers: the share and interval stand beside it, and the whole sentence is in the hypothesis's
+    section)."""
+    return _what({"summary": summary, "evidence": list(evidence)})
+
+
+def together(joint: Mapping[str, Any] | None) -> str:
+    """``together they recover X% (95% CI a to b); Y% unexplained``, or "" when the causes were not measured
+    together."""
+    j = joint or {}
+    if j.get("share") is None or not j.get("share_ci"):
+        return ""
+    lo, hi = j["share_ci"]
+    shown = math.floor(j["share"] * 100 + 0.5)
+    # what is left is 100 less the share as shown, so the two always add up (0.875 and 0.125, each rounded, did not)
+    return (f"together they recover {shown:.0f}% (95% CI {_pct(lo)} to {_pct(hi)}); "
+            f"{max(0, 100 - shown):.0f}% unexplained")
+
+
 def headline(c: Mapping[str, Any]) -> str:
     """At most ``HEADLINE_MAX`` characters: the cause(s) with share and interval and how shown, the top suspect, or
     why nothing is blamed."""
@@ -59,15 +80,13 @@ def headline(c: Mapping[str, Any]) -> str:
             room = HEADLINE_MAX - len(head) - 2
             return f"{head}: {clip(what, room)}" if what and room > 20 else clip(head, HEADLINE_MAX)
         joint = c.get("joint") or {}
-        if joint.get("share") is not None and joint.get("share_ci"):
-            lo, hi = joint["share_ci"]
-            together = (f"; together they recover {_pct(joint['share'])} (95% CI {_pct(lo)} to {_pct(hi)}); "
-                        f"{_pct(joint['unexplained'] or 0)} unexplained")
+        if together(joint):
+            both = "; " + together(joint)
             names = "Root causes: " + ", ".join(str(x["hypothesis"]) + (f" (explains {_pct(x['explains'])})" if x.get(
                 "explains") is not None else "") for x in causes)
-            if len(names + together) > HEADLINE_MAX:   # the joint numbers first: they are the answer's point
+            if len(names + both) > HEADLINE_MAX:   # the joint numbers first: they are the answer's point
                 names = "Root causes: " + ", ".join(str(x["hypothesis"]) for x in causes)
-            return clip(names + together, HEADLINE_MAX)
+            return clip(names + both, HEADLINE_MAX)
         return clip("Root causes: " + "; ".join(_share(x) for x in causes) + f"; {by}", HEADLINE_MAX)
     if suspects:
         top = suspects[0]

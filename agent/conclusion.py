@@ -155,7 +155,7 @@ def conclude(hyps: dict[str, Hyp], order: list[str], regression: Regression, *, 
         if joint and joint.get("share") is not None and joint.get("share_ci"):
             lo, hi = joint["share_ci"]
             summary += (f" Together they recover {_pct(joint['share'])} (95% CI {_pct(lo)} to {_pct(hi)}); "
-                        f"{_pct(joint['unexplained'])} unexplained.")
+                        f"{max(0, 100 - round(joint['share'] * 100)):.0f}% unexplained.")   # adds up to what is shown
     else:
         summary = "No confirmed root cause."
         if suspects:

@@ -30,6 +30,7 @@ from debugagent.tools.probes.text import clip_words, code, fenced, plural, table
 from debugagent.tools.transport import ssh_line
 from pydantic import BaseModel, Field
 
+from .answer import headline
 from .events import Cause, Event, ToolCall, ToolResult, Verdict
 from .fixes import Fix, fixes_for
 from .runfacts import Pair, RunFacts, gather, pct
@@ -475,9 +476,11 @@ def render(events: list[Event]) -> str:
     doc.add(" · ".join(meta), "")
     if c is not None:
         if c.root_causes:
-            doc.add("**Answer**: " + "; ".join(f"**{rc.hypothesis}** ({cause_share(rc)}, by {rc.how or '?'}) — "
-                                               f"{rc.summary}" for rc in c.root_causes)
-                    + ". The fix is under [What to do now](#what-to-do-now).", "")
+            # the same headline as the console and the live view (agent/answer.py): at most HEADLINE_MAX characters
+            said = headline(c.model_dump(mode="json", by_alias=True)).rstrip(".")
+            said += "" if said.endswith("…") else "."
+            doc.add(f"**Answer**: {said} The fix is under [What to do now](#what-to-do-now); each cause's whole "
+                    "result under its hypothesis below.", "")
         elif c.suspects:
             doc.add("**Answer**: no cause confirmed; suspects: " + ", ".join(s.hypothesis for s in c.suspects) + ".", "")
     doc.add("## The regression", "")

@@ -22,6 +22,7 @@ from jinja2 import Environment, Template, select_autoescape
 from markupsafe import Markup
 from pydantic import BaseModel, Field
 
+from .answer import cause_what, together
 from .events import Cause, Event
 from .fixes import fixes_for
 from .markdown import STATUS_WORD, fmt, sort_key
@@ -78,7 +79,8 @@ def strip_plot(before: list[float], after: list[float], baseline: float | None, 
 def environment() -> Environment:
     env = Environment(autoescape=select_autoescape(default=True, default_for_string=True), keep_trailing_newline=True,
                       trim_blocks=False, lstrip_blocks=False, finalize=shown)
-    env.globals.update(status_word=lambda st: STATUS_WORD.get(st, st), clip=clip_words, explains=explains)
+    env.globals.update(status_word=lambda st: STATUS_WORD.get(st, st), clip=clip_words, explains=explains,
+                       cause_what=cause_what, together=together)
     return env
 
 

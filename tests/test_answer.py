@@ -107,3 +107,20 @@ def test_a_simulated_run_says_why_it_changed_the_host_without_the_flag():
     start = events[0]
     flagged = [start.model_copy(update={"inputs": start.inputs.model_copy(update={"allow_mutations": True})}), *events[1:]]
     assert "simulated" not in changes.summary(flagged)
+
+
+@pytest.mark.parametrize("run", [*KEPT, ROOT / "transcripts" / "h200" / "two"], ids=lambda p: p.name)
+def test_the_transcripts_answer_is_the_short_headline(run):
+    """transcript.md opens with the same headline as the console (at most HEADLINE_MAX characters), not each
+    cause's whole result sentence: those stay under their hypotheses."""
+    from debugagent.agent.markdown import render
+    events = read_events(run / "events.jsonl")
+    conc = next(e for e in events if e["event"] == "conclusion")
+    lines = [ln for ln in render(events).splitlines() if ln.startswith("**Answer**")]
+    if not conc["root_causes"]:   # a suspect's answer is one short line already; no regression has none
+        assert all(len(ln) <= HEADLINE_MAX for ln in lines)
+        return
+    (line,) = lines
+    said = line.removeprefix("**Answer**: ").split(" The fix is under ", 1)[0]
+    assert said.rstrip(".") == headline(conc.model_dump(mode="json", by_alias=True)).rstrip(".")
+    assert len(said) <= HEADLINE_MAX + 1 and " vs " not in said and "t-test" not in said

@@ -161,6 +161,6 @@ def test_experiment_numbers_agree(run):
         if cause["explains"] is None:
             continue
         share = f"explains {pct(cause['explains'])}"
-        assert f"**{cause['hypothesis']}** ({share}" in o["md"]
+        assert f"{cause['hypothesis']} ({share}" in o["md"]   # the answer's headline, as the console's
         assert f"Root cause: {cause['hypothesis']}</b> ({share}" in page
         assert f"{cause['hypothesis']} ({share})" in o["view"]

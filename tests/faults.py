@@ -84,10 +84,11 @@ def run_args(s, name: str, out: Path, *extra: str) -> list[str]:
 
 
 def events(out: Path) -> list[dict]:
-    p = out / "events.jsonl"
-    if not p.exists():
+    """The run's events so far (a run being written: its last, partial line left out; none yet: [])."""
+    try:
+        lines = (out / "events.jsonl").read_bytes().split(b"\n")
+    except OSError:
         return []
-    lines = p.read_bytes().split(b"\n")
     evs = []
     for line in lines:
         try:

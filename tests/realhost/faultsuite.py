@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.faults import events
+
 from .conftest import Host, git, make_venv, proc_state, site_state
 from .container import Box, bench_in, make_box, start_in, why_not
 from .shapes import ConsoleHost, Supervised, add_the_regression, install_console_server, start_supervisord
@@ -335,18 +337,6 @@ SHAPES = {"console": ConsoleShape, "supervisor": SupervisorShape, "container": C
 
 
 # ---------------------------------------------------------------- one case
-def events(out: Path) -> list[dict]:
-    try:
-        lines = (out / "events.jsonl").read_bytes().split(b"\n")
-    except OSError:
-        return []
-    evs = []
-    for line in lines:
-        try:
-            evs.append(json.loads(line))
-        except ValueError:
-            continue   # the line being written
-    return evs
 
 
 def reached(out: Path, phase: str) -> tuple[bool, bool]:

@@ -8,6 +8,7 @@ numbers (``agent/runfacts.py``) are already there for it to read.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,10 +60,38 @@ def missing(folder: Path) -> list[str]:
     return [n for n, o in FORMATS.items() if not (folder / o.file).is_file()]
 
 
+# the texts last rendered, with the digest of the events they were rendered from: a run writes its outputs at its
+# report step and again as it closes (after the final undo, which usually adds no event); each render is a pure
+# function of the events, so the same events give the same texts (written again: the redactor may know more now)
+_rendered: dict[str, tuple[bytes, dict[str, str]]] = {}
+
+
+def _digest(path: Path) -> bytes | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).digest()
+    except OSError:
+        return None
+
+
 def write_outputs(folder: Path, names: list[str] | None = None) -> list[Path]:
     """Every registered format (or the named ones) written from the folder's ``events.jsonl`` (redacted, 0600)."""
     from debugagent.tools.redact import write_private
 
     from .transcript import read_events
-    events = read_events(folder / "events.jsonl")
-    return [write_private(folder / FORMATS[n].file, FORMATS[n].render(events)) for n in (names or list(FORMATS))]
+    path = folder / "events.jsonl"
+    key = str(Path(folder).resolve())
+    digest = _digest(path)
+    last = _rendered.get(key)
+    texts = dict(last[1]) if last is not None and digest is not None and last[0] == digest else {}
+    events: list[Event] | None = None
+    written = []
+    for n in names or list(FORMATS):
+        if n not in texts:
+            if events is None:
+                events = read_events(path)
+            texts[n] = FORMATS[n].render(events)
+        written.append(write_private(folder / FORMATS[n].file, texts[n]))
+    _rendered.clear()   # the latest run folder's only
+    if digest is not None and _digest(path) == digest:   # kept only where the file did not change while rendering
+        _rendered[key] = (digest, texts)
+    return written

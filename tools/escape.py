@@ -119,9 +119,12 @@ def _inline(s: str) -> str:
     """One inline unit (a line, or a table cell): every backtick that pairs with nothing escaped (``\\```), so
     none can pair with one on another line or in another cell; then every ``<`` outside the code spans written
     ``&lt;`` (no tag, no autolink, no HTML block), and ``![`` as ``!\\[`` (no image to fetch)."""
-    for pos, c in reversed(_outside(s, code_spans(s))):
-        if c == "`":
-            s = s[:pos] + "\\" + s[pos:]
+    if "`" in s:   # (each pass changes only the characters it names: a line without them is kept as it is)
+        for pos, c in reversed(_outside(s, code_spans(s))):
+            if c == "`":
+                s = s[:pos] + "\\" + s[pos:]
+    if "<" not in s and "![" not in s:
+        return s
     outside = _outside(s, code_spans(s))
     for k in range(len(outside) - 1, -1, -1):
         pos, c = outside[k]

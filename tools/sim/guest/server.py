@@ -14,10 +14,8 @@ default (``Attention backend not specified. Use X backend by default.``), its ar
 """
 
 import hashlib
-import http.server
 import importlib
 import json
-import multiprocessing
 import os
 import pkgutil
 import socket
@@ -208,29 +206,87 @@ def serve_http(f: dict, args: dict) -> None:
             return {"vllm_config": {k: v for k, v in args.items()}}
         return None
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            b = body(self.path.split("?")[0])
-            if b is None:
-                self.send_response(404)
-                data = b'{"detail":"Not Found"}'
-            else:
-                self.send_response(200)
-                data = (b if isinstance(b, str) else json.dumps(b)).encode()
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def handler():
+        import http.server   # noqa: PLC0415 - what no simple GET needs: its import is most of a start's CPU
 
-        def log_message(self, format, *args) -> None:  # noqa: A002  (the base class's name)
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                code, data = answer(self.path)
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format, *args) -> None:  # noqa: A002  (the base class's name)
+                pass
+
+        return Handler
+
+    def answer(target: str) -> tuple:
+        b = body(target.split("?")[0])
+        if b is None:
+            return 404, b'{"detail":"Not Found"}'
+        return 200, (b if isinstance(b, str) else json.dumps(b)).encode()
+
+    def simple_get(conn: socket.socket) -> bool:
+        """A whole ``GET TARGET HTTP/1.x`` request already here: answered as http.server's handler answers it (HTTP/1.0,
+        its Server and Date headers, the connection closed); anything else is left unread for that handler."""
+        conn.settimeout(10)
+        head = conn.recv(65536, socket.MSG_PEEK)
+        end = head.find(b"\r\n\r\n")
+        line = head.split(b"\r\n", 1)[0].split()
+        if end < 0 or len(line) != 3 or line[0] != b"GET" or line[2] not in (b"HTTP/1.0", b"HTTP/1.1") \
+                or not line[1].startswith(b"/") or line[1].startswith(b"//"):
+            return False
+        conn.recv(end + 4)
+        code, data = answer(line[1].decode("iso-8859-1"))
+        when = time.gmtime()
+        date = "%s, %02d %s %04d %02d:%02d:%02d GMT" % (
+            ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")[when.tm_wday], when.tm_mday,
+            ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")[when.tm_mon - 1],
+            when.tm_year, when.tm_hour, when.tm_min, when.tm_sec)
+        reason = {200: "OK", 404: "Not Found"}[code]
+        conn.sendall((f"HTTP/1.0 {code} {reason}\r\nServer: BaseHTTP/0.6 Python/{sys.version.split()[0]}\r\n"
+                      f"Date: {date}\r\nContent-Length: {len(data)}\r\n\r\n").encode("latin-1") + data)
+        return True
+
+    def serve_one(conn: socket.socket, addr) -> None:
+        try:
+            if not simple_get(conn):
+                conn.settimeout(None)
+                handler()(conn, addr, None)
+        except OSError:
             pass
+        finally:
+            try:
+                conn.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+            conn.close()
+
+    def serve_forever(sock: socket.socket) -> None:
+        while True:
+            conn, addr = sock.accept()
+            threading.Thread(target=serve_one, args=(conn, addr), daemon=True).start()
+
+    def listen(p: int) -> socket.socket:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as socketserver's HTTPServer binds
+        try:
+            sock.bind(("127.0.0.1", p))
+            sock.listen(5)
+        except OSError:
+            sock.close()
+            raise
+        return sock
 
     try:
-        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        sock = listen(port)
     except OSError as exc:   # a host that is not sealed shares this machine's loopback: another port, as found
-        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        sock = listen(0)
         print(f"{stamp()} WARNING: cannot listen on 127.0.0.1:{port} ({exc}); listening on "
-              f"127.0.0.1:{httpd.server_address[1]}", flush=True)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+              f"127.0.0.1:{sock.getsockname()[1]}", flush=True)
+    threading.Thread(target=serve_forever, args=(sock,), daemon=True).start()
 
 
 def workload(code: int, builds: dict) -> None:
@@ -268,6 +324,7 @@ def main() -> None:
     conn = tell_service({"op": "up", "role": "server", "pid": os.getpid(), "code": code, "builds": builds})
     if CONFIG.get("worker") is not None:
         os.environ.update(CONFIG["worker"])
+        import multiprocessing  # noqa: PLC0415 - only a server with a worker starts one
         p = multiprocessing.get_context("spawn").Process(target=worker, args=(code, builds, os.getpid()), daemon=True)
         p.start()
         for k in CONFIG["worker"]:

@@ -23,6 +23,7 @@ not sealed.
 
 from __future__ import annotations
 
+import atexit
 import base64
 import hashlib
 import io
@@ -122,6 +123,9 @@ def _scratch() -> str | None:
     return None
 
 
+_built: dict[str, Path] = {}   # the clients this process compiled, by key
+
+
 def compiled_client(service: str) -> Path | None:
     """``guest/client.c`` compiled for ``service`` (cached per user; None where no C compiler is)."""
     cc = shutil.which("cc") or shutil.which("gcc")
@@ -133,6 +137,9 @@ def compiled_client(service: str) -> Path | None:
     out = cache / f"sim-client-{key}"
     if out.exists():
         return out
+    built = _built.get(key)   # this process built it already, under another cache folder (a test's own HOME)
+    if built is not None and built.exists():
+        return built
     cache.mkdir(parents=True, exist_ok=True)
     # a name of this process and thread: hosts started at once in one process (threads) compile side by side
     tmp = cache / f".sim-client-{key}.{os.getpid()}.{threading.get_ident()}"
@@ -142,6 +149,7 @@ def compiled_client(service: str) -> Path | None:
         tmp.unlink(missing_ok=True)
         return None
     os.replace(tmp, out)
+    _built[key] = out
     return out
 
 
@@ -150,6 +158,45 @@ def _link_or_copy(src: str, dst: str) -> None:
         os.link(src, dst)
     except OSError:
         shutil.copy2(src, dst)
+
+
+_pip_copies: dict[tuple[str, int], tuple[int, Path]] = {}   # (pip's folder, file system) -> (this pid, its copy there)
+_pip_lock = threading.Lock()
+
+
+def _pip_tree(src: Path, site: Path) -> Path:
+    """The pip folder a host's pip is hard-linked from: this interpreter's own where ``site`` is on its file system,
+    else one copy this process makes on the scratch file system (``/dev/shm``) the first time, removed when it exits:
+    each host is then ~1000 links, not 17 MB copied file by file. Copies that exited processes left are removed."""
+    dev = os.stat(site).st_dev
+    if os.stat(src).st_dev == dev:
+        return src
+    scratch = Path(_scratch() or tempfile.gettempdir())
+    if os.stat(scratch).st_dev != dev:   # a host laid out elsewhere (a given root): copied file by file
+        return src
+    with _pip_lock:
+        have = _pip_copies.get((str(src), dev))
+        if have is not None and have[0] == os.getpid() and (have[1] / src.name).is_dir():
+            return have[1] / src.name
+        for old in scratch.glob("sim-pip-*-*"):
+            try:
+                pid = int(old.name.split("-")[2])
+                if old.stat().st_uid == os.getuid() and pid != os.getpid():
+                    os.kill(pid, 0)
+            except ProcessLookupError:
+                shutil.rmtree(old, ignore_errors=True)
+            except (OSError, ValueError):
+                pass
+        root = Path(tempfile.mkdtemp(prefix=f"sim-pip-{os.getpid()}-", dir=scratch))
+        try:
+            shutil.copytree(src, root / src.name)
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+        pid = os.getpid()
+        atexit.register(lambda: os.getpid() == pid and shutil.rmtree(root, ignore_errors=True))   # not a forked child's
+        _pip_copies[(str(src), dev)] = (pid, root)
+        return root / src.name
 
 
 def host_salt(name: str) -> str:
@@ -475,7 +522,7 @@ class SimHost:
         # source folder /proc/self/mountinfo would name. Its metadata is written, dated as the image. Its compiled
         # bytecode comes too, as an installed pip's does (pip compiles at install): the host's first pip command
         # then starts in a third of the CPU time; the rewritten __init__.py's is left out (compiled when run)
-        shutil.copytree(src, site / src.name, copy_function=_link_or_copy)
+        shutil.copytree(_pip_tree(src, site), site / src.name, copy_function=_link_or_copy)
         init = site / src.name / "__init__.py"
         for stale in (site / src.name / "__pycache__").glob("__init__.*"):
             stale.unlink()

@@ -207,7 +207,7 @@ def serve_http(f: dict, args: dict) -> None:
         return None
 
     def handler():
-        import http.server   # noqa: PLC0415 - what no simple GET needs: its import is most of a start's CPU
+        import http.server  # noqa: PLC0415 - what no simple GET needs: its import is most of a start's CPU
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
@@ -241,10 +241,10 @@ def serve_http(f: dict, args: dict) -> None:
         conn.recv(end + 4)
         code, data = answer(line[1].decode("iso-8859-1"))
         when = time.gmtime()
-        date = "%s, %02d %s %04d %02d:%02d:%02d GMT" % (
-            ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")[when.tm_wday], when.tm_mday,
-            ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")[when.tm_mon - 1],
-            when.tm_year, when.tm_hour, when.tm_min, when.tm_sec)
+        day = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")[when.tm_wday]
+        month = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")[when.tm_mon - 1]
+        date = (f"{day}, {when.tm_mday:02d} {month} {when.tm_year:04d} "   # as email.utils.formatdate(usegmt=True)
+                f"{when.tm_hour:02d}:{when.tm_min:02d}:{when.tm_sec:02d} GMT")
         reason = {200: "OK", 404: "Not Found"}[code]
         conn.sendall((f"HTTP/1.0 {code} {reason}\r\nServer: BaseHTTP/0.6 Python/{sys.version.split()[0]}\r\n"
                       f"Date: {date}\r\nContent-Length: {len(data)}\r\n\r\n").encode("latin-1") + data)

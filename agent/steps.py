@@ -4,12 +4,13 @@ modules (``stats``, ``verdicts``, ``conclusion``, ``facts``)."""
 
 from __future__ import annotations
 
+import json
 import statistics
 from typing import Any
 
 from debugagent.tools.errors import UsageError
 from debugagent.tools.host import HostFacts, ServerInfo
-from debugagent.tools.redact import redact
+from debugagent.tools.redact import REDACTOR, redact
 from debugagent.tools.snapshot import OPTIONAL_PROBES, Snapshot, collect
 from debugagent.tools.units import plain
 from debugagent.tools.workload import is_workload
@@ -222,9 +223,25 @@ def reproduce_words(reg: Regression, rep: Reproduction | None, n: int) -> str:
 
 
 # ---------------------------------------------------------------- facts
+_last_redacted: dict[str, tuple[int, str]] = {}   # the latest snapshot's JSON -> (the redactor's generation, its redaction's)
+
+
 def _redacted(snap: Snapshot) -> Snapshot:
-    # redacted as a saved baseline snapshot and the checkpointed state are, so they compare alike
-    return Snapshot.model_validate(redact(snap.model_dump(mode="json")))
+    # redacted as a saved baseline snapshot and the checkpointed state are, so they compare alike. The rules and each
+    # experiment ask for the same snapshot again: its redaction is kept while the redactor learns nothing new
+    dump = snap.model_dump(mode="json")
+    key = json.dumps(dump)
+    generation = REDACTOR.generation
+    hit = _last_redacted.get(key)
+    if hit is not None and hit[0] == generation:
+        return Snapshot.model_validate(json.loads(hit[1]))   # (read anew: nothing of one caller's snapshot is another's)
+    out = redact(dump)
+    if REDACTOR.generation == generation:   # it learned nothing on the way: the same input redacts the same
+        text = json.dumps(out)
+        _last_redacted.clear()
+        if json.loads(text) == out:
+            _last_redacted[key] = (generation, text)
+    return Snapshot.model_validate(out)
 
 
 def rule_facts(ctx: Ctx, s: RunState) -> dict[str, Any]:

@@ -309,6 +309,12 @@ class Redactor:
             self._generation += 1
             self._done = {}
 
+    @property
+    def generation(self) -> int:
+        """Changes each time a value is learned: a redaction that left it as it was gives the same result again for as
+        long as it stays so (a redaction depends on its input and the learned values alone)."""
+        return self._generation
+
     def _secret(self, value: str) -> str:
         """The replacement of a value under a secret name (the value is remembered)."""
         if value and value != REDACTED:

@@ -98,21 +98,22 @@ def code_spans(s: str) -> list[tuple[int, int]]:
     return spans
 
 
-def _outside(s: str, spans: list[tuple[int, int]]) -> list[tuple[int, str]]:
-    """(position, character) of each character outside the spans that no backslash escapes."""
+def _outside(s: str, spans: list[tuple[int, int]], only: str) -> list[tuple[int, str]]:
+    """(position, character) of each character of ``only`` outside the spans that no backslash escapes."""
+    token = _TOKENS.get(only)
+    if token is None:   # an escaped punctuation (skipped whole), or one of the characters
+        token = _TOKENS[only] = re.compile(r"\\[" + re.escape("".join(sorted(_PUNCT))) + "]|([" + re.escape(only) + "])")
     out: list[tuple[int, str]] = []
-    i, k, n = 0, 0, len(s)
-    while i < n:
-        if k < len(spans) and i == spans[k][0]:
-            i = spans[k][1]
-            k += 1
-            continue
-        if s[i] == "\\" and i + 1 < n and s[i + 1] in _PUNCT:
-            i += 2
-            continue
-        out.append((i, s[i]))
-        i += 1
+    i = 0
+    for start, end in [*spans, (len(s), len(s))]:
+        for m in token.finditer(s, i, start):
+            if m.group(1) is not None:
+                out.append((m.start(), m.group(1)))
+        i = end
     return out
+
+
+_TOKENS: dict[str, re.Pattern[str]] = {}
 
 
 def _inline(s: str) -> str:
@@ -120,12 +121,12 @@ def _inline(s: str) -> str:
     none can pair with one on another line or in another cell; then every ``<`` outside the code spans written
     ``&lt;`` (no tag, no autolink, no HTML block), and ``![`` as ``!\\[`` (no image to fetch)."""
     if "`" in s:   # (each pass changes only the characters it names: a line without them is kept as it is)
-        for pos, c in reversed(_outside(s, code_spans(s))):
+        for pos, c in reversed(_outside(s, code_spans(s), "`")):
             if c == "`":
                 s = s[:pos] + "\\" + s[pos:]
     if "<" not in s and "![" not in s:
         return s
-    outside = _outside(s, code_spans(s))
+    outside = _outside(s, code_spans(s), "<[!")
     for k in range(len(outside) - 1, -1, -1):
         pos, c = outside[k]
         if c == "<":

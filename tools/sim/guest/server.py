@@ -254,7 +254,7 @@ def serve_http(f: dict, args: dict) -> None:
         try:
             if not simple_get(conn):
                 conn.settimeout(None)
-                handler()(conn, addr, None)
+                handler()(conn, addr, None)  # pyright: ignore[reportArgumentType] - the handler reads no server attribute
         except OSError:
             pass
         finally:

@@ -11,6 +11,11 @@ The two copies are merged by step id: a step is done when either copy says so (t
 copy is written first), and its input comes from the host copy when there is one (the host
 already holds what the restart needs; the local copy may be redacted).
 
+A journal names the host it was written for (``HostId``: a hash of its machine id, its boot id, host name, the mount
+namespace and container of its shell), read before the first step. The host's folder may show another host's journals
+(a shared NFS home, a container that binds the machine's root, a sandbox that sees its /tmp): a run acts only on its
+own host's (``sort_journals``), and ``undo`` through another host is refused (``Journal.check_host``).
+
 Each step is signed (HMAC-SHA256 over the run id, its id, tool and input) with a key kept outside every run
 folder (``undo.key`` in debugagent's state folder, mode 600): ``debugagent undo`` runs only the steps it can
 verify it wrote. A step records ``started`` (durably, both sides) before its tool runs, and ``done`` after; the

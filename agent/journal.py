@@ -449,7 +449,7 @@ class Journal:
     def check_host(self, where: str) -> None:
         """Refuse (exit 2) to act on this journal through a host other than the one it was written on. ``where``:
         the command to run there (``debugagent undo FOLDER``)."""
-        if self.remote is None or self.data.host_id is None or self.settled:
+        if self.remote is None or self.data.host_id is None or self.settled or self.gone:   # gone: a sandbox that ended
             return
         here = self.remote.identity()
         why = self.data.host_id.other_than(here)

@@ -114,3 +114,18 @@ def test_a_journal_of_an_older_debugagent_is_restored_with_a_line_saying_its_hos
     settle(ctx_for(tmp_path / "b", "rnew", here, jb), here)
     assert not made.exists() and not shared.exists()
     assert "names no host (written by an older debugagent): its host cannot be checked" in said(tmp_path / "b")
+
+
+def test_what_tells_two_hosts_apart():
+    """The machine id and the host name where both were read, the container, and the mount namespace within one boot
+    only (a reboot makes every namespace anew: the same machine after one is still this host)."""
+    from debugagent.agent.journal import HostFiles, HostId
+    here = HostFiles(LocalTransport()).identity()
+    assert here.known and here.boot_id and here.mnt_ns and here.other_than(here) is None
+    rebooted = here.model_copy(update={"boot_id": "another-boot", "mnt_ns": "mnt:[1]"})
+    assert rebooted.other_than(here) is None
+    assert "mount namespace" in (here.model_copy(update={"mnt_ns": "mnt:[1]"}).other_than(here) or "")
+    assert "host name" in (here.model_copy(update={"hostname": "gpu-7"}).other_than(here) or "")
+    assert "machine-id" in (here.model_copy(update={"machine_id": "0" * 16}).other_than(here) or "")
+    assert "container" in (here.model_copy(update={"container": "docker 4f2a"}).other_than(here) or "")
+    assert HostId().other_than(here) is None and here.other_than(HostId()) is None   # nothing read: nothing to tell

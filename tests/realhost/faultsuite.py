@@ -15,7 +15,9 @@ What "as found" means here, read from this machine's ``/proc`` (and the box's): 
 root's argv, environment and folder, its workers), which processes listen on the port, the supervisor's config
 files (bytes, mode, mtime) and ``supervisorctl status``, the checkout's HEAD, worktrees and status, the venv's
 installed files with their hashes, the names in ``/tmp`` that carry the run's id (and every name in the box's
-own ``/tmp``), no process the run started still running, and the host lock free for the next run.
+own ``/tmp``), no journal of the run left in the cache folder (the console's and the container's runs share one,
+as a home shared over NFS: each meets the other host's journals there), no process the run started still running,
+and the host lock free for the next run.
 
 ``bench/faults`` runs the whole matrix; tests/realhost/test_fault_shapes.py runs two cases.
 """

@@ -10,6 +10,7 @@ from typing import Any
 from debugagent.tools.errors import UsageError
 from debugagent.tools.host import HostFacts, ServerInfo
 from debugagent.tools.redact import redact
+from debugagent.tools.registry import Runner
 from debugagent.tools.snapshot import OPTIONAL_PROBES, Snapshot, collect
 from debugagent.tools.units import plain
 from debugagent.tools.workload import is_workload
@@ -19,6 +20,7 @@ from .context import Ctx
 from .discovery import run_input
 from .facts import LabFacts, build_facts
 from .lab import ConnectionLost, ExperimentError, Lab, LabSetup, Measure, kind_of, shadow
+from .lab.lab import PeerReader
 from .lab.shadow import server_bench
 from .results import ExperimentResult, Regression
 from .state import Current, RunState
@@ -421,7 +423,20 @@ def lab_for(ctx: Ctx, s: RunState, hid: str) -> Lab:
                LabSetup.from_inputs(ctx.overrides, (d.get("host_facts") or {}).get("profile")), ctx.warmth,
                ctx.found_restarted, discovery=run_input(ctx.overrides, d["metric"], d.get("server")),
                noise=baseline_noise(ctx, reg), fresh_runs=fresh, shadow=d.get("shadow"),
-               workload=d.get("server") if is_workload(d.get("server")) else None)   # how many to run; ``Lab.reference`` keeps how many it had
+               workload=d.get("server") if is_workload(d.get("server")) else None,   # how many to run; ``Lab.reference`` keeps how many it had
+               peer=peer_reader(ctx, hid))
+
+
+def peer_reader(ctx: Ctx, hid: str) -> PeerReader | None:
+    """``--peer``: the peer as an experiment may read it (opened again for the read, closed after)."""
+    peer = ctx.peer
+    if peer is None:
+        return None
+
+    def open_peer() -> Runner:
+        peer.open_again()
+        return ctx.peer_runner(hid)
+    return PeerReader(name=peer.name, python=peer.python, open=open_peer, close=peer.close)
 
 
 def baseline_noise(ctx: Ctx, reg: Regression | None = None) -> tuple[list[float], ...]:

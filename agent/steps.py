@@ -448,6 +448,37 @@ def baseline_noise(ctx: Ctx, reg: Regression | None = None) -> tuple[list[float]
     return (bs,) if len(bs) >= 2 else ()
 
 
+def systemd_check(ctx: Ctx, d: dict[str, Any]) -> None:
+    """A server under a systemd unit, on a run that may change the host: this session must be able to change the unit
+    as the experiments do (``systemctl`` on PATH, ``/etc/systemd/system`` writable), else exit 2 with the fix, right
+    after discovery, before any benchmark run or change; a restart hook (``--restart-cmd`` or the host profile's), a
+    shadow experiment (the server is never restarted) or a run that changes nothing need no such right."""
+    server = d.get("server") or {}
+    sup = (server.get("shape") or {}).get("supervisor") or {}
+    unit = sup.get("unit")
+    profile = (d.get("host_facts") or {}).get("profile") or {}
+    may_change = ctx.allow_mutations or ctx.confirm is not None
+    if (sup.get("kind") != "systemd" or not unit or not may_change or ctx.overrides.restart_cmd
+            or profile.get("restart_cmd") or d.get("shadow") or not ctx.transport.live):
+        return
+    o = ctx.runner(None).call("systemd_access", {"unit": unit},
+                              why=f"the server runs under the systemd unit {unit}: may this session change it "
+                              "(systemctl, /etc/systemd/system) as an experiment would?")
+    if not o.ok:
+        return   # not known: the experiment's own command checks again before it writes anything
+    a = o.output
+    if a.systemctl and a.writable:
+        return
+    who = f"uid {a.uid}" if a.uid is not None else "this user"
+    why = "systemctl is not installed here" if not a.systemctl else f"no permission to write /etc/systemd/system"
+    raise UsageError(f"the server (pid {server.get('pid')}) runs under the systemd unit {unit}, and this session "
+                     f"({who}) cannot change it: {why}; an experiment restarts it through a drop-in, `systemctl "
+                     "daemon-reload` and `systemctl restart`. Nothing was changed on the host",
+                     fix=f"run as a user allowed to write /etc/systemd/system and to `systemctl restart {unit}` (root: "
+                     f"--host root@…), or give --restart-cmd CMD (e.g. `sudo systemctl restart {unit}` with the change "
+                     "in the unit's environment), or --shadow-gpus/--shadow-port, or --read-only")
+
+
 def shadow_check(ctx: Ctx, d: dict[str, Any], bench: str | None) -> dict[str, Any]:
     """``--shadow-gpus``/``--shadow-port`` checked against the server found, before any benchmark run (exit 2 with
     the fix); the plan the experiments follow, its notes said."""

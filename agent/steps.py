@@ -470,7 +470,7 @@ def systemd_check(ctx: Ctx, d: dict[str, Any]) -> None:
     if a.systemctl and a.writable:
         return
     who = f"uid {a.uid}" if a.uid is not None else "this user"
-    why = "systemctl is not installed here" if not a.systemctl else f"no permission to write /etc/systemd/system"
+    why = "systemctl is not installed here" if not a.systemctl else "no permission to write /etc/systemd/system"
     raise UsageError(f"the server (pid {server.get('pid')}) runs under the systemd unit {unit}, and this session "
                      f"({who}) cannot change it: {why}; an experiment restarts it through a drop-in, `systemctl "
                      "daemon-reload` and `systemctl restart`. Nothing was changed on the host",

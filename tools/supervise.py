@@ -265,7 +265,7 @@ class Access(BaseModel):
 
 
 def parse_systemd_access(text: str) -> Access:
-    got = dict(m.groups() for m in re.finditer(r"^(systemctl|writable|uid)=(\S*)$", text, re.M))
+    got: dict[str, str] = {m.group(1): m.group(2) for m in re.finditer(r"^(systemctl|writable|uid)=(\S*)$", text, re.M)}
     if "systemctl" not in got or "writable" not in got:
         raise ParseError("no `systemctl=` and `writable=` lines", tool="systemd_access", excerpt=text[-80:])
     uid = got.get("uid", "")

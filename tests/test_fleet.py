@@ -168,6 +168,7 @@ def test_run_with_a_peer_as_baseline_confirms_the_cause_on_the_slow_host(tmp_pat
     o = json.loads(r.stdout)
     assert o["root_cause"]["hypothesis"] == "compiled_dependency", o["summary"]
     assert f"the peer's build of flashinfer-python 0.5.3, read from {peer_name}" in o["root_cause"]["summary"]
+    assert "pip install --force-reinstall --no-deps /tmp/flashinfer_python-0.5.3-" in o["root_cause"]["fix"]
     events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
     peer = events[0]["baseline_snapshot_data"]
     assert peer["host"] == peer_name

@@ -147,10 +147,12 @@ class PackageRestore(Kind):
             lab.reference(bad)   # no restart, so no control after it: the reference is re-measured now, before the change
             vals, d = lab.sample(r, lab.measure_spec.cwd, bad, regression, why=f"the benchmark with {change}",
                                  env={"PYTHONPATH": ":".join(overlays)})
-        fix = "; ".join(f"{python} -m pip install --force-reinstall --no-deps {w}" for _, w, _ in found)
-        if from_peer:   # the wheel sent is removed with the overlay: the run's folder keeps a copy
-            fix += (" (the peer's wheel: copy it from the run folder's peer-wheels/ to that path on the host first; "
-                    "the run removed its own copy)")
+        # the wheel sent from the peer is removed with the overlay: the run folder keeps a copy, to be copied to /tmp
+        fix = "; ".join(f"{python} -m pip install --force-reinstall --no-deps "
+                        + (f"/tmp/{w.rsplit('/', 1)[-1]}" if self.peer_wheel(lab, w) else w) for _, w, _ in found)
+        if from_peer:
+            fix += ("  # " + ", ".join(w.rsplit("/", 1)[-1] for _, w in from_peer) + ": the peer's build, kept in the "
+                    "run folder's peer-wheels/; copy it to the host's /tmp first")
         text = f"with {change}: {d.text}"
         if d.significant:
             text += f"; fix: {fix}"

@@ -164,7 +164,8 @@ def peer_snapshot(opts: RunConfig) -> tuple[Path, Any]:
         tr.close()
         raise
     peer = Peer(name=str(opts.peer), transport=tr, bench=snap.bench.get("cmd"), metric=snap.bench.get("metric") or metric,
-                cwd=snap.discovery.repo if snap.discovery else None, regex=snap.bench.get("regex"))
+                cwd=snap.discovery.repo if snap.discovery else None, regex=snap.bench.get("regex"),
+                reopen=lambda: open_transport(str(opts.peer), opts.ssh), python=peer_python(snap))
     if not snap.bench.get("samples"):
         peer.close()
         raise UsageError(f"--peer {opts.peer}: its benchmark gave no numbers of `{metric}`"
@@ -183,6 +184,13 @@ def peer_snapshot(opts: RunConfig) -> tuple[Path, Any]:
         err.print(escape(f"the peer's snapshot: {metric} {samples[0]:g} {snap.bench.get('unit') or ''} ({path}); its "
                          "baseline runs alternate with the host's when the run reproduces"))
     return path, peer
+
+
+def peer_python(snap: Any) -> str | None:
+    """The peer's server's Python, as its snapshot found it: the one whose packages its snapshot lists."""
+    server = getattr(snap, "server", None)
+    packages = getattr(snap, "packages", None)
+    return (server.python if server is not None else None) or (packages.python if packages is not None else None)
 
 
 def output_of(conclusion: dict[str, Any], folder: Path, wall: float) -> dict[str, Any]:

@@ -285,8 +285,8 @@ class Controller:
         spec = self.scenario.bench
         value = spec.base
         on = [self.active(f, self.current(f.path, srv, worker, client)) for f in self.scenario.factors]
-        bad = {f.path for f, o in zip(self.scenario.factors, on) if o}
-        for f, o in zip(self.scenario.factors, on):
+        bad = {f.path for f, o in zip(self.scenario.factors, on, strict=True) if o}
+        for f, o in zip(self.scenario.factors, on, strict=True):
             if o and all(p in bad for p in f.with_):   # an interaction holds while its partners are bad too
                 value += f.effect
         with self.cv:

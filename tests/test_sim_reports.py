@@ -40,6 +40,9 @@ def test_fifteen_or_more_each_citing_its_thread():
     assert {shape(sc) for sc in scenarios} == {"offline", "module", "script", "console"}
     assert any(sc.host.server.worker for sc in scenarios), "no multi-process server"
     assert any(sc.host.server.offline and "-m" in sc.host.server.cmd.split() for sc in scenarios), "no -m workload"
+    assert any(sc.host.supervisor for sc in scenarios), "no server under a supervisor"
+    assert any(sc.host.container for sc in scenarios), "no container"
+    assert any(sc.host.supervisor and sc.host.container for sc in scenarios), "no supervisor inside a container"
 
 
 def started(path: Path) -> str:
@@ -55,6 +58,17 @@ def started(path: Path) -> str:
             assert out.exit_code == 0 and re.search(rf"{sc.bench.metric}=[\d.]+ {re.escape(sc.bench.unit)}", out.stdout), out
         else:
             assert srv.cmd.split()[0] in args and srv.cmd.split()[-1] in args, args
+        sup = sc.host.supervisor
+        if sup is not None:   # the real supervisord runs the server as its program, and answers for it
+            st = t.run(f"/usr/local/bin/supervisorctl -c {sup.config} status {sup.program}")
+            assert re.match(rf"{re.escape(sup.program)}\s+RUNNING\s+pid (\d+),", st.stdout), st
+            pid = int(st.stdout.split("pid ")[1].split(",")[0])
+            ppid = t.run(f"awk '{{print $4}}' /proc/{pid}/stat").stdout.strip()
+            assert t.run(f"cat /proc/{ppid}/comm").stdout.strip() == "supervisord"
+            env = t.run(f"tr '\\0' '\\n' < /proc/{pid}/environ").stdout
+            assert f"SUPERVISOR_PROCESS_NAME={sup.program}" in env, env
+        if sc.host.container is not None and sc.host.container.runtime == "docker" and t.sim.sealed:
+            assert t.run("[ -f /.dockerenv ] && [ ! -s /.dockerenv ]").exit_code == 0
     return path.stem
 
 
@@ -76,3 +90,32 @@ def test_an_unsealed_host_rewrites_every_path_of_a_restart_check():
     # a root that is a file (the system's python, bound at its path) followed by the separator
     py = SimShell("/sb", "/sb/usr/local/bin", ["/usr/bin/python3", "/root"], "root")
     assert py.rewrite("same $P $'/usr/bin/python3\\x1f-m\\x1fvllm\\x1f'") == "same $P $'/sb/usr/bin/python3\\x1f-m\\x1fvllm\\x1f'"
+
+
+def test_a_supervisor_or_container_the_simulator_cannot_host_is_refused_naming_the_line():
+    """host.supervisor and host.container: a wrong value is refused by validation (no host is laid out), naming the
+    file, the line and the fix."""
+    import pytest
+
+    from debugagent.tools.errors import ScenarioError
+    base = (HERE / "supervisord-sglang-nccl-p2p-disabled.yaml").read_text()
+    cases = [
+        ("supervisor: {kind: supervisord, program: sglang}", "supervisor: {kind: systemd, program: sglang}",
+         "supervisor:", "kind: supervisord"),
+        ("supervisor: {kind: supervisord, program: sglang}", "supervisor: {kind: runit, program: sglang}",
+         "supervisor:", "supervisord"),
+        ("supervisor: {kind: supervisord, program: sglang}", "supervisor: {kind: supervisord, program: 'my prog'}",
+         "supervisor:", "program"),
+        ("supervisor: {kind: supervisord, program: sglang}",
+         "supervisor: {kind: supervisord, program: sglang, config: /opt/sup.conf}", "supervisor:", "/etc/supervisor/"),
+        ("supervisor: {kind: supervisord, program: sglang}",
+         "supervisor: {kind: supervisord, program: sglang}\n  container: {runtime: lxd}", "container:", "docker"),
+    ]
+    for old, new, key, fix in cases:
+        text = base.replace(old, new)
+        assert text != base
+        line = f"line {next(i for i, ln in enumerate(text.splitlines(), 1) if ln.strip().startswith(key))}"
+        with pytest.raises(ScenarioError) as e:
+            parse_scenario(text, "bad.yaml")
+        msg = str(e.value)
+        assert "bad.yaml" in msg and line in msg and fix in msg, msg

@@ -226,7 +226,8 @@ class SupervisorSpec(Strict):
     ``[program:NAME]`` (in ``CONFIG``'s ``conf.d/NAME.conf``) holds the server's command line, folder and environment;
     ``supervisorctl`` answers and restarts it as on any host."""
 
-    kind: Literal["supervisord"] = Field(description="`supervisord` (the `supervisor` package's, run with `-n -c CONFIG`)")
+    kind: Literal["supervisord", "systemd"] = Field(
+        description="`supervisord` (the `supervisor` package's, run with `-n -c CONFIG`); `systemd` is not simulated yet")
     program: str = Field(pattern=PROGRAM_NAME, description="the program's name: `[program:NAME]`, "
                          "`supervisorctl status NAME`")
     config: str = Field(default="/etc/supervisor/supervisord.conf",
@@ -558,6 +559,11 @@ def _check_hostable(sc: Scenario, text: str, file: str) -> None:
             raise ScenarioError("an offline workload has no supervisor: it is no server", file=file,
                                 field=_at(text, ("host", "supervisor")),
                                 fix="remove host.supervisor, or set offline: false for a server")
+        if h.supervisor.kind == "systemd":
+            raise ScenarioError("a systemd unit is not simulated yet", file=file,
+                                field=_at(text, ("host", "supervisor", "kind")),
+                                fix="use `kind: supervisord` (a real supervisord runs the server), or leave "
+                                    "host.supervisor out")
         conf = h.supervisor.config
         if not re.fullmatch(r"/etc/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+\.conf", conf) or conf.startswith("/etc/debugagent/"):
             raise ScenarioError(f"`{conf}` is not a supervisord config this simulator can lay out", file=file,

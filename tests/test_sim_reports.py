@@ -96,7 +96,6 @@ def test_a_supervisor_or_container_the_simulator_cannot_host_is_refused_naming_t
     """host.supervisor and host.container: a wrong value is refused by validation (no host is laid out), naming the
     file, the line and the fix."""
     import pytest
-
     from debugagent.tools.errors import ScenarioError
     base = (HERE / "supervisord-sglang-nccl-p2p-disabled.yaml").read_text()
     cases = [

@@ -93,7 +93,8 @@ def start(sim: SimHost) -> tuple[subprocess.Popen[bytes], int]:
     """Start the namespace; returns bwrap's process and the pid (here) of the process that holds it."""
     args_r, args_w = os.pipe()
     info_r, info_w = os.pipe()
-    files, fds = [], []   # files of the host's / itself (a container's /.dockerenv), copied in by bwrap: no mount
+    files: list[str] = []
+    fds: list[int] = []   # files of the host's / itself (a container's /.dockerenv), copied in by bwrap: no mount
     for dest, content in supervised.root_files(sim).items():
         r, w = os.pipe()
         os.write(w, content)

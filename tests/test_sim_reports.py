@@ -99,8 +99,9 @@ def test_a_supervisor_or_container_the_simulator_cannot_host_is_refused_naming_t
     from debugagent.tools.errors import ScenarioError
     base = (HERE / "supervisord-sglang-nccl-p2p-disabled.yaml").read_text()
     cases = [
-        ("supervisor: {kind: supervisord, program: sglang}", "supervisor: {kind: systemd, program: sglang}",
-         "supervisor:", "kind: supervisord"),
+        ("supervisor: {kind: supervisord, program: sglang}",
+         "supervisor: {kind: systemd, program: sglang, config: /etc/supervisor/supervisord.conf}", "supervisor:",
+         "remove `config`"),
         ("supervisor: {kind: supervisord, program: sglang}", "supervisor: {kind: runit, program: sglang}",
          "supervisor:", "supervisord"),
         ("supervisor: {kind: supervisord, program: sglang}", "supervisor: {kind: supervisord, program: 'my prog'}",

@@ -273,6 +273,7 @@ class SimHost:
             self.path(self._cwd()).mkdir(parents=True, exist_ok=True)
         if self.sealed:
             self._bwrap, self.init_pid = seal.start(self)
+        self.controller.on_cgroup = lambda pid, path: supervised.show_cgroup(self, pid, path)
         self._save_exec()
         if not self.offline:
             self.start_server()

@@ -227,9 +227,10 @@ class SupervisorSpec(Strict):
     ``supervisorctl`` answers and restarts it as on any host."""
 
     kind: Literal["supervisord", "systemd"] = Field(
-        description="`supervisord` (the `supervisor` package's, run with `-n -c CONFIG`); `systemd` is not simulated yet")
+        description="`supervisord` (the `supervisor` package's, run with `-n -c CONFIG`), or `systemd`: a service "
+                    "unit `/etc/systemd/system/NAME.service` run by the host's service manager")
     program: str = Field(pattern=PROGRAM_NAME, description="the program's name: `[program:NAME]`, "
-                         "`supervisorctl status NAME`")
+                         "`supervisorctl status NAME`; systemd: the unit's name without `.service`")
     config: str = Field(default="/etc/supervisor/supervisord.conf",
                         description="supervisord's config (Debian's place); the program's section is in "
                                     "`conf.d/NAME.conf` beside it")
@@ -559,12 +560,10 @@ def _check_hostable(sc: Scenario, text: str, file: str) -> None:
             raise ScenarioError("an offline workload has no supervisor: it is no server", file=file,
                                 field=_at(text, ("host", "supervisor")),
                                 fix="remove host.supervisor, or set offline: false for a server")
-        if h.supervisor.kind == "systemd":
-            raise ScenarioError("a systemd unit is not simulated yet", file=file,
-                                field=_at(text, ("host", "supervisor", "kind")),
-                                fix="use `kind: supervisord` (a real supervisord runs the server), or leave "
-                                    "host.supervisor out")
         conf = h.supervisor.config
+        if h.supervisor.kind == "systemd" and "config" in h.supervisor.model_fields_set:
+            raise ScenarioError("a systemd unit has no `config`: it is /etc/systemd/system/NAME.service", file=file,
+                                field=_at(text, ("host", "supervisor", "config")), fix="remove `config`")
         if not re.fullmatch(r"/etc/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+\.conf", conf) or conf.startswith("/etc/debugagent/"):
             raise ScenarioError(f"`{conf}` is not a supervisord config this simulator can lay out", file=file,
                                 field=_at(text, ("host", "supervisor", "config")),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -115,14 +116,17 @@ def unsealed_roots(sim: SimHost) -> set[str]:
     sup = supervisor(sim)
     if not sup:
         return set()
+    if sup["kind"] == "systemd":
+        return {"/etc/systemd", "/run/systemd", "/usr/local/lib"}
     return {os.path.dirname(sup["config"]), LOG_DIR, "/usr/local/lib"}
 
 
 def bwrap_args(sim: SimHost) -> list[str]:
     """What a sealed host's root needs for its supervisor (Debian's /var/run link, supervisord's log folder)."""
-    if not supervisor(sim):
+    sup = supervisor(sim)
+    if not sup:
         return []
-    return ["--symlink", "../run", "/var/run", "--dir", LOG_DIR]
+    return ["--symlink", "../run", "/var/run", *(["--dir", LOG_DIR] if sup["kind"] == "supervisord" else [])]
 
 
 def root_files(sim: SimHost) -> dict[str, bytes]:
@@ -146,7 +150,10 @@ def layout(sim: SimHost) -> None:
                 f'image="{image}"\nimageid="{hashlib.sha256(image.encode()).hexdigest()}"\nrootless=0\n')
         sim.path("/run").mkdir(parents=True, exist_ok=True)
         (sim.path("/run") / ".containerenv").write_text(text)
-    if supervisor(sim):
+    sup = supervisor(sim)
+    if sup and sup["kind"] == "systemd":
+        _systemd(sim)
+    elif sup:
         _supervisord(sim)
 
 
@@ -212,10 +219,94 @@ def program_text(sim: SimHost) -> str:
 
 
 def start_command(sim: SimHost) -> str:
-    """supervisord started as its init starts it (Debian's unit: ``supervisord -n -c CONFIG``), in the background."""
+    """supervisord started as its init starts it (Debian's unit: ``supervisord -n -c CONFIG``), in the background;
+    systemd's service manager, which starts its units."""
     sup = supervisor(sim)
     assert sup is not None
+    if sup["kind"] == "systemd":
+        return (f"cd / && {{ setsid nohup env -i LANG=C.UTF-8 PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "
+                f"{MANAGER} > /dev/null 2>&1 < /dev/null & }}; echo started")
     env = " ".join(shlex.quote(f"{k}={v}") for k, v in {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                                                            "LANG": "C.UTF-8", **server_env(sim)}.items())
     return (f"mkdir -p {LOG_DIR} && cd / && {{ setsid nohup env -i {env} /usr/local/bin/supervisord -n -c "
             f"{shlex.quote(sup['config'])} > /dev/null 2>&1 < /dev/null & }}; echo started")
+
+
+# ---------------------------------------------------------------- systemd
+MANAGER = "/usr/local/lib/systemd/systemd"
+UNIT_DIR = "/etc/systemd/system"
+
+# Bind a file over /proc/PID/cgroup in the sealed host's mount namespace: the namespace's user namespace joined first
+# where this machine's user is not root, then no exec, so the capabilities it gives are kept for mount(2)
+BIND_HELPER = r"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+init, src, dst = sys.argv[1:4]
+for ns, flag in (("user", 0x10000000), ("mnt", 0x00020000)):
+    if ns == "user" and os.geteuid() == 0:
+        continue
+    if libc.setns(os.open("/proc/%s/ns/%s" % (init, ns), os.O_RDONLY), flag) != 0:
+        sys.exit("setns %s: %s" % (ns, os.strerror(ctypes.get_errno())))
+if libc.mount(src.encode(), dst.encode(), None, 4096, None) != 0:
+    sys.exit("mount: %s" % os.strerror(ctypes.get_errno()))
+"""
+
+
+def systemd_word(word: str) -> str:
+    """One word of ``ExecStart=`` / ``Environment=``: bare where systemd reads it so, else quoted as systemd reads it."""
+    from ..supervise import systemd_quote
+    return word if word and not re.search(r"[\s\"'\\%$;]", word) else systemd_quote(word)
+
+
+def unit_text(sim: SimHost) -> str:
+    """``/etc/systemd/system/NAME.service`` as an operator writes one for an inference server (vllm-project/vllm#27542
+    shows one): its folder, environment, command line, restarted always, its output appended to the server's log."""
+    sup = supervisor(sim)
+    assert sup is not None
+    srv = sim.state["server"]
+    engine = "vLLM" if "vllm" in srv["cmd"] else "SGLang" if "sglang" in srv["cmd"] else "inference"
+    lines = ["[Unit]", f"Description={engine} server", "After=network-online.target", "", "[Service]", "Type=simple",
+             f"WorkingDirectory={sim._cwd()}"]
+    lines += [f"Environment={systemd_word(f'{k}={v}')}" for k, v in srv["env"].items()]
+    lines += ["ExecStart=" + " ".join(systemd_word(a) for a in sim.server_argv()), "Restart=always", "RestartSec=5",
+              f"StandardOutput=append:{srv.get('log_file') or '/tmp/server.log'}", "StandardError=inherit", "",
+              "[Install]", "WantedBy=multi-user.target"]
+    return "\n".join(lines) + "\n"
+
+
+def _systemd(sim: SimHost) -> None:
+    sup = supervisor(sim)
+    assert sup is not None
+    units = sim.path(UNIT_DIR)
+    units.mkdir(parents=True, exist_ok=True)
+    text = unit_text(sim)
+    (units / f"{sup['program']}.service").write_text(text if sim.sealed else sim.shell.rewrite(text))
+    code = (Path(__file__).parent / "guest" / "systemd.py").read_text()
+    for const, value in (("SOCKET", "/run/systemd/private"), ("UNITS", UNIT_DIR), ("SERVICE", "/run/nvidia-gpu/service.sock")):
+        code = code.replace(f'{const} = "{value}"', f'{const} = "{sim.inside(value)}"', 1)
+    python = sim.base_python() if sim.sealed else sim.inside(sim.state["python"])
+    for path in (MANAGER, "/usr/local/bin/systemctl"):
+        p = sim.path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(f"#!{python} -I\n" + code)
+        p.chmod(0o755)
+    sim.path("/run/systemd").mkdir(parents=True, exist_ok=True)
+
+
+def show_cgroup(sim: SimHost, pid: int, path: str) -> str:
+    """The unit's process shows ``0::PATH`` in ``/proc/PID/cgroup`` (cgroup v2, as a systemd host): sealed, a file
+    bound over it in the host's mount namespace; not sealed, the host's ``/proc/PID`` made a folder of the real one's
+    entries with that file (``SimShell.sync_proc``). "" when done, else why not."""
+    import subprocess
+    text = f"0::{path}\n"
+    if not sim.sealed:
+        d = sim.base / "cgroups"
+        d.mkdir(exist_ok=True)
+        (d / str(pid)).write_text(text)
+        return ""
+    d = sim.path("/run/systemd/cgroup")
+    d.mkdir(parents=True, exist_ok=True)
+    (d / str(pid)).write_text(text)
+    r = subprocess.run([sys.executable, "-I", "-c", BIND_HELPER, str(sim.init_pid), f"/run/systemd/cgroup/{pid}",
+                        f"/proc/{pid}/cgroup"], capture_output=True, text=True, timeout=30)
+    return "" if r.returncode == 0 else (r.stderr.strip() or "the cgroup could not be shown")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -110,19 +111,55 @@ class SimShell:
         return pids_where(lambda argv: self._marker in argv[0])
 
     def sync_proc(self) -> None:
-        """Make the sandbox's /proc hold exactly the live processes of this sandbox."""
+        """Make the sandbox's /proc hold exactly the live processes of this sandbox (each a link to this machine's
+        /proc/PID; one whose cgroup the host shows otherwise, a folder of links with that ``cgroup`` file)."""
         proc = Path(self.sandbox) / "proc"
         live = set(self.own_pids())
+        cgroups = Path(self.sandbox).parent / "cgroups"   # written by supervised.show_cgroup
         for p in proc.iterdir():
             if p.name.isdigit() and int(p.name) not in live:
-                p.unlink(missing_ok=True)
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
         for pid in live:
             link = proc / str(pid)
-            if not link.is_symlink():
+            if (cgroups / str(pid)).is_file():
+                if not link.is_dir() or link.is_symlink():
+                    _proc_folder(pid, link, (cgroups / str(pid)).read_text())
+            elif not link.is_symlink():
                 try:
                     link.symlink_to(f"/proc/{pid}")
                 except FileExistsError:
                     pass
+
+
+def _proc_folder(pid: int, folder: Path, cgroup: str) -> None:
+    """``folder`` as this machine's /proc/PID: a link to each entry (``cwd``, ``exe`` and ``root`` to where they
+    point, so ``readlink`` reads the same), but ``cgroup``, a file of the given text."""
+    tmp = folder.with_name(f".{folder.name}.new")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        names = os.listdir(f"/proc/{pid}")
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
+    for name in names:
+        try:
+            if name == "cgroup":
+                (tmp / name).write_text(cgroup)
+            elif name in ("cwd", "exe", "root"):
+                (tmp / name).symlink_to(os.readlink(f"/proc/{pid}/{name}"))
+            else:
+                (tmp / name).symlink_to(f"/proc/{pid}/{name}")
+        except OSError:
+            continue
+    if folder.is_symlink() or folder.is_file():
+        folder.unlink()
+    elif folder.is_dir():
+        shutil.rmtree(folder, ignore_errors=True)
+    os.replace(tmp, folder)
 
 
 class StreamUnrewrite:

@@ -116,6 +116,7 @@ class SimShell:
         proc = Path(self.sandbox) / "proc"
         live = set(self.own_pids())
         cgroups = Path(self.sandbox).parent / "cgroups"   # written by supervised.show_cgroup
+        every = (Path(self.sandbox).parent / "proc-folders").exists()   # a container's host: its own root for each
         for p in proc.iterdir():
             if p.name.isdigit() and int(p.name) not in live:
                 if p.is_dir() and not p.is_symlink():
@@ -124,9 +125,10 @@ class SimShell:
                     p.unlink(missing_ok=True)
         for pid in live:
             link = proc / str(pid)
-            if (cgroups / str(pid)).is_file():
-                if not link.is_dir() or link.is_symlink():
-                    _proc_folder(pid, link, (cgroups / str(pid)).read_text())
+            cg = cgroups / str(pid)
+            if every or cg.is_file():
+                if not link.is_dir() or link.is_symlink() or (cg.is_file() and not (link / "cgroup").is_file()):
+                    _proc_folder(pid, link, cg.read_text() if cg.is_file() else None, self.sandbox)
             elif not link.is_symlink():
                 try:
                     link.symlink_to(f"/proc/{pid}")
@@ -134,9 +136,10 @@ class SimShell:
                     pass
 
 
-def _proc_folder(pid: int, folder: Path, cgroup: str) -> None:
-    """``folder`` as this machine's /proc/PID: a link to each entry (``cwd``, ``exe`` and ``root`` to where they
-    point, so ``readlink`` reads the same), but ``cgroup``, a file of the given text."""
+def _proc_folder(pid: int, folder: Path, cgroup: str | None, root: str) -> None:
+    """``folder`` as this machine's /proc/PID: a link to each entry (``cwd`` and ``exe`` to where they point, so
+    ``readlink`` reads the same; ``root`` to the host's folder, its ``/``), but ``cgroup``, a file of the given text
+    where one is given."""
     tmp = folder.with_name(f".{folder.name}.new")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
@@ -147,9 +150,11 @@ def _proc_folder(pid: int, folder: Path, cgroup: str) -> None:
         return
     for name in names:
         try:
-            if name == "cgroup":
+            if name == "cgroup" and cgroup is not None:
                 (tmp / name).write_text(cgroup)
-            elif name in ("cwd", "exe", "root"):
+            elif name == "root":
+                (tmp / name).symlink_to(root)
+            elif name in ("cwd", "exe"):
                 (tmp / name).symlink_to(os.readlink(f"/proc/{pid}/{name}"))
             else:
                 (tmp / name).symlink_to(f"/proc/{pid}/{name}")

@@ -143,6 +143,11 @@ def server_env(sim: SimHost) -> dict[str, str]:
 
 def layout(sim: SimHost) -> None:
     c = container(sim)
+    if c and not sim.sealed:   # each process's /proc/PID/root is the host's folder, holding the marks
+        (sim.base / "proc-folders").write_text("")
+        for dest, content in root_files(sim).items():
+            sim.path(dest).write_bytes(content)
+            sim.path(dest).chmod(0o755)
     if c and c["runtime"] == "podman":
         cid = container_id(sim)
         image = c.get("image") or "localhost/inference:latest"

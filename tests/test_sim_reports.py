@@ -40,7 +40,7 @@ def test_fifteen_or_more_each_citing_its_thread():
     assert {shape(sc) for sc in scenarios} == {"offline", "module", "script", "console"}
     assert any(sc.host.server.worker for sc in scenarios), "no multi-process server"
     assert any(sc.host.server.offline and "-m" in sc.host.server.cmd.split() for sc in scenarios), "no -m workload"
-    assert any(sc.host.supervisor for sc in scenarios), "no server under a supervisor"
+    assert {sc.host.supervisor.kind for sc in scenarios if sc.host.supervisor} == {"supervisord", "systemd"}
     assert any(sc.host.container for sc in scenarios), "no container"
     assert any(sc.host.supervisor and sc.host.container for sc in scenarios), "no supervisor inside a container"
 
@@ -59,7 +59,16 @@ def started(path: Path) -> str:
         else:
             assert srv.cmd.split()[0] in args and srv.cmd.split()[-1] in args, args
         sup = sc.host.supervisor
-        if sup is not None:   # the real supervisord runs the server as its program, and answers for it
+        if sup is not None and sup.kind == "systemd":   # the unit's process, in the unit's cgroup, restarted by it
+            unit = f"{sup.program}.service"
+            pid = t.run(f"systemctl show -p MainPID --value {unit}").stdout.strip()
+            assert pid.isdigit() and pid != "0", pid
+            assert t.run(f"cat /proc/{pid}/cgroup").stdout == f"0::/system.slice/{unit}\n"
+            assert srv.cmd.split()[-1] in t.run(f"tr '\\0' ' ' < /proc/{pid}/cmdline").stdout
+            r = t.run(f"systemctl restart {unit} && systemctl show -p MainPID --value {unit}")
+            assert r.exit_code == 0 and r.stdout.strip() not in (pid, "0"), r
+            assert t.run(f"cat /proc/{r.stdout.strip()}/cgroup").stdout == f"0::/system.slice/{unit}\n"
+        elif sup is not None:   # the real supervisord runs the server as its program, and answers for it
             st = t.run(f"/usr/local/bin/supervisorctl -c {sup.config} status {sup.program}")
             assert re.match(rf"{re.escape(sup.program)}\s+RUNNING\s+pid (\d+),", st.stdout), st
             pid = int(st.stdout.split("pid ")[1].split(",")[0])

@@ -359,3 +359,17 @@ def test_a_signal_during_an_undo_step_waits_for_it_and_the_undo_goes_on(found, t
     assert all(st.done for st in lab.journal.data.steps) and lab.journal.data.verified
     assert any("the undo goes on" in (kw.get("text") or "") for _, kw in events)
     assert len(f.as_found()) == 1 and f.running() == f.as_found()
+
+
+def test_the_variables_systemd_gives_each_start_are_no_difference():
+    """A systemd unit restarted as found by the undo has a new INVOCATION_ID (and JOURNAL_STREAM, SYSTEMD_EXEC_PID):
+    systemd gives each start its own. The server is as found; any other variable that differs is still named."""
+    def server(**env: str) -> dict:
+        return {"pid": 7, "argv": ["/opt/venv/bin/vllm", "serve", "m"], "argv_text": "/opt/venv/bin/vllm serve m",
+                "cwd": "/opt", "ports": [8000], "tree": 2, "env_names": list(env), "env_digests": list(env.values())}
+    before = {"servers": [server(INVOCATION_ID="a1", JOURNAL_STREAM="8:1", SYSTEMD_EXEC_PID="7", HF_HOME="h")]}
+    after = {"servers": [server(INVOCATION_ID="b2", JOURNAL_STREAM="8:2", SYSTEMD_EXEC_PID="9", HF_HOME="h")]}
+    assert asfound.compare("server", before, after) == []
+    after["servers"][0]["env_digests"][-1] = "other"
+    diffs = asfound.compare("server", before, after)
+    assert len(diffs) == 1 and diffs[0].text.endswith("its environment differs in HF_HOME"), diffs

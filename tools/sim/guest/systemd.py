@@ -147,9 +147,9 @@ class Unit:
                 "WorkingDirectory": self.cfg["WorkingDirectory"],
                 "Environment": " ".join(f"{k}={v}" for k, v in self.cfg["Environment"].items()),
                 "ControlGroup": f"/system.slice/{self.name}" if active else "",
-                "ExecStart": "{ path=%s ; argv[]=%s ; ignore_errors=no ; start_time=[n/a] ; stop_time=[n/a] ; "
-                             "pid=0 ; code=(null) ; status=0/0 }" % (self.cfg["ExecStart"][0] if self.cfg["ExecStart"] else "",
-                                                                  " ".join(self.cfg["ExecStart"]))}
+                "ExecStart": "{ path=" + (self.cfg["ExecStart"][0] if self.cfg["ExecStart"] else "") + " ; argv[]="
+                             + " ".join(self.cfg["ExecStart"]) + " ; ignore_errors=no ; start_time=[n/a] ; "
+                             "stop_time=[n/a] ; pid=0 ; code=(null) ; status=0/0 }"}
 
 
 def tell_cgroup(pid, path):

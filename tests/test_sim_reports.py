@@ -1,6 +1,7 @@
 """The scenarios written from public reports (tests/scenarios/reports/): every server shape (`-m MODULE` of an
 installed distribution of any name, a script, a console script, an offline workload, a multi-process server, an
-image's python under /usr/local). Here each is validated and started, cheaply: its server runs with its command
+image's python under /usr/local, a server run by supervisord or by a systemd unit, a docker container). Here each is
+validated and started, cheaply: its server runs with its command
 line (an offline workload: no server, and its program prints the metric). Their diagnosis, sealed and not, is
 `bench/scenarios --reports --seal both` (docs/benchmarks.md); an offline workload is diagnosed end to end on a real
 host by tests/realhost/test_offline.py."""

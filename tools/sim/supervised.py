@@ -177,7 +177,7 @@ def _supervisord(sim: SimHost) -> None:
     site.mkdir(parents=True, exist_ok=True)
     if not (site / "supervisor").exists():
         shutil.copytree(src, site / "supervisor", copy_function=_link_or_copy,
-                        ignore=shutil.ignore_patterns("tests", "__pycache__"))
+                        ignore=shutil.ignore_patterns("tests"))   # its bytecode too, as installed (hard links)
         info = next(src.parent.glob("supervisor-*.dist-info"), None)
         if info is not None:
             shutil.copytree(info, site / info.name, copy_function=_link_or_copy)

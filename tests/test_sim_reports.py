@@ -129,3 +129,34 @@ def test_a_supervisor_or_container_the_simulator_cannot_host_is_refused_naming_t
             parse_scenario(text, "bad.yaml")
         msg = str(e.value)
         assert "bad.yaml" in msg and line in msg and fix in msg, msg
+
+
+def test_an_unsealed_hosts_proc_folder_made_by_commands_at_once(tmp_path):
+    """Commands run at once each sync an unsealed host's /proc: a process's own folder (a unit's cgroup, a
+    container's root) made by several at once is made once, whole, with no error and nothing left beside it."""
+    import os
+    import threading
+
+    from debugagent.tools.sim.shell import _proc_folder
+    proc = tmp_path / "fs" / "proc"
+    proc.mkdir(parents=True)
+    folder = proc / str(os.getpid())
+    folder.symlink_to(f"/proc/{os.getpid()}")
+    errors: list[BaseException] = []
+
+    def make() -> None:
+        try:
+            _proc_folder(os.getpid(), folder, "0::/system.slice/vllm.service\n", str(tmp_path / "fs"))
+        except BaseException as exc:  # noqa: BLE001 - collected, then asserted
+            errors.append(exc)
+
+    threads = [threading.Thread(target=make) for _ in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+    assert (folder / "cgroup").read_text() == "0::/system.slice/vllm.service\n"
+    assert os.readlink(folder / "root") == str(tmp_path / "fs") and os.readlink(folder / "cwd") == os.getcwd()
+    assert (folder / "cmdline").read_bytes() == open(f"/proc/{os.getpid()}/cmdline", "rb").read()
+    assert sorted(p.name for p in proc.iterdir()) == [str(os.getpid())]

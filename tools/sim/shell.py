@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -127,7 +128,7 @@ class SimShell:
             link = proc / str(pid)
             cg = cgroups / str(pid)
             if every or cg.is_file():
-                if not link.is_dir() or link.is_symlink() or (cg.is_file() and not (link / "cgroup").is_file()):
+                if not link.is_dir() or link.is_symlink() or (cg.is_file() and (link / "cgroup").is_symlink()):
                     _proc_folder(pid, link, cg.read_text() if cg.is_file() else None, self.sandbox)
             elif not link.is_symlink():
                 try:
@@ -140,7 +141,8 @@ def _proc_folder(pid: int, folder: Path, cgroup: str | None, root: str) -> None:
     """``folder`` as this machine's /proc/PID: a link to each entry (``cwd`` and ``exe`` to where they point, so
     ``readlink`` reads the same; ``root`` to the host's folder, its ``/``), but ``cgroup``, a file of the given text
     where one is given."""
-    tmp = folder.with_name(f".{folder.name}.new")
+    # a name of this process and thread: commands run at once each sync /proc (the first made wins)
+    tmp = folder.with_name(f".{folder.name}.{os.getpid()}.{threading.get_ident()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
@@ -160,11 +162,14 @@ def _proc_folder(pid: int, folder: Path, cgroup: str | None, root: str) -> None:
                 (tmp / name).symlink_to(f"/proc/{pid}/{name}")
         except OSError:
             continue
-    if folder.is_symlink() or folder.is_file():
-        folder.unlink()
-    elif folder.is_dir():
-        shutil.rmtree(folder, ignore_errors=True)
-    os.replace(tmp, folder)
+    try:
+        if folder.is_symlink() or folder.is_file():
+            folder.unlink()
+        elif folder.is_dir():
+            shutil.rmtree(folder)
+        os.rename(tmp, folder)
+    except OSError:   # another command's sync made it meanwhile
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 class StreamUnrewrite:

@@ -70,7 +70,9 @@ def started(path: Path) -> str:
             assert r.exit_code == 0 and r.stdout.strip() not in (pid, "0"), r
             assert t.run(f"cat /proc/{r.stdout.strip()}/cgroup").stdout == f"0::/system.slice/{unit}\n"
         elif sup is not None:   # the real supervisord runs the server as its program, and answers for it
-            st = t.run(f"/usr/local/bin/supervisorctl -c {sup.config} status {sup.program}")
+            # RUNNING once it has run startsecs (1 s), as supervisorctl says it on any host: waited for, as a user would
+            st = t.run(f"for i in $(seq 600); do s=$(/usr/local/bin/supervisorctl -c {sup.config} status {sup.program}); "
+                       "case \"$s\" in *RUNNING*) break;; esac; sleep 0.1; done; echo \"$s\"")
             assert re.match(rf"{re.escape(sup.program)}\s+RUNNING\s+pid (\d+),", st.stdout), st
             pid = int(st.stdout.split("pid ")[1].split(",")[0])
             ppid = t.run(f"awk '{{print $4}}' /proc/{pid}/stat").stdout.strip()

@@ -35,13 +35,29 @@ def vector(name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch, tmp_path):
-    """Keep the user's ~/.ssh and LLM keys out of every test, its runs out of the repository, and the host lock of
-    `--host local` (one for every account of this machine) out of /run/lock."""
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.setenv("DEBUGAGENT_LOCK_DIR", str(tmp_path / "lock"))   # the host lock of `--host local`: per test
-    (tmp_path / "home").mkdir()
+def isolate(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
+    """Keep the user's ~/.ssh and LLM keys out, runs out of the repository, and the host lock of `--host local`
+    (one for every account of this machine) out of /run/lock: all of them under ``folder``."""
+    monkeypatch.setenv("HOME", str(folder / "home"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(folder / "state"))
+    monkeypatch.setenv("DEBUGAGENT_LOCK_DIR", str(folder / "lock"))   # the host lock of `--host local`: per test
+    (folder / "home").mkdir(exist_ok=True)
     for k in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "SSH_AUTH_SOCK"):
         monkeypatch.delenv(k, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch, tmp_path):
+    """Every test isolated in its own folder (``isolate``)."""
+    isolate(monkeypatch, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def module_isolated(tmp_path_factory):
+    """The same isolation for a module-scoped fixture, which pytest sets up before any test's own ``_isolated``:
+    a run made there, read by several tests, keeps out of the user's home, state and /run/lock too. Yields the
+    module's folder."""
+    folder = tmp_path_factory.mktemp("module")
+    with pytest.MonkeyPatch.context() as mp:
+        isolate(mp, folder)
+        yield folder

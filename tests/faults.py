@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -142,32 +143,57 @@ def freeze_sshd_while_measuring(s, name: str, out: Path) -> tuple[subprocess.Pop
     return p, freeze_tree(s.proc.pid)
 
 
-def kill_then_restore(name: str, sig: signal.Signals, phase: str, tmp_path: Path) -> None:
-    tool = KINDS[name]
-    with start(name) as s:
-        before = state(s)
-        out = tmp_path / "run"
-        p = subprocess.Popen(run_args(s, name, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
-        wait_for(lambda: phase_reached(out, tool, phase), p, f"{tool} {phase}")
-        p.send_signal(sig)
-        _, err = p.communicate(timeout=120)
-        recorded = [st for st in journal_steps(out)]
-        if sig == signal.SIGKILL:
-            assert p.returncode == -9
-            r = subprocess.run(cli("undo", str(out)), capture_output=True, text=True, timeout=120)
-            assert r.returncode == 0, r.stderr
+class Hosts:
+    """The served hosts of one test module, one per scenario, started on first use with their state as first found
+    (``fault_hosts`` in tests/conftest.py). Every case that uses one leaves it as found (each asserts it against
+    that first state), so the next case starts from the host as found without a host of its own (a start and its
+    snapshot cost 10 s on a loaded 2-core machine)."""
+
+    def __init__(self, stack) -> None:
+        self.stack, self.hosts = stack, {}
+
+    def __call__(self, name: str):
+        """The served host of ``name`` and its state as first found; a host used before is given back once no
+        benchmark a killed run started there still runs (a kill does not reach it: it would load the next run's)."""
+        if name not in self.hosts:
+            s = self.stack.enter_context(start(name))
+            self.hosts[name] = (s, state(s))
         else:
-            assert p.returncode == 130, err
-            assert f"interrupted ({sig.name})" in err
-            r = subprocess.run(cli("undo", str(out)), capture_output=True, text=True, timeout=60)
-            assert r.returncode == 0 and "nothing to undo" in r.stderr, r.stderr
-        steps = journal_steps(out)
-        assert steps and all(st["done"] for st in steps), steps
-        assert [st["id"] for st in steps] == list(range(1, len(steps) + 1))  # no step lost
-        assert len(steps) >= len(recorded)
-        assert any(st["tool"] == tool for st in steps)
-        after = state(s)
+            word = load_scenario(name).bench.command().split()[0].rsplit("/", 1)[-1]
+            pattern = shlex.quote(f"[{word[0]}]{word[1:]}")   # a pattern that does not match its own command line
+            with transport(self.hosts[name][0]) as t:
+                deadline = time.monotonic() + 120
+                while t.run(f"ps -eo args | grep -q {pattern}").exit_code == 0:
+                    assert time.monotonic() < deadline, f"a benchmark still runs on {name} 120 s after the case"
+                    time.sleep(0.5)
+        return self.hosts[name]
+
+
+def kill_then_restore(hosts: Hosts, name: str, sig: signal.Signals, phase: str, tmp_path: Path) -> None:
+    tool = KINDS[name]
+    s, before = hosts(name)
+    out = tmp_path / "run"
+    p = subprocess.Popen(run_args(s, name, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    wait_for(lambda: phase_reached(out, tool, phase), p, f"{tool} {phase}")
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=120)
+    recorded = [st for st in journal_steps(out)]
+    if sig == signal.SIGKILL:
+        assert p.returncode == -9
+        r = subprocess.run(cli("undo", str(out)), capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+    else:
+        assert p.returncode == 130, err
+        assert f"interrupted ({sig.name})" in err
+        r = subprocess.run(cli("undo", str(out)), capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and "nothing to undo" in r.stderr, r.stderr
+    steps = journal_steps(out)
+    assert steps and all(st["done"] for st in steps), steps
+    assert [st["id"] for st in steps] == list(range(1, len(steps) + 1))  # no step lost
+    assert len(steps) >= len(recorded)
+    assert any(st["tool"] == tool for st in steps)
+    after = state(s)
     assert_as_found(before, after)
 
 

@@ -100,8 +100,9 @@ def module_isolated(tmp_path_factory):
 @pytest.fixture(scope="module")
 def fault_hosts(module_isolated):
     """The fault tests' served hosts (tests/faults.py ``Hosts``): one per scenario for the module, stopped after it."""
-    from contextlib import ExitStack
-
     from tests.faults import Hosts
-    with ExitStack() as stack:
-        yield Hosts(stack)
+    hosts = Hosts()
+    try:
+        yield hosts
+    finally:
+        hosts.close()

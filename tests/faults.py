@@ -145,28 +145,43 @@ def freeze_sshd_while_measuring(s, name: str, out: Path) -> tuple[subprocess.Pop
 
 class Hosts:
     """The served hosts of one test module, one per scenario, started on first use with their state as first found
-    (``fault_hosts`` in tests/conftest.py). Every case that uses one leaves it as found (each asserts it against
-    that first state), so the next case starts from the host as found without a host of its own (a start and its
-    snapshot cost 10 s on a loaded 2-core machine)."""
+    (``fault_hosts`` in tests/conftest.py). A case that leaves its host as found (it asserts so against that first
+    state) says ``done``; the next case of that scenario then starts from it without a host of its own (a start and
+    its snapshot cost 10 s on a loaded 2-core machine). A case that did not say ``done`` (it failed, or timed out with
+    its run killed and the host's lock still held) leaves its host to be stopped: the next case gets a new one, so
+    one failure stays one failure."""
 
-    def __init__(self, stack) -> None:
-        self.stack, self.hosts = stack, {}
+    def __init__(self) -> None:
+        self.hosts: dict[str, tuple] = {}   # name -> (the started context, the served host, its first state)
+        self.clean: set[str] = set()
 
     def __call__(self, name: str):
         """The served host of ``name`` and its state as first found; a host used before is given back once no
         benchmark a killed run started there still runs (a kill does not reach it: it would load the next run's)."""
+        if name in self.hosts and name not in self.clean:
+            self.hosts.pop(name)[0].__exit__(None, None, None)
         if name not in self.hosts:
-            s = self.stack.enter_context(start(name))
-            self.hosts[name] = (s, state(s))
+            cm = start(name)
+            s = cm.__enter__()
+            self.hosts[name] = (cm, s, state(s))
         else:
             word = load_scenario(name).bench.command().split()[0].rsplit("/", 1)[-1]
             pattern = shlex.quote(f"[{word[0]}]{word[1:]}")   # a pattern that does not match its own command line
-            with transport(self.hosts[name][0]) as t:
+            with transport(self.hosts[name][1]) as t:
                 deadline = time.monotonic() + 120
                 while t.run(f"ps -eo args | grep -q {pattern}").exit_code == 0:
                     assert time.monotonic() < deadline, f"a benchmark still runs on {name} 120 s after the case"
                     time.sleep(0.5)
-        return self.hosts[name]
+        self.clean.discard(name)
+        return self.hosts[name][1:]
+
+    def done(self, name: str) -> None:
+        """The case on ``name`` left it as found: the next case may use it."""
+        self.clean.add(name)
+
+    def close(self) -> None:
+        while self.hosts:
+            self.hosts.popitem()[1][0].__exit__(None, None, None)
 
 
 def kill_then_restore(hosts: Hosts, name: str, sig: signal.Signals, phase: str, tmp_path: Path) -> None:
@@ -195,6 +210,7 @@ def kill_then_restore(hosts: Hosts, name: str, sig: signal.Signals, phase: str, 
     assert any(st["tool"] == tool for st in steps)
     after = state(s)
     assert_as_found(before, after)
+    hosts.done(name)
 
 
 def restart_sshd(s) -> None:

@@ -72,6 +72,7 @@ def test_next_run_finishes_a_killed_runs_journal(fault_hosts, tmp_path):
     assert all(st["done"] for st in recovered["steps"])
     after = state(s)
     assert_as_found(before, after)
+    fault_hosts.done(name)
 
 
 def test_a_live_run_refuses_an_undo_and_a_second_run(fault_hosts, tmp_path):
@@ -106,6 +107,7 @@ def test_a_live_run_refuses_an_undo_and_a_second_run(fault_hosts, tmp_path):
     assert json.loads(outp)["root_cause"]["hypothesis"] == "env_var"
     after = state(s)
     assert_as_found(before, after)
+    fault_hosts.done(name)
 
 
 def test_connection_dropped_for_good_leaves_a_journal_undo_finishes(tmp_path):

@@ -282,10 +282,11 @@ def test_a_system_python_server_with_its_engine_in_dist_packages(realhost, tmp_p
     (info / "top_level.txt").write_text("infer\n")
     h.cwd = h.dir
     h.start()
-    base = h.baseline()
+    # medians of 7 benchmark runs: at load average 8-25 medians of 5 and 3 read the 20-ms flag as 7-10 ms
+    base = h.baseline(7)
     h.flags = ["--disable-cuda-graph"]
     h.restart()
-    bad = h.baseline(3)
+    bad = h.baseline(7)
     assert bad > base + 10, (base, bad)
 
     def files() -> dict[str, str]:

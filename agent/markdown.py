@@ -131,7 +131,8 @@ class Doc(BaseModel):
 
 
 def render_call(doc: Doc, call: ToolCall, res: ToolResult, target: str | None) -> None:
-    s = shown_command(call, target)
+    # a call to another host than the run's (``--peer``) is shown with its own ssh target
+    s = shown_command(call, ssh_target(call.display or "") or target)
     why = f" — {call.why}" if call.why else ""
     doc.n += 1
     doc.by_call[call.call_id] = doc.n

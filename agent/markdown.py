@@ -488,6 +488,8 @@ def render(events: list[Event]) -> str:
     if doc.lines and not doc.lines[-1]:
         doc.lines.pop()
     doc.add(*arithmetic(f))
+    if f.bench_source:
+        doc.add(f"The benchmark's numbers: {code(f.metric)}{f.bench_source[len(f.metric):]}.", "")
     doc.add(*render_timeline(f, doc))
     doc.add("## Hypotheses, in the playbook's order", "")
     for hid in f.order:

@@ -16,6 +16,9 @@ from debugagent.agent.markdown import tighten
 from debugagent.agent.run import RunOptions, investigate
 from debugagent.tools.probes.text import clip_words, code, plural, render_unit_sep
 
+# the README's quick start (tests/test_readme.py holds the README and the kept recording to it)
+QUICK_BENCH = ("/root/ml-env/bin/python3 -m sglang.bench_serving --dataset-name random --random-output-len 256 "
+               "--num-prompts 256 --max-concurrency 32 --output-file /tmp/bench.jsonl")
 HYPS = ["code_change", "gpu_clocks", "pcie_link", "serving_config", "compiled_dependency", "driver_cuda", "env_var",
         "gpu_contention", "host_cpu"]
 
@@ -33,8 +36,8 @@ def quick(tmp_path_factory, quick_state):
     with pytest.MonkeyPatch.context() as mp:   # module scope: the per-test isolation does not apply yet
         mp.setenv("XDG_STATE_HOME", str(quick_state))
         mp.setenv("HOME", str(tmp_path_factory.mktemp("quick-home")))
-        investigate(RunOptions(host="sim:eagle3-flashinfer-rebuilt", symptom="verify 30ms", baseline="verify 20ms",
-                               as_json=True, out=str(folder)))
+        investigate(RunOptions(host="sim:eagle3-flashinfer-rebuilt", bench=QUICK_BENCH, symptom="output_throughput 1000 tok/s",
+                               baseline="output_throughput 1500 tok/s", as_json=True, out=str(folder)))
     events = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
     return folder, (folder / "transcript.md").read_text(), events
 

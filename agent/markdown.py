@@ -143,13 +143,19 @@ def render_call(doc: Doc, call: ToolCall, res: ToolResult, target: str | None) -
                 "<details><summary>the command in full</summary>", "", *fenced(s.block or "", "bash"), "", "</details>")
     shown = render_output(call.tool or res.tool, res, doc.discovery)
     value = bench_value(call, res)
+    said = None
     if value is not None and not res.stderr.strip():
         out = res.output or {}
         metric = out.get("metric")
-        doc.lines[-1] += f": {(metric + ' ') if metric else ''}{fmt(value)} {out.get('unit') or ''}".rstrip()
-        shown = []
-    if shown == ["(no output)"]:
-        doc.lines[-1] += " (no output)"
+        said = f"{(metric + ' ') if metric else ''}{fmt(value)} {out.get('unit') or ''}".rstrip()
+    elif shown == ["(no output)"]:
+        said = "(no output)"
+    if said is not None:
+        # after the command's own line; a command shown as a heredoc ends its collapsed block: a line of its own
+        if s.inline:
+            doc.lines[-1] += f": {said}" if value is not None else f" {said}"
+        else:
+            doc.add(f"Output: {said}")
         shown = []
     doc.add(*shown, "")
 

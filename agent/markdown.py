@@ -132,31 +132,25 @@ class Doc(BaseModel):
 
 def render_call(doc: Doc, call: ToolCall, res: ToolResult, target: str | None) -> None:
     s = shown_command(call, target)
+    shown = render_output(call.tool or res.tool, res, doc.discovery)
+    value = bench_value(call, res)
+    said = ""   # a benchmark's reading, or "(no output)": said on the command's own line
+    if value is not None and not res.stderr.strip():
+        out = res.output or {}
+        metric = out.get("metric")
+        said = f": {(metric + ' ') if metric else ''}{fmt(value)} {out.get('unit') or ''}".rstrip()
+        shown = []
+    elif shown == ["(no output)"]:
+        said, shown = " (no output)", []
     why = f" — {call.why}" if call.why else ""
     doc.n += 1
     doc.by_call[call.call_id] = doc.n
     if s.inline:
-        doc.add(f"[msg {doc.n}] [assistant] [bash] {code(s.inline)}{why}")
-    else:
+        doc.add(f"[msg {doc.n}] [assistant] [bash] {code(s.inline)}{why}{said}")
+    else:   # the collapsed block ends the message: what it printed goes before it
         first = call.command.strip().splitlines()[0][:60]
-        doc.add(f"[msg {doc.n}] [assistant] [bash] {code(first + ' …')}{why} (sent as this heredoc:)",
+        doc.add(f"[msg {doc.n}] [assistant] [bash] {code(first + ' …')}{why}{said} (sent as this heredoc:)",
                 "<details><summary>the command in full</summary>", "", *fenced(s.block or "", "bash"), "", "</details>")
-    shown = render_output(call.tool or res.tool, res, doc.discovery)
-    value = bench_value(call, res)
-    said = None
-    if value is not None and not res.stderr.strip():
-        out = res.output or {}
-        metric = out.get("metric")
-        said = f"{(metric + ' ') if metric else ''}{fmt(value)} {out.get('unit') or ''}".rstrip()
-    elif shown == ["(no output)"]:
-        said = "(no output)"
-    if said is not None:
-        # after the command's own line; a command shown as a heredoc ends its collapsed block: a line of its own
-        if s.inline:
-            doc.lines[-1] += f": {said}" if value is not None else f" {said}"
-        else:
-            doc.add(f"Output: {said}")
-        shown = []
     doc.add(*shown, "")
 
 
@@ -493,9 +487,10 @@ def render(events: list[Event]) -> str:
     render_items(doc, f.prelude, f)
     if doc.lines and not doc.lines[-1]:
         doc.lines.pop()
-    doc.add(*arithmetic(f))
-    if f.bench_source:
-        doc.add(f"The benchmark's numbers: {code(f.metric)}{f.bench_source[len(f.metric):]}.", "")
+    said = arithmetic(f)
+    if f.bench_source:   # the same paragraph
+        said[-1:-1] = [f"The benchmark's numbers: {code(f.metric)}{f.bench_source[len(f.metric):]}."] + ([] if said else [""])
+    doc.add(*said)
     doc.add(*render_timeline(f, doc))
     doc.add("## Hypotheses, in the playbook's order", "")
     for hid in f.order:

@@ -178,11 +178,15 @@ def render_bench_group(doc: Doc, items: list[Pair], target: str | None, metric: 
             rows.append([i, fmt(v)])
         else:
             rows.append([i, "failed: " + clip_words((r.error or r.stderr or r.stdout or "").strip(), 120)])
-    cmd = code(s.inline) if s.inline else code(call.command)
     span = f"msg {first}" if first == last else f"msg {first}–{last}"
-    doc.add(f"[{span}] [assistant] [bash] {cmd} ×{len(items)} — {label}",
-            *table(["run", *[str(r[0]) for r in rows], "mean ± sd"], [[f"{metric} ({unit})", *[r[1] for r in rows], mean_sd(vals)]]),
-            "")
+    runs = table(["run", *[str(r[0]) for r in rows], "mean ± sd"], [[f"{metric} ({unit})", *[r[1] for r in rows], mean_sd(vals)]])
+    if s.inline:
+        doc.add(f"[{span}] [assistant] [bash] {code(s.inline)} ×{len(items)} — {label}", *runs, "")
+    else:   # a command of several lines (one that prints its result file): pasteable from its collapsed heredoc
+        head = call.command.strip().splitlines()[0][:60]
+        doc.add(f"[{span}] [assistant] [bash] {code(head + ' …')} ×{len(items)} — {label} (sent as this heredoc:)",
+                *runs, "", "<details><summary>the command in full</summary>", "", *fenced(s.block or "", "bash"), "",
+                "</details>", "")
     return vals
 
 

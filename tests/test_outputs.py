@@ -51,9 +51,10 @@ def outside_details(md: str) -> str:
 def test_quick_start_reads_short(quick):
     """The quick start's transcript has under 180 lines outside its collapsed blocks (150 before the tenth
     hypothesis, changed_default, and the section of what was changed and undone; 160 before the experiment that
-    removes the speculative flags no list names, so that serving_config's verdict covers them)."""
+    removes the speculative flags no list names, so that serving_config's verdict covers them; 190 since it runs
+    SGLang's bench_serving, whose command, printing its result file, is collapsed under each group of runs)."""
     _, md, _ = quick
-    assert len(outside_details(md).splitlines()) < 180
+    assert len(outside_details(md).splitlines()) < 190
 
 
 def test_each_hypothesis_is_a_section_holding_its_experiment(quick):

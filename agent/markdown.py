@@ -184,8 +184,9 @@ def render_bench_group(doc: Doc, items: list[Pair], target: str | None, metric: 
         doc.add(f"[{span}] [assistant] [bash] {code(s.inline)} ×{len(items)} — {label}", *runs, "")
     else:   # a command of several lines (one that prints its result file): pasteable from its collapsed heredoc
         head = call.command.strip().splitlines()[0][:60]
-        doc.add(f"[{span}] [assistant] [bash] {code(head + ' …')} ×{len(items)} — {label} (sent as this heredoc:)",
-                *runs, "", "<details><summary>the command in full</summary>", "", *fenced(s.block or "", "bash"), "",
+        doc.add(f"[{span}] [assistant] [bash] {code(head + ' …')} ×{len(items)} — {label}",
+                *runs, "", "<details><summary>the command in full</summary>", "",
+                *fenced(s.block or "", "bash"), "",
                 "</details>", "")
     return vals
 

@@ -92,7 +92,7 @@ def test_benchmark_runs_are_one_table_with_mean_and_sd(quick):
     assert f"{statistics.fmean(vals):.2f} ± {statistics.stdev(vals):.2f}" in md
     assert f"over {len(vals)} runs against a baseline of 1500" in md
     # reproduction and three experiments, each one message
-    assert len(re.findall(r"sglang\.bench_serving [^`]*` ×\d", md)) == 4
+    assert len(re.findall(r"\[bash\] `cd [^`]* …` ×\d", md)) == 4
 
 
 def test_arithmetic_timeline_and_fix(quick):

@@ -83,12 +83,26 @@ class Peer:
     regex: str | None = None
     owned: bool = True
     closed: bool = False
+    # opens the peer's connection again (``--peer``'s own way in); an experiment that reads the peer's build of a
+    # package (``lab.kinds.package``) opens it, reads, and closes it again: the peer is only ever read
+    reopen: Callable[[], BaseTransport] | None = None
+    python: str | None = None   # the peer's server's Python (its snapshot's)
 
     def close(self) -> None:
         if not self.closed:
             self.closed = True
             if self.owned:
                 self.transport.close()
+
+    def open_again(self) -> BaseTransport:
+        """The peer's connection, opened again where it was closed (a replay's is the recording: always open)."""
+        if self.closed:
+            if self.owned:
+                if self.reopen is None:
+                    raise RuntimeError("the peer's connection cannot be opened again")
+                self.transport = self.reopen()
+            self.closed = False
+        return self.transport
 
 
 @dataclass
@@ -112,7 +126,8 @@ class Ctx:
     found_restarted: list[float] = field(default_factory=list)
     peer: Peer | None = None
     _runners: dict[str | None, Runner] = field(default_factory=dict)
-    _peer_runner: Runner | None = None
+    _peer_runners: dict[str | None, Runner] = field(default_factory=dict)
+    _peer_spent: int = 0
     _ids: Any = field(default_factory=lambda: itertools.count(1))
 
     def runner(self, hypothesis: str | None = None) -> Runner:
@@ -126,21 +141,27 @@ class Ctx:
             self._runners[hypothesis] = r
         return self._runners[hypothesis]
 
-    def peer_runner(self) -> Runner:
-        """The peer's runner: its calls are recorded in the run's transcript as the host's are (``why`` names it)."""
+    def peer_runner(self, hypothesis: str | None = None) -> Runner:
+        """The peer's runner: its calls are recorded in the run's transcript as the host's are (``why`` names it);
+        under ``hypothesis`` for an experiment's reads of the peer."""
         assert self.peer is not None
-        if self._peer_runner is None:
-            obs = self.transcript.observer(None)
+        r = self._peer_runners.get(hypothesis)
+        if r is None or r.transport is not self.peer.transport:
+            obs = self.transcript.observer(hypothesis)
 
             def observe(event: str, data: dict[str, Any], _obs=obs) -> None:
                 _obs(event, data)
-                self.on_status(event, {**data, "hypothesis": None})
-            self._peer_runner = Runner(self.peer.transport, observe, ids=self._ids, hold=held)
-        return self._peer_runner
+                self.on_status(event, {**data, "hypothesis": hypothesis})
+            r = Runner(self.peer.transport, observe, ids=self._ids, hold=held)
+            if hypothesis in self._peer_runners:
+                self._peer_spent += self._peer_runners[hypothesis].count
+            self._peer_runners[hypothesis] = r
+        return r
 
     @property
     def commands(self) -> int:
-        return sum(r.count for r in self._runners.values()) + (self._peer_runner.count if self._peer_runner else 0)
+        return (sum(r.count for r in self._runners.values()) + sum(r.count for r in self._peer_runners.values())
+                + self._peer_spent)
 
     def say(self, text: str, hypothesis: str | None = None, kind: str = "reasoning") -> None:
         """Reasoning in the transcript; ``kind="not_run"`` for an experiment left out (agent/events.py)."""

@@ -105,7 +105,11 @@ def _decisive(f: RunFacts, hid: str) -> ExperimentView | None:
     h = f.hyps.get(hid)
     if not h:
         return None
-    return next((x for x in h.experiments if x.significant), None)
+    sig = [x for x in h.experiments if x.significant]
+    # a group that recovered and was split down: the narrowest group that still recovered decides (its fix
+    # leaves the group's other flags as they are), as the hypothesis's confirming changes are kept
+    groups = [set(x.spec.get("group") or []) for x in sig]
+    return next((x for x, g in zip(sig, groups, strict=True) if not (g and any(o and o < g for o in groups))), None)
 
 
 def packages_of(f: RunFacts, names: Sequence[str]) -> list[dict[str, Any]]:

@@ -91,6 +91,7 @@ def discover(ctx: Ctx, state: RunState) -> dict[str, Any]:
     if ctx.overrides.shadow_gpus or ctx.overrides.shadow_port:   # before any benchmark run: exit 2 with the fix
         found["shadow"] = steps.shadow_check(ctx, found, raw)
         notes += [f"shadow experiments: {n}" for n in found["shadow"]["notes"]]   # in the answer and --json too
+    steps.systemd_check(ctx, found)   # before any benchmark run: exit 2 with the fix
     found["first_run"] = check_benchmark(ctx, found)   # the reproduce step's first run
     return {"discovered": found, **({"notes": notes} if notes != state.notes else {})}
 

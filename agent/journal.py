@@ -11,6 +11,11 @@ The two copies are merged by step id: a step is done when either copy says so (t
 copy is written first), and its input comes from the host copy when there is one (the host
 already holds what the restart needs; the local copy may be redacted).
 
+A journal names the host it was written for (``HostId``: a hash of its machine id, its boot id, host name, the mount
+namespace and container of its shell), read before the first step. The host's folder may show another host's journals
+(a shared NFS home, a container that binds the machine's root, a sandbox that sees its /tmp): a run acts only on its
+own host's (``sort_journals``), and ``undo`` through another host is refused (``Journal.check_host``).
+
 Each step is signed (HMAC-SHA256 over the run id, its id, tool and input) with a key kept outside every run
 folder (``undo.key`` in debugagent's state folder, mode 600): ``debugagent undo`` runs only the steps it can
 verify it wrote. A step records ``started`` (durably, both sides) before its tool runs, and ``done`` after; the
@@ -40,7 +45,8 @@ from typing import Any
 from debugagent.agent.signals import held
 from debugagent.tools.errors import DebugAgentError, RunFolderError, UsageError, write_problem
 from debugagent.tools.redact import redact
-from debugagent.tools.transport import CommandResult, Transport, q
+from debugagent.tools.shape import container_of
+from debugagent.tools.transport import CommandResult, Transport, q, split_sections
 from pydantic import BaseModel, Field, ValidationError
 
 HOST_DIR = '"${XDG_CACHE_HOME:-$HOME/.cache}"/debugagent'
@@ -81,12 +87,76 @@ class Step(BaseModel):
     mac: str = ""              # HMAC of (run id, id, tool, input) with the state folder's undo key
 
 
+# who the host is, read through the transport (read-only): the OS install's machine id (/etc/machine-id), the kernel's boot id, the
+# host name, the shell's mount namespace, and the container it runs in (its own cgroups and the marks in its root, read
+# as ``server_shape`` reads the server's: tools/shape.container_of)
+HOST_ID_COMMAND = (
+    "echo '== machine_id'; cat /etc/machine-id 2>/dev/null || cat /var/lib/dbus/machine-id 2>/dev/null; "
+    "echo '== boot_id'; cat /proc/sys/kernel/random/boot_id 2>/dev/null; echo '== hostname'; uname -n; "
+    "echo '== mnt_ns'; readlink /proc/self/ns/mnt 2>/dev/null; echo '== cgroup'; cat /proc/self/cgroup 2>/dev/null; "
+    "echo '== marks'; for f in /.dockerenv /run/.containerenv; do [ -e $f ] && echo $f; done; echo '== end'")
+
+
+class HostId(BaseModel):
+    """Who a host is, as its own shell sees it ("" where a field could not be read)."""
+
+    machine_id: str = ""
+    boot_id: str = ""
+    hostname: str = ""
+    mnt_ns: str = ""       # the shell's mount namespace (what a container, or a sandbox, sees as its files)
+    container: str = ""    # "RUNTIME ID" of the container the shell runs in ("" for none, or none seen)
+
+    @property
+    def known(self) -> bool:
+        return bool(self.machine_id or self.hostname or self.boot_id)
+
+    def describe(self) -> str:
+        extra = [f"machine {self.machine_id[:8]}" if self.machine_id else "",
+                 f"container {self.container}" if self.container else "",
+                 f"mount namespace {self.mnt_ns}" if self.mnt_ns else ""]
+        extra = [e for e in extra if e]
+        return (self.hostname or "?") + (f" ({', '.join(extra)})" if extra else "")
+
+    def other_than(self, here: HostId) -> str | None:
+        """Why a journal written on ``self`` is not one of ``here`` (None: the same host, as far as both tell).
+
+        The machine id and the host name must match where both were read, and the container (none is one) where both
+        were read at all; the mount namespace too within one boot (namespaces are made anew at each boot, when only
+        the others can tell): a container or a sandbox that sees this host's files (a read-only bind of its root, a
+        shared /tmp) is another host."""
+        for f, what in (("machine_id", "machine-id"), ("hostname", "host name")):
+            theirs, mine = getattr(self, f), getattr(here, f)
+            if theirs and mine and theirs != mine:
+                return f"its {what} is {theirs}, this host's {mine}"
+        if self.known and here.known and self.container != here.container:
+            return f"its container is {self.container or 'none'}, this host's {here.container or 'none'}"
+        if self.boot_id and self.boot_id == here.boot_id and self.mnt_ns and here.mnt_ns and self.mnt_ns != here.mnt_ns:
+            return f"it was written in the mount namespace {self.mnt_ns}, this host's shell is in {here.mnt_ns}"
+        return None
+
+
+def parse_host_id(text: str) -> HostId:
+    """The output of ``HOST_ID_COMMAND``. The machine id is kept as an id of debugagent's own derived from it (a
+    hash, as systemd asks of what it calls a confidential id): equal ids give equal hashes, and it is not shown."""
+    s = split_sections(text, "host_id")
+
+    def first(name: str) -> str:
+        return next((ln.strip() for ln in s.get(name, []) if ln.strip()), "")
+
+    c = container_of([ln.strip() for ln in s.get("cgroup", []) if ln.strip()],
+                     [ln.strip() for ln in s.get("marks", []) if ln.strip()])
+    mid = first("machine_id")
+    return HostId(machine_id=hashlib.sha256(b"debugagent host id\0" + mid.encode()).hexdigest()[:16] if mid else "", boot_id=first("boot_id"), hostname=first("hostname"),
+                  mnt_ns=first("mnt_ns"), container=f"{c.runtime} {c.pod_uid or c.id or '?'}" if c else "")
+
+
 class JournalData(BaseModel):
     version: int = JOURNAL_VERSION
     run_id: str
     host: str
     pid: int = 0
-    machine: str = ""
+    machine: str = ""     # the machine debugagent ran on (its pid's), not the host
+    host_id: HostId | None = None   # the host the steps were written for (None: a journal of an older debugagent)
     instance: str = ""    # a simulated host's sandbox: its changes die with it
     steps: list[Step] = Field(default_factory=list)
     before: dict[str, Any] = Field(default_factory=dict)   # area -> its reading before the first change there
@@ -264,6 +334,17 @@ class HostFiles:
 
     def __init__(self, transport: Transport) -> None:
         self.transport = transport
+        self._id: HostId | None = None
+
+    def identity(self) -> HostId:
+        """Who the host is (read once; an empty ``HostId`` where it could not be read: nothing to check with)."""
+        if self._id is None:
+            try:
+                r = self._run(HOST_ID_COMMAND)
+            except (OSError, DebugAgentError):   # a lost connection (read again next time), a fake host
+                return HostId()
+            self._id = parse_host_id(r.stdout) if r.ok and "== end" in r.stdout else HostId()
+        return self._id
 
     def _run(self, command: str) -> CommandResult:
         # every command here is idempotent (an atomic overwrite, a removal, a lock this run may hold already),
@@ -316,6 +397,7 @@ class Journal:
         self.host_name = f"journal-{self.data.run_id}.json"
         self.gone: list[str] = []
         self.local_error: str | None = None   # why the run folder's copy could not be written, if it could not
+        self.foreign_copy = ""                # the line that says why the host's copy of this run was left alone
         self._key: bytes | None = None
 
     @property
@@ -364,6 +446,21 @@ class Journal:
         check it against)."""
         return not self.steps and (self.data.verified or not self.data.before)
 
+    def check_host(self, where: str) -> None:
+        """Refuse (exit 2) to act on this journal through a host other than the one it was written on. ``where``:
+        the command to run there (``debugagent undo FOLDER``)."""
+        if self.remote is None or self.data.host_id is None or self.settled or self.gone:   # gone: a sandbox that ended
+            return
+        here = self.remote.identity()
+        why = self.data.host_id.other_than(here)
+        if why is not None:
+            raise UsageError(f"the journal of run {self.data.run_id} was written on host {self.data.host_id.describe()}; "
+                             f"{self.remote.transport.host} is {here.describe()} ({why}): its steps restore that "
+                             "host, and are not run here",
+                             fix=f"run `{where}` where --host {self.data.host} reaches "
+                                 f"{self.data.host_id.hostname or 'that host'} (from the machine "
+                                 f"{self.data.machine or '?'} the run was started on, if it is `local`)")
+
     def describe_left(self) -> str:
         return "; ".join(f"{s.text}" + (" (started, not done)" if s.started and not s.error else "")
                          + (f" (last error: {s.error})" if s.error else "") for s in self.pending())
@@ -373,6 +470,8 @@ class Journal:
         """Journal an undo step on both sides; raises (before the change is made) if it cannot."""
         step = Step(id=len(self.data.steps) + 1, tool=tool, input=inp, text=text, recorded_at=now())
         step.mac = step_mac(self.key, self.data.run_id, step)
+        if self.remote is not None and self.data.host_id is None and (here := self.remote.identity()).known:
+            self.data.host_id = here   # the host these steps restore: read before the first
         self.data.steps.append(step)
         self.data.verified = False
         self.save(host=True)
@@ -434,6 +533,10 @@ class Journal:
         if not found:
             return False
         theirs = parse_journal(found, f"{self.data.host}:{self.host_name}")
+        if theirs.host_id is not None and (why := theirs.host_id.other_than(self.remote.identity())) is not None:
+            self.foreign_copy = (f"a journal of run {theirs.run_id} written on host {theirs.host_id.describe()} is left "
+                                 f"alone: not this host ({why})")
+            return False
         mine = {s.id: s for s in self.data.steps}
         for s in theirs.steps:
             m = mine.get(s.id)
@@ -465,8 +568,19 @@ class Journal:
 
 
 def others_on_host(remote: HostFiles, run_id: str) -> list[JournalData]:
-    """Unfinished journals other runs left on the host (a crash, a kill -9)."""
+    """Unfinished journals other runs left on this host (a crash, a kill -9); none written on another host."""
+    return sort_journals(remote, run_id)[0]
+
+
+def sort_journals(remote: HostFiles, run_id: str) -> tuple[list[JournalData], list[str]]:
+    """(the unfinished journals other runs left on this host, a line for each one found here that is not acted on
+    or cannot be checked). The host's folder may show another host's journals (a shared NFS home, a container with a
+    read-only bind of the machine's root, a sandbox that sees its /tmp): one written for another host is left where
+    it is; one of an older debugagent, which names no host, is restored as before, with a line saying so, unless
+    it was written by a ``--host local`` run on a machine of another name."""
     out: list[JournalData] = []
+    notes: list[str] = []
+    here: HostId | None = None
     for name, text in remote.journals().items():
         if name == f"journal-{run_id}.json":
             continue
@@ -474,9 +588,24 @@ def others_on_host(remote: HostFiles, run_id: str) -> list[JournalData]:
             data = parse_journal(text, name)
         except UsageError:
             continue
-        if any(not s.done for s in data.steps):
-            out.append(data)
-    return out
+        if not any(not s.done for s in data.steps):
+            continue
+        here = here or remote.identity()
+        if data.host_id is not None:
+            why = data.host_id.other_than(here)
+            if why is not None:
+                notes.append(f"a journal of run {data.run_id} written on host {data.host_id.describe()} is left "
+                             f"alone: not this host ({why}); `debugagent undo` of that run, where it ran, restores it")
+                continue
+        elif data.host == "local" and data.machine and here.hostname and data.machine != here.hostname:
+            notes.append(f"a journal of run {data.run_id} written by a `--host local` run on {data.machine} is left "
+                         f"alone: not this host ({here.hostname})")
+            continue
+        else:
+            notes.append(f"the journal of run {data.run_id} names no host (written by an older debugagent): its host "
+                         "cannot be checked; it is restored here, as the host's cache folder holds it")
+        out.append(data)
+    return out, notes
 
 
 # ---------------------------------------------------------------- the lock

@@ -131,7 +131,8 @@ class Doc(BaseModel):
 
 
 def render_call(doc: Doc, call: ToolCall, res: ToolResult, target: str | None) -> None:
-    s = shown_command(call, target)
+    # a call to another host than the run's (``--peer``) is shown with its own ssh target
+    s = shown_command(call, ssh_target(call.display or "") or target)
     shown = render_output(call.tool or res.tool, res, doc.discovery)
     value = bench_value(call, res)
     said = ""   # a benchmark's reading, or "(no output)": said on the command's own line

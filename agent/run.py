@@ -32,7 +32,7 @@ from rich.markup import escape
 from .config import RunConfig
 from .graph import RECURSION_LIMIT, Ctx, build_graph
 from .hosts import open_transport
-from .journal import HostLock, Journal, host_instance, host_side, others_on_host, state_dir
+from .journal import HostLock, Journal, host_instance, host_side, sort_journals, state_dir
 from .lab import Lab, Measure
 from .session import RunOptions, Session, inputs_from_options, make_view, open_run
 from .signals import Interrupted, Signals
@@ -164,7 +164,8 @@ def peer_snapshot(opts: RunConfig) -> tuple[Path, Any]:
         tr.close()
         raise
     peer = Peer(name=str(opts.peer), transport=tr, bench=snap.bench.get("cmd"), metric=snap.bench.get("metric") or metric,
-                cwd=snap.discovery.repo if snap.discovery else None, regex=snap.bench.get("regex"))
+                cwd=snap.discovery.repo if snap.discovery else None, regex=snap.bench.get("regex"),
+                reopen=lambda: open_transport(str(opts.peer), opts.ssh), python=peer_python(snap))
     if not snap.bench.get("samples"):
         peer.close()
         raise UsageError(f"--peer {opts.peer}: its benchmark gave no numbers of `{metric}`"
@@ -183,6 +184,13 @@ def peer_snapshot(opts: RunConfig) -> tuple[Path, Any]:
         err.print(escape(f"the peer's snapshot: {metric} {samples[0]:g} {snap.bench.get('unit') or ''} ({path}); its "
                          "baseline runs alternate with the host's when the run reproduces"))
     return path, peer
+
+
+def peer_python(snap: Any) -> str | None:
+    """The peer's server's Python, as its snapshot found it: the one whose packages its snapshot lists."""
+    server = getattr(snap, "server", None)
+    packages = getattr(snap, "packages", None)
+    return (server.python if server is not None else None) or (packages.python if packages is not None else None)
 
 
 def output_of(conclusion: dict[str, Any], folder: Path, wall: float) -> dict[str, Any]:
@@ -393,14 +401,20 @@ def settle(ctx: Ctx, transport: Any) -> None:
         undo.save()
     if undo.remote is None:
         return
+    undo.check_host(f"debugagent undo {ctx.transcript.folder}")
     undo.merge_host_copy()
+    if undo.foreign_copy:
+        ctx.say(undo.foreign_copy[:1].upper() + undo.foreign_copy[1:] + ".")
     if undo.steps:
         ctx.say(f"The interrupted run left {len(undo.steps)} undo step(s) unfinished ({undo.describe_left()}); "
                 "restoring them first, so the host is recorded as it was found, not as an experiment left it.")
         left = restore(ctx)
         if left:
             raise RestoreError("the changes the interrupted run left could not be undone", left=left)
-    for data in others_on_host(undo.remote, ctx.run_id):
+    mine, notes = sort_journals(undo.remote, ctx.run_id)
+    for note in notes:
+        ctx.say(note[:1].upper() + note[1:] + ".")
+    for data in mine:
         other = Journal(ctx.transcript.folder / f"recovered-{data.run_id}.json", data.run_id, data.host, undo.remote, data)
         ctx.say(f"Run {data.run_id} left {len(other.steps)} undo step(s) unfinished on this host "
                 f"({other.describe_left()}); restoring them before anything is measured.")
@@ -504,7 +518,10 @@ def undo_run(run_dir: str, *, force_unlock: bool = False, transport: Any = None)
             say_err(f"{opts.host} was a simulated host: it ended with the run, and its changes with it "
                     f"({'; '.join(journal.gone)})")
             journal.save()
+        journal.check_host(f"debugagent undo {folder}")
         found = journal.merge_host_copy()
+        if journal.foreign_copy:
+            say_err(journal.foreign_copy)
         if journal.settled:
             say_err(f"nothing to undo: every step of {run_id} is done" + ("" if found or journal.data.steps else
                     " (no journal in the run folder nor on the host)") + (

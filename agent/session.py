@@ -307,5 +307,7 @@ def replayed_peer(head: Any, transport: ReplayTransport) -> Peer | None:
         return None
     bench = (head.get("baseline_snapshot_data") or {}).get("bench") or {}
     repo = ((head.get("baseline_snapshot_data") or {}).get("discovery") or {}).get("repo")
+    snap = head.get("baseline_snapshot_data") or {}
+    python = (snap.get("server") or {}).get("python") or (snap.get("packages") or {}).get("python")
     return Peer(name=str(name), transport=transport, bench=bench.get("cmd"), metric=bench.get("metric") or "",
-                cwd=repo, regex=bench.get("regex"), owned=False)
+                cwd=repo, regex=bench.get("regex"), owned=False, python=python)

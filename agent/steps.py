@@ -10,6 +10,7 @@ from typing import Any
 from debugagent.tools.errors import UsageError
 from debugagent.tools.host import HostFacts, ServerInfo
 from debugagent.tools.redact import redact
+from debugagent.tools.registry import Runner
 from debugagent.tools.snapshot import OPTIONAL_PROBES, Snapshot, collect
 from debugagent.tools.units import plain
 from debugagent.tools.workload import is_workload
@@ -19,6 +20,7 @@ from .context import Ctx
 from .discovery import run_input
 from .facts import LabFacts, build_facts
 from .lab import ConnectionLost, ExperimentError, Lab, LabSetup, Measure, kind_of, shadow
+from .lab.lab import PeerReader
 from .lab.shadow import server_bench
 from .results import ExperimentResult, Regression
 from .state import Current, RunState
@@ -421,7 +423,20 @@ def lab_for(ctx: Ctx, s: RunState, hid: str) -> Lab:
                LabSetup.from_inputs(ctx.overrides, (d.get("host_facts") or {}).get("profile")), ctx.warmth,
                ctx.found_restarted, discovery=run_input(ctx.overrides, d["metric"], d.get("server")),
                noise=baseline_noise(ctx, reg), fresh_runs=fresh, shadow=d.get("shadow"),
-               workload=d.get("server") if is_workload(d.get("server")) else None)   # how many to run; ``Lab.reference`` keeps how many it had
+               workload=d.get("server") if is_workload(d.get("server")) else None,   # how many to run; ``Lab.reference`` keeps how many it had
+               peer=peer_reader(ctx, hid))
+
+
+def peer_reader(ctx: Ctx, hid: str) -> PeerReader | None:
+    """``--peer``: the peer as an experiment may read it (opened again for the read, closed after)."""
+    peer = ctx.peer
+    if peer is None:
+        return None
+
+    def open_peer() -> Runner:
+        peer.open_again()
+        return ctx.peer_runner(hid)
+    return PeerReader(name=peer.name, python=peer.python, open=open_peer, close=peer.close)
 
 
 def baseline_noise(ctx: Ctx, reg: Regression | None = None) -> tuple[list[float], ...]:
@@ -431,6 +446,37 @@ def baseline_noise(ctx: Ctx, reg: Regression | None = None) -> tuple[list[float]
     peer = (reg.peer or {}).get("samples") if reg is not None else None
     bs = list(peer) if peer and len(peer) >= 2 else _baseline_for(ctx, None)[1]
     return (bs,) if len(bs) >= 2 else ()
+
+
+def systemd_check(ctx: Ctx, d: dict[str, Any]) -> None:
+    """A server under a systemd unit, on a run that may change the host: this session must be able to change the unit
+    as the experiments do (``systemctl`` on PATH, ``/etc/systemd/system`` writable), else exit 2 with the fix, right
+    after discovery, before any benchmark run or change; a restart hook (``--restart-cmd`` or the host profile's), a
+    shadow experiment (the server is never restarted) or a run that changes nothing need no such right."""
+    server = d.get("server") or {}
+    sup = (server.get("shape") or {}).get("supervisor") or {}
+    unit = sup.get("unit")
+    profile = (d.get("host_facts") or {}).get("profile") or {}
+    may_change = ctx.allow_mutations or ctx.confirm is not None
+    if (sup.get("kind") != "systemd" or not unit or not may_change or ctx.overrides.restart_cmd
+            or profile.get("restart_cmd") or d.get("shadow") or not ctx.transport.live):
+        return
+    o = ctx.runner(None).call("systemd_access", {"unit": unit},
+                              why=f"the server runs under the systemd unit {unit}: may this session change it "
+                              "(systemctl, /etc/systemd/system) as an experiment would?")
+    if not o.ok:
+        return   # not known: the experiment's own command checks again before it writes anything
+    a = o.output
+    if a.systemctl and a.writable:
+        return
+    who = f"uid {a.uid}" if a.uid is not None else "this user"
+    why = "systemctl is not installed here" if not a.systemctl else "no permission to write /etc/systemd/system"
+    raise UsageError(f"the server (pid {server.get('pid')}) runs under the systemd unit {unit}, and this session "
+                     f"({who}) cannot change it: {why}; an experiment restarts it through a drop-in, `systemctl "
+                     "daemon-reload` and `systemctl restart`. Nothing was changed on the host",
+                     fix=f"run as a user allowed to write /etc/systemd/system and to `systemctl restart {unit}` (root: "
+                     f"--host root@…), or give --restart-cmd CMD (e.g. `sudo systemctl restart {unit}` with the change "
+                     "in the unit's environment), or --shadow-gpus/--shadow-port, or --read-only")
 
 
 def shadow_check(ctx: Ctx, d: dict[str, Any], bench: str | None) -> dict[str, Any]:

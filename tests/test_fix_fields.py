@@ -62,3 +62,26 @@ def test_a_package_is_read_from_the_experiment_not_the_summary():
                              python_packages=pkgs), load_playbook(None))
     assert fx.commands[0] == "/venv/bin/python3 -m pip install --force-reinstall --no-deps flashinfer-python==0.5.3"
     assert "torch" not in fx.commands[0] and fx.commands[1] == "cd /src && /venv/bin/python3 -m srv --port 1"
+
+
+def test_a_group_split_down_to_one_flag_removes_only_that_flag():
+    """A group of not-judged flags that recovered, split down to the one that matters: the fix removes that flag,
+    not the group's others (--max-num-seqs stays; tests/scenarios/ngram-spec-config-throughput.yaml)."""
+    argv = ["/venv/bin/python3", "-m", "srv", "--port", "1", "--max-num-seqs", "256", "--speculative-config", "{}"]
+    wide = {"kind": "server_restart", "title": "restart the server without the not-judged flags --max-num-seqs, "
+            "--speculative-config", "unset_flags": ["max-num-seqs", "speculative-config"],
+            "group": ["max-num-seqs", "speculative-config"]}
+    narrow = {"kind": "server_restart", "title": "restart the server without the not-judged flags --speculative-config",
+              "unset_flags": ["speculative-config"], "group": ["speculative-config"]}
+    def restarted(spec: dict) -> ExperimentView:   # the restart the experiment made: the command line without its flags
+        drop = {f"--{f}" for f in spec["unset_flags"]}
+        kept = [a for i, a in enumerate(argv) if a not in drop and not (i and argv[i - 1] in drop)]
+        call = {"tool": "restart_server", "input": {"argv": kept, "cwd": "/src"}}
+        return ExperimentView(title=spec["title"], spec=spec, significant=True, calls=[(call, {"exit_code": 0})])
+
+    xs = [restarted(s) for s in (wide, narrow)]
+    facts = RunFacts(outputs={"server_details": {**SERVER, "argv": argv}},
+                     hyps={"serving_config": HypothesisView(id="serving_config", experiments=xs)},
+                     conclusion={"root_causes": [{"hypothesis": "serving_config", "evidence": [], "summary": "x"}]})
+    (fx,) = fixes_for(facts, load_playbook(None))
+    assert "--speculative-config" not in " ".join(fx.commands) and "--max-num-seqs 256" in " ".join(fx.commands)

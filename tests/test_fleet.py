@@ -155,36 +155,57 @@ def test_fleet_html_holds_host_text_as_text(tmp_path):
 
 
 def test_run_with_a_peer_as_baseline_confirms_the_cause_on_the_slow_host(tmp_path):
-    """`run --peer GOOD`: the healthy peer is read now (nothing changed on it), its benchmark runs alternate with the
-    slow host's in the reproduce step (peer, host, peer, host, …) and are the baseline; the experiment runs on the
-    slow host alone and confirms the power cap. The run replays from its recording, the peer's calls included."""
-    r = cli("run", "--host", "sim:power-capped", "--peer", "sim:power-capped@good", "--symptom", "decode 74 tok/s",
+    """`run --peer GOOD` on the fleet's package-rebuilt case: the healthy peer is read now (nothing changed on it), its
+    benchmark runs alternate with the slow host's in the reproduce step (peer, host, peer, host, …) and are the
+    baseline. No wheel of the peer's build is on the slow host: the experiment reads the peer's installed files of
+    flashinfer (its RECORD), packs them into a wheel here, sends it to the host into a folder of the run's own, installs
+    it in the overlay and confirms the rebuilt package; the peer is only read, the host's folders are removed by the
+    undo. The run replays from its recording, the peer's calls included."""
+    peer_name = "sim:eagle3-flashinfer-rebuilt@good"
+    r = cli("run", "--host", "sim:eagle3-flashinfer-rebuilt", "--peer", peer_name, "--symptom", "verify 30ms",
             "--json", "--out", str(tmp_path / "run"))
     assert r.returncode == 0, r.stderr
     o = json.loads(r.stdout)
-    assert o["root_cause"]["hypothesis"] == "gpu_clocks"
+    assert o["root_cause"]["hypothesis"] == "compiled_dependency", o["summary"]
+    assert f"the peer's build of flashinfer-python 0.5.3, read from {peer_name}" in o["root_cause"]["summary"]
+    assert "pip install --force-reinstall --no-deps /tmp/flashinfer_python-0.5.3-" in o["root_cause"]["fix"]
     events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
     peer = events[0]["baseline_snapshot_data"]
-    assert peer["gpus"][0]["power_limit"] == 700.0 and peer["host"] == "sim:power-capped@good"
+    assert peer["host"] == peer_name
     # the benchmark runs of the reproduce step, in the order they were made: the check's run (the host's first),
-    # then peer and host alternating; the peer's values are the healthy twin's, the host's the capped one's
+    # then peer and host alternating; the peer's values are the healthy twin's, the host's the rebuilt one's
     calls = {e["call_id"]: e for e in events if e["event"] == "tool_call"}
     runs = [(calls[e["call_id"]]["purpose"], e["output"]["value"]) for e in events
             if e["event"] == "tool_result" and calls[e["call_id"]]["tool"] == "bench" and calls[e["call_id"]]["hypothesis"] is None
             and calls[e["call_id"]]["purpose"] in ("peer", "reproduce")]
     kinds = [k for k, _ in runs]
     assert len(kinds) >= 4 and kinds == ["peer", "reproduce"] * (len(kinds) // 2), kinds
-    assert all(v > 80 for k, v in runs if k == "peer") and all(v < 80 for k, v in runs if k == "reproduce")
-    # no experiment starts before the reproduce step (and the peer's connection) is over
+    assert all(v < 25 for k, v in runs if k == "peer") and all(v > 25 for k, v in runs if k == "reproduce")
+    # no experiment starts before the reproduce step (and the peer's runs) is over; in the experiment the peer is
+    # only read: one read of its package's files, never a change
     first_exp = min(i for i, e in enumerate(events) if e["event"] == "tool_call" and e.get("hypothesis"))
-    last_peer = max(i for i, e in enumerate(events) if e["event"] == "tool_call" and e["purpose"] == "peer")
-    assert last_peer < first_exp
+    peer_calls = [(i, e) for i, e in enumerate(events) if e["event"] == "tool_call" and e["purpose"] == "peer"]
+    assert max(i for i, e in peer_calls if e["tool"] == "bench") < first_exp
+    assert [e["tool"] for i, e in peer_calls if i > first_exp] == ["dist_files"]
+    sent = [e for e in events if e["event"] == "tool_call" and e["tool"] == "write_chunk"]
+    assert sent and all(e["purpose"] == "experiment" for e in sent)
+    folder = sent[0]["input"]["path"].rsplit("/", 1)[0]
+    assert any(e["event"] == "tool_call" and e["tool"] == "remove_tree" and e["input"]["path"] == folder
+               and e["purpose"] == "undo" for e in events)
+    wheels = list((tmp_path / "run" / "peer-wheels").glob("flashinfer_python-0.5.3-*.whl"))
+    assert len(wheels) == 1
+    import zipfile
+    with zipfile.ZipFile(wheels[0]) as z:
+        names = z.namelist()
+        assert names[-1] == "flashinfer_python-0.5.3.dist-info/RECORD" and z.testzip() is None
+        assert any(n.endswith(".so") for n in names)
     reg = o["regression"]
-    assert reg["peer"]["interleaved"] is True and reg["peer"]["host"] == "sim:power-capped@good"
+    assert reg["peer"]["interleaved"] is True and reg["peer"]["host"] == peer_name
     assert reg["peer"]["samples"] == [v for k, v in runs if k == "peer"]
     assert "interleaved" in reg["baseline_source"]
     md = (tmp_path / "run" / "transcript.md").read_text()
     assert "Interleaved runs (peer, host alternating)" in md
+    assert f"the peer's build of flashinfer-python 0.5.3, read from {peer_name}" in md
     rp = cli("replay", str(tmp_path / "run"))
     assert rp.returncode == 0, rp.stdout + rp.stderr
 

@@ -266,3 +266,58 @@ def test_console_lines_show_host_text_not_rich_markup(capsys):
     say_err("undoing 1 step(s) on h: restart with --name [conceal]hidden[/] [link=http://x]y[/link] \x1b[2J")
     err = capsys.readouterr().err
     assert "[conceal]hidden[/] [link=http://x]y[/link] \\x1b[2J" in err and "\x1b" not in err
+
+
+# ---------------------------------------------------------------- host text in any field of report.html
+class _Tags(__import__("html.parser").parser.HTMLParser):
+    """What a browser's parser makes of a page: its elements, their attribute names, and its text."""
+
+    def __init__(self, page: str) -> None:
+        super().__init__()
+        self.tags: set[str] = set()
+        self.attrs: set[str] = set()
+        self.text: list[str] = []
+        self.feed(page)
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.add(tag)
+        self.attrs |= {k for k, _ in attrs}
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+PAYLOAD = f"<img src=x onerror=\"{RUNS}\"><script>{RUNS}</script><a href=javascript:x onclick=x>l</a>"
+
+
+def _spoiled(value):
+    """Every string the host gave (a tool's stdout and parsed output: package names, file names, process argv, commit
+    subjects, host names, versions…) with HTML after it."""
+    if isinstance(value, str):
+        return value + PAYLOAD
+    if isinstance(value, list):
+        return [_spoiled(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _spoiled(v) for k, v in value.items()}
+    return value
+
+
+@pytest.mark.parametrize(("run", "field"), [("code-regression-bisect", "Fuse top-k and top-p"),
+                                            ("flashinfer-wheelhouse", "flashinfer-python"),
+                                            ("vllm-console-worker", "libcuda.so")])
+def test_report_html_holds_host_html_in_any_field_as_text(tmp_path, run, field):
+    """A kept recording whose every host string ends in HTML (an <img onerror>, a <script>, a javascript: link):
+    report.html has no element and no attribute the same run's page without it lacks, and shows the HTML as text
+    (here after a commit subject, a package name, a driver file)."""
+    from debugagent.agent.report import render_html
+    from debugagent.agent.transcript import read_events
+    src = ROOT / "transcripts" / run / "events.jsonl"
+    clean = _Tags(render_html(read_events(src)))
+    events = [json.loads(ln) for ln in src.read_text().splitlines() if ln.strip()]
+    events = [{**e, "output": _spoiled(e.get("output")), "stdout": _spoiled(e.get("stdout"))}
+              if e["event"] == "tool_result" else e for e in events]
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    page = _Tags(render_html(read_events(tmp_path / "events.jsonl")))
+    assert page.tags <= clean.tags and page.attrs <= clean.attrs, (page.tags - clean.tags, page.attrs - clean.attrs)
+    text = "".join(page.text)
+    assert text.count(PAYLOAD) >= 1 and re.search(re.escape(field) + r"[^<]*" + re.escape(PAYLOAD), text), text[:2000]

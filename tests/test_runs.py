@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 
-def cli(*args: str, state: Path, timeout: int = 120) -> subprocess.CompletedProcess:
+def cli(*args: str, state: Path, timeout: int = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "debugagent.agent.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, "XDG_STATE_HOME": str(state)})
 

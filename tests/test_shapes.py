@@ -429,3 +429,42 @@ def test_a_console_script_code_experiment_asks_where_its_entry_point_module_is_i
                                 SimpleNamespace(packages={}))   # type: ignore[arg-type]
     assert asked and shlex.split(asked[0])[-1] == "inferd"
     assert plan.mode == "server" and plan.run is not None and plan.run.path_first == ["/tmp/debugagent-wt-r1"]
+
+
+def test_no_permission_for_systemctl_stops_the_run_before_anything_changes():
+    """A server under a systemd unit, on a run that may change the host: where this session may not write
+    /etc/systemd/system (or has no systemctl), the run stops right after discovery with exit 2 naming the unit and
+    the fix (a user allowed to restart it, --restart-cmd, shadow experiments or --read-only); the only command sent is
+    the read-only check. With --restart-cmd, --read-only or the right to change the unit, nothing is refused."""
+    from types import SimpleNamespace
+
+    from debugagent.agent import steps
+    from debugagent.tools.errors import UsageError
+    found = {"server": {"pid": 812, "shape": {"supervisor": {"kind": "systemd", "unit": "sglang.service"}}}}
+
+    def ctx_for(answer: str, calls: list[str], **kw) -> SimpleNamespace:
+        t = FakeTransport(lambda c: (calls.append(c), answer)[1])
+        return SimpleNamespace(runner=lambda h=None: Runner(t), transport=t, allow_mutations=kw.get("allow", True),
+                               confirm=None, overrides=SimpleNamespace(restart_cmd=kw.get("hook")))
+    for answer, said in (("systemctl=yes\nwritable=no\nuid=1000\n", "no permission to write /etc/systemd/system"),
+                         ("systemctl=no\nwritable=no\nuid=0\n", "systemctl is not installed here")):
+        calls: list[str] = []
+        with pytest.raises(UsageError) as e:
+            steps.systemd_check(ctx_for(answer, calls), found)   # type: ignore[arg-type]
+        assert e.value.exit_code == 2 and said in e.value.message and "sglang.service" in e.value.message
+        assert "Nothing was changed on the host" in e.value.message
+        assert "systemctl restart sglang.service" in (e.value.fix or "") and "--restart-cmd" in (e.value.fix or "")
+        assert calls == [supervise.SystemdAccess(unit="sglang.service").command()]   # the read-only check alone
+        assert not any(w in calls[0] for w in ("mkdir", "daemon-reload", "restart", "printf", "rm "))
+    for kw, answer in (({"hook": "systemctl restart x"}, "systemctl=yes\nwritable=no\n"), ({"allow": False}, ""),
+                       ({}, "systemctl=yes\nwritable=yes\nuid=0\n")):
+        calls = []
+        steps.systemd_check(ctx_for(answer, calls, **kw), found)   # type: ignore[arg-type]
+        assert len(calls) == (1 if not kw else 0)
+    # the check, for real: as a user who may not write /etc/systemd/system it says so
+    if os.geteuid() == 0 and Path("/usr/bin/setpriv").is_file():
+        r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "bash", "-c",
+                            supervise.SystemdAccess(unit="sglang.service").command()], capture_output=True, text=True,
+                           timeout=60)
+        a = supervise.parse_systemd_access(r.stdout)
+        assert not a.writable and a.uid == 65534

@@ -96,6 +96,24 @@ def test_package_reinstall_takes_effect_on_restart(sim_host):
     assert bench(r) < 23
 
 
+def test_an_interaction_holds_only_while_both_are_bad(sim_host):
+    """A factor `with` another (eager mode and CUDA_LAUNCH_BLOCKING in
+    tests/scenarios/eager-launch-blocking-interact.yaml) costs only while both are at their bad value: reverting
+    one recovers its own effect and the interaction's."""
+    t = sim_host(f"sim:{Path(__file__).parent / 'scenarios' / 'eager-launch-blocking-interact.yaml'}")
+    r = Runner(t)
+    assert bench(r) == pytest.approx(32, rel=0.05)                   # 20 + 5 + 2 + 5
+    wait_up(t, restart(r, set_env={"CUDA_LAUNCH_BLOCKING": "0"}))
+    assert bench(r) == pytest.approx(25, rel=0.05), "eager mode alone: its own 5 ms, not the interaction's"
+
+
+def test_with_names_another_factor():
+    """`with` must name another factor's path; anything else is refused naming the field and the choices."""
+    text = (Path(__file__).parent / "scenarios" / "eager-launch-blocking-interact.yaml").read_text()
+    with pytest.raises(ScenarioError, match=r"(?s)factors\[2\]\.with\[0\].*no other factor.*server\.args\.enforce-eager"):
+        parse_scenario(text.replace("with: [server.args.enforce-eager]", "with: [server.args.dtype]"), "x.yaml")
+
+
 def test_console_script_server_and_worker_environment(sim_host):
     """`vllm serve` runs as a console-script launcher; its worker has its own environment, and the
     benchmark follows the worker's."""

@@ -359,3 +359,40 @@ def test_a_signal_during_an_undo_step_waits_for_it_and_the_undo_goes_on(found, t
     assert all(st.done for st in lab.journal.data.steps) and lab.journal.data.verified
     assert any("the undo goes on" in (kw.get("text") or "") for _, kw in events)
     assert len(f.as_found()) == 1 and f.running() == f.as_found()
+
+
+# SIGINT and SIGHUP (the handler is one for the three signals; SIGTERM meets the restart step above)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP], ids=["SIGINT", "SIGHUP"])
+def test_a_signal_during_a_code_reverts_worktree_removal_waits_for_it_and_the_undo_goes_on(tmp_path, sig):
+    """A code revert's undo (its worktree removed) under a signal: the removal finishes and is recorded, the host
+    is checked (HEAD and worktrees as found), and only then the signal stops the undo."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for args in (["init", "-q", "-b", "main"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+                                                   "--allow-empty", "-m", "first"]):
+        subprocess.run(["git", "-C", str(repo), *args], check=True)
+    run_id = "t" + secrets.token_hex(4)
+    wt = f"/tmp/debugagent-{run_id}-wt"
+    t = LocalTransport()
+    events: list = []
+    lab = Lab(lambda h: Runner(t), lambda ev, **kw: events.append((ev, kw)),
+              Journal(tmp_path / "journal.json", run_id, "local", HostFiles(t)), Measure("", "", None), run_id, True)
+    try:
+        lab.push_undo("git_worktree_remove", {"repo": str(repo), "path": wt}, "remove the worktree")
+        subprocess.run(["git", "-C", str(repo), "worktree", "add", "-q", "--detach", wt], check=True)
+
+        class Signalling(LocalTransport):
+            def run(self, command: str, **kw) -> CommandResult:
+                if "worktree remove" in command:
+                    os.kill(os.getpid(), sig)      # lands while the command runs (the handler waits for it)
+                return super().run(command, **kw)
+        with Signals() as s, pytest.raises(Interrupted) as exc:
+            lab.do_undo(Runner(Signalling()))
+        assert exc.value.signum == sig and s.received == [sig]
+        assert all(st.done for st in lab.journal.data.steps) and lab.journal.data.verified
+        assert not os.path.exists(wt)
+        listed = subprocess.run(["git", "-C", str(repo), "worktree", "list", "--porcelain"], capture_output=True,
+                                text=True, check=True).stdout
+        assert listed.count("worktree ") == 1, listed
+    finally:
+        subprocess.run(["rm", "-rf", wt])

@@ -376,3 +376,21 @@ def test_a_value_a_hypothesis_experiment_decided_is_not_said_not_judged():
     failed = vd.apply_result(vd.Hyp(status="suspect", experiments=[spec]), spec,
                              ExperimentResult.failed("server_restart", "the server did not come back"))
     assert vd.without_judged({"omp_threads": failed}, nj).env == ["NCCL_X", "OMP_NUM_THREADS"]
+
+
+def test_a_driver_that_differs_from_the_peer_stays_a_suspect_with_the_interleaved_runs_as_evidence():
+    """No experiment changes a driver: against a peer, the driver's difference is a suspect whose evidence is the
+    interleaved measurement, and its next step says why it is not confirmed and how to confirm it."""
+    pb = load_playbook(None)
+    diff = {"driver_cuda": [{"path": "driver.version", "a": "580.159.04", "b": "575.57.08"}]}
+    driver = {"version": "575.57.08", "cuda": "12.9"}
+    peer = {"mean": 23.5617, "baseline": 19.6775, "peer": {"host": "gpu-01", "samples": [19.5, 19.9], "interleaved": True}}
+    h = vd.judge(pb, "driver_cuda", {"driver": driver, "diff": diff, "regression": peer})
+    assert h.status == "suspect"
+    assert h.because[0] == ("the driver differs from the peer gpu-01: driver.version 580.159.04 -> 575.57.08; measured "
+                            "against that peer now, runs interleaved: 23.56 on the host against 19.68 on the peer (2 "
+                            "peer runs)")
+    assert (h.next or "").startswith("a driver is not changed by an experiment; to confirm: ")
+    # against a snapshot taken earlier (no peer): the snapshot named, no measurement claimed
+    h = vd.judge(pb, "driver_cuda", {"driver": driver, "diff": diff, "regression": {"mean": 23.5, "baseline": 20.0}})
+    assert h.because[0] == "the driver differs from the baseline snapshot: driver.version 580.159.04 -> 575.57.08"

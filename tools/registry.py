@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from . import mutate, probes, recreate, shadow, supervise
+from . import mutate, peerwheel, probes, recreate, shadow, supervise
 from .errors import ParseError
 from .probes.base import Parser, Tool
 from .transport import CommandResult, Transport
@@ -52,6 +52,7 @@ MUTATIONS: tuple[Tool, ...] = (
     Tool("restart_hook", mutate.RestartHook, _done(3), timeout=600.0, mutates=True),
     Tool("overlay_install", mutate.OverlayInstall, _done(), timeout=300.0, mutates=True),
     Tool("remove_tree", mutate.RemoveTree, _done(), mutates=True),
+    Tool("write_chunk", peerwheel.WriteChunk, _done(), timeout=120.0, mutates=True),
     Tool("pip_download", mutate.PipDownload, lambda i, r: mutate.parse_wheels(r.stdout), timeout=120.0, mutates=True),
     Tool("supervisor_apply", supervise.SupervisorApply, lambda i, r: mutate.parse_restart(r.stdout), timeout=300.0,
          mutates=True),

@@ -246,6 +246,33 @@ class SystemdDropin(BaseModel):
                 f"echo \"started pid=$(systemctl show -p MainPID --value {q(self.unit)})\"")
 
 
+class SystemdAccess(BaseModel):
+    """Read-only: whether this session could change the unit as ``systemd_dropin`` does: ``systemctl`` on PATH,
+    ``/etc/systemd/system`` writable, and who this session runs as."""
+
+    model_config = ConfigDict(extra="forbid")
+    unit: str = Field(pattern=UNIT_RE)
+
+    def command(self) -> str:
+        return ("echo \"systemctl=$(command -v systemctl >/dev/null && echo yes || echo no)\"; "
+                "echo \"writable=$([ -w /etc/systemd/system ] && echo yes || echo no)\"; echo \"uid=$(id -u)\"")
+
+
+class Access(BaseModel):
+    systemctl: bool
+    writable: bool
+    uid: int | None = None
+
+
+def parse_systemd_access(text: str) -> Access:
+    got: dict[str, str] = {m.group(1): m.group(2) for m in re.finditer(r"^(systemctl|writable|uid)=(\S*)$", text, re.M)}
+    if "systemctl" not in got or "writable" not in got:
+        raise ParseError("no `systemctl=` and `writable=` lines", tool="systemd_access", excerpt=text[-80:])
+    uid = got.get("uid", "")
+    return Access(systemctl=got["systemctl"] == "yes", writable=got["writable"] == "yes",
+                  uid=int(uid) if uid.isdigit() else None)
+
+
 class SystemdDropinRemove(BaseModel):
     """The undo of ``systemd_dropin``: remove the drop-in (and ``UNIT.d`` when it made it and it is empty now),
     ``daemon-reload``, restart the unit. Re-runnable: a drop-in already gone is not an error; one never written nor

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from debugagent.tools.discovery import DiscoveryInput
@@ -28,6 +29,18 @@ if TYPE_CHECKING:
     from ..facts import LabFacts
 
 
+@dataclass
+class PeerReader:
+    """``--peer``: what an experiment may read from the healthy peer, never change: its name, its server's Python,
+    ``open`` (its connection opened again: a runner whose calls the transcript records as the peer's) and ``close``
+    (closed again, as soon as the read is done)."""
+
+    name: str
+    python: str | None
+    open: Callable[[], Runner]
+    close: Callable[[], None]
+
+
 class Lab:
     """Runs experiments for the graph's experiment node.
 
@@ -41,7 +54,7 @@ class Lab:
                  warmth: Warmth | None = None, found_restarted: list[float] | None = None, *,
                  discovery: DiscoveryInput | None = None, noise: tuple[list[float], ...] = (),
                  fresh_runs: int = 0, shadow: dict[str, Any] | None = None,
-                 workload: dict[str, Any] | None = None) -> None:
+                 workload: dict[str, Any] | None = None, peer: PeerReader | None = None) -> None:
         self.runner_for = runner_for
         self.emit = emit
         self.journal = undo
@@ -51,6 +64,7 @@ class Lab:
         self.noise = noise
         self.setup = setup or LabSetup()
         self.found_restarted = found_restarted if found_restarted is not None else []
+        self.peer = peer   # ``--peer``: read only (a package's build, by ``kinds.package``)
         self._reconnects = 0
         self._r: Runner | None = None
         self.measuring = Bench(measure, emit, lower_is_better, warmth, noise, fresh_runs,

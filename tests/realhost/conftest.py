@@ -48,7 +48,7 @@ ap.add_argument("--disable-cuda-graph", action="store_true")
 ap.add_argument("--attention-backend", default=None)
 a = ap.parse_args()
 backend = a.attention_backend or getattr(model, "DEFAULT_BACKEND", "flashinfer")
-cost_ms = model.step_ms() + (getattr(model, "FLAG_MS", 20.0) if a.disable_cuda_graph else 0.0) + (20.0 if os.environ.get("CUDA_LAUNCH_BLOCKING") == "1" else 0.0)
+cost_ms = model.step_ms() + (getattr(model, "FLAG_MS", 20.0) if a.disable_cuda_graph else 0.0) + (getattr(model, "ENV_MS", 20.0) if os.environ.get("CUDA_LAUNCH_BLOCKING") == "1" else 0.0)
 cost_ms += getattr(model, "BACKEND_MS", {}).get(backend, 0.0)
 stamp = time.strftime("[%Y-%m-%d %H:%M:%S]")
 if a.attention_backend is None:
@@ -125,6 +125,7 @@ STEP_MS = {step}
 EXTRA_MS = {extra}
 SLOW_AFTER = {slow_after}
 FLAG_MS = {flag_ms}
+ENV_MS = {env_ms}
 START_S = {start_s}
 DEFAULT_BACKEND = {default_backend!r}   # the attention backend this engine chooses when no flag sets it
 BACKEND_MS = {backend_ms!r}             # what a request costs more with a backend
@@ -262,13 +263,13 @@ class Host:
         return f"{sys.executable} {self.dir / 'bench.py'} {self.port}"
 
     def write_code(self, folder: Path, step: float = 10.0, extra: float = 0.0, slow_after: int = 0,
-                   flag_ms: float = 20.0, start_s: float = 0.0, default_backend: str = "flashinfer",
+                   flag_ms: float = 20.0, start_s: float = 0.0, env_ms: float = 20.0, default_backend: str = "flashinfer",
                    backend_ms: dict[str, float] | None = None, version: str = "0.5.5") -> None:
         (folder / "infer").mkdir(parents=True, exist_ok=True)
         (folder / "infer" / "__init__.py").write_text("")
         (folder / "infer" / "serve.py").write_text(SERVE)
         (folder / "infer" / "model.py").write_text(MODEL.format(step=step, extra=extra, slow_after=slow_after,
-                                                                          flag_ms=flag_ms, start_s=start_s,
+                                                                          flag_ms=flag_ms, env_ms=env_ms, start_s=start_s,
                                                                           default_backend=default_backend,
                                                                           backend_ms=backend_ms or {}, version=version))
 

@@ -77,12 +77,14 @@ class Box:
         self.proc.wait(timeout=10)
 
 
-def make_box(folder: Path, hostname: str = "box") -> Box:
-    """The namespace, ready: its holder's pid once bwrap has set up the mounts."""
+def make_box(folder: Path, hostname: str = "box", binds: tuple[Path, ...] = ()) -> Box:
+    """The namespace, ready: its holder's pid once bwrap has set up the mounts. ``binds``: more folders of this
+    machine bound in, writable, at the same path (a home shared with the machine, as an NFS home would be)."""
     info_r, info_w = os.pipe()
     argv = ["bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--hostname", hostname,
             "--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-            "--tmpfs", "/run", *kept(), "--bind", str(folder), str(folder), "--info-fd", str(info_w), "sleep", "infinity"]
+            "--tmpfs", "/run", *kept(), "--bind", str(folder), str(folder),
+            *(a for b in binds for a in ("--bind", str(b), str(b))), "--info-fd", str(info_w), "sleep", "infinity"]
     proc = subprocess.Popen(argv, pass_fds=(info_w,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     os.close(info_w)

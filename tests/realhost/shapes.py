@@ -25,9 +25,12 @@ CLI = '''"""inferd: a small inference server with one worker process."""
 import argparse, multiprocessing as mp, os, threading, time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
+FLAG_MS = 20.0   # what --disable-cuda-graph costs a request
+ENV_MS = 20.0    # and CUDA_LAUNCH_BLOCKING=1
+
 
 def worker(conn, flag_ms):
-    cost = 10.0 + flag_ms + (20.0 if os.environ.get("CUDA_LAUNCH_BLOCKING") == "1" else 0.0)
+    cost = 10.0 + flag_ms + (ENV_MS if os.environ.get("CUDA_LAUNCH_BLOCKING") == "1" else 0.0)
     parent, beat = os.getppid(), time.monotonic()
     while True:
         try:
@@ -67,7 +70,7 @@ def main():
             pass
 
     srv = HTTPServer(("127.0.0.1", a.port), H)
-    mp.get_context("fork").Process(target=worker, args=(theirs, 20.0 if a.disable_cuda_graph else 0.0)).start()
+    mp.get_context("fork").Process(target=worker, args=(theirs, FLAG_MS if a.disable_cuda_graph else 0.0)).start()
     print(f"server ready on port {a.port}", flush=True)
     srv.serve_forever()
 '''
@@ -121,9 +124,11 @@ def tree_state(h: Host) -> dict:
     return {"pid": pid, **proc_state(pid), "workers": len(pids_with(h.tag)) - 1}
 
 
-def install_console_server(h: ConsoleHost) -> Path:
-    """inferd 1.0 built as a wheel and installed by pip into the host's venv (site-packages, not editable)."""
-    whl = pure_wheel(h.dir / "wheels", "inferd", "1.0", {"inferd/__init__.py": "", "inferd/cli.py": CLI},
+def install_console_server(h: ConsoleHost, flag_ms: float = 20.0, env_ms: float = 20.0) -> Path:
+    """inferd 1.0 built as a wheel and installed by pip into the host's venv (site-packages, not editable); the flag
+    and the variable cost a request ``flag_ms`` and ``env_ms``."""
+    cli = CLI.replace("FLAG_MS = 20.0", f"FLAG_MS = {float(flag_ms)!r}").replace("ENV_MS = 20.0", f"ENV_MS = {float(env_ms)!r}")
+    whl = pure_wheel(h.dir / "wheels", "inferd", "1.0", {"inferd/__init__.py": "", "inferd/cli.py": cli},
                      {"inferd": "inferd.cli:main"})
     subprocess.run([h.python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--disable-pip-version-check",
                     str(whl)], check=True)

@@ -211,6 +211,7 @@ def test_shadow_gpus_without_the_memory_are_refused_on_a_simulated_host(sim_host
     assert server is not None and "--port" in server.argv
     msg = refused(r, calls, "0", 31000, server.model_dump(), "gpu-bench --port {port}")
     assert "--shadow-gpus 0: GPU 0 has" in msg and "MiB free" in msg and "twice the" in msg, msg
+    assert "fix: name GPUs with that much memory free" in msg, msg
     assert f"pid {server.pid}" in msg and "gpu_memory" in calls.tools
     msg = refused(r, calls, "3", 31000, server.model_dump(), "gpu-bench --port {port}")
     assert "the host has no GPU 3" in msg

@@ -45,6 +45,8 @@ PROBE = Probe(
            Tool("import_roots", mutate.ImportRoots, lambda i, r: mutate.parse_import_roots(r.stdout), summary=_import_roots),
            Tool("supervisor_program", supervise.SupervisorProgram,
                 lambda i, r: supervise.parse_supervisor_program(r.stdout)),
+           # the pre-flight check of a systemd unit's experiments (``agent.steps.systemd_check``)
+           Tool("systemd_access", supervise.SystemdAccess, lambda i, r: supervise.parse_systemd_access(r.stdout)),
            Tool("server_ready", mutate.ServerReady, lambda i, r: mutate.parse_server_ready(r.stdout)),
            Tool("find_wheels", mutate.FindWheels, lambda i, r: mutate.parse_wheels(r.stdout)),
            Tool("find_older_wheels", mutate.FindWheels, lambda i, r: mutate.parse_wheels(r.stdout)),

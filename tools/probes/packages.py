@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from .. import host
+from .. import host, peerwheel
 from .base import Add, Call, FactsInput, Gathering, Probe, Tool
 from .text import plural, table, when
 
@@ -122,6 +122,8 @@ def _facts(snap: Snapshot, fx: FactsInput) -> dict[str, Any]:
 PROBE = Probe(
     "packages",
     tools=(Tool("python_packages", host.PythonPackages, lambda i, r: host.parse_python_packages(r.stdout), timeout=120.0,
-                summary=_summary, optional=True, wave=2, check=True),),
+                summary=_summary, optional=True, wave=2, check=True),
+           # a peer's build of one package, read to pack it into a wheel (``tools.peerwheel``; experiments only)
+           Tool("dist_files", peerwheel.DistFiles, lambda i, r: peerwheel.parse_dist_files(r.stdout), timeout=120.0)),
     second=_second, fill=_fill, diff_paths=("packages.NAME.version", "packages.NAME.build"), diff=_diff, facts=_facts,
 )

@@ -287,8 +287,10 @@ class Controller:
     def _measure(self, srv: Proc, worker: Proc | None, client: list[str]) -> dict[str, Any]:
         spec = self.scenario.bench
         value = spec.base
-        for f in self.scenario.factors:
-            if self.active(f, self.current(f.path, srv, worker, client)):
+        on = [self.active(f, self.current(f.path, srv, worker, client)) for f in self.scenario.factors]
+        bad = {f.path for f, o in zip(self.scenario.factors, on, strict=True) if o}
+        for f, o in zip(self.scenario.factors, on, strict=True):
+            if o and all(p in bad for p in f.with_):   # an interaction holds while its partners are bad too
                 value += f.effect
         with self.cv:
             self.count += 1

@@ -268,6 +268,9 @@ class Factor(Strict):
     bad: Any
     effect: float
     culprit: str | None = None
+    # an interaction: the effect holds only while each factor path named here is at its bad value too (what
+    # two differences cost together beyond their own effects; negative where one masks the other)
+    with_: list[str] = Field(default_factory=list, alias="with")
 
     @model_validator(mode="after")
     def _labels(self) -> Factor:
@@ -405,6 +408,12 @@ def _check_factors(sc: Scenario, file: str) -> None:
                                         field=f"factors[{i}].{which}", fix=f"one of: {', '.join(labels)}")
         elif f.culprit is not None:
             raise ScenarioError("`culprit` only applies to repo.head", file=file, field=f"factors[{i}].culprit")
+        others = {g.path for j, g in enumerate(sc.factors) if j != i and not g.with_}
+        for k, p in enumerate(f.with_):
+            if p == f.path or p not in others:
+                raise ScenarioError(f"`with` names `{p}`, which is no other factor's path", file=file,
+                                    field=f"factors[{i}].with[{k}]",
+                                    fix=f"one of: {', '.join(sorted(others - {f.path})) or '(no other factor)'}")
         current = get_path(host, f.path)
         if f.path == "gpu_processes":
             for k in ("good", "bad"):

@@ -1,14 +1,17 @@
 """``package_restore``: put back the baseline's build of a compiled dependency, in an overlay folder first on
 the server's PYTHONPATH (the environment itself is never changed): a wheel found on the host (the wheelhouse,
-pip's cache, pip download), installed beside it and checked by hashing its compiled files."""
+pip's cache), or with ``--peer`` the peer's own build (its installed files read from the peer, packed here into a
+wheel and sent to the host), or pip download; installed beside it and checked by hashing its compiled files."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from debugagent.tools.mutate import release_key, wheel_version
+from debugagent.tools.peerwheel import MAX_BYTES, chunks, pack_wheel
 from debugagent.tools.registry import Runner
 from pydantic import BaseModel
 
@@ -126,11 +129,16 @@ class PackageRestore(Kind):
                                   "folder of wheels, or give the .whl), then restart the server with that folder first on "
                                   "PYTHONPATH and benchmark; or run again with --wheelhouse DIR")
         overlays = [o for _, _, o in found]
-        down = [t for t, _, _ in found if t.current_version and t.version != t.current_version]
-        change = ("the " + ("previous version" if len(down) == len(found) and not diffed(facts, down) else "baseline build")
-                  + ("s" if len(found) > 1 else "") + " of " + ", ".join(
-            f"{t.name} {t.version}" + (f" (instead of {t.current_version})" if t in down else "") for t, _, _ in found)
-                  + f" first on PYTHONPATH ({root})")
+        from_peer = [(t, w) for t, w, _ in found if self.peer_wheel(lab, w)]
+        rest = [(t, w, o) for t, w, o in found if not self.peer_wheel(lab, w)]
+        down = [t for t, _, _ in rest if t.current_version and t.version != t.current_version]
+        parts = [f"the peer's build of {t.name} {t.version}, read from {lab.peer.name if lab.peer else '?'}"
+                 for t, _ in from_peer]
+        if rest:
+            parts.append("the " + ("previous version" if len(down) == len(rest) and not diffed(facts, down)
+                                   else "baseline build") + ("s" if len(rest) > 1 else "") + " of " + ", ".join(
+                f"{t.name} {t.version}" + (f" (instead of {t.current_version})" if t in down else "") for t, _, _ in rest))
+        change = "; ".join(parts) + f", first on PYTHONPATH ({root})"
         if srv is not None:
             lab.server.start(r, srv, ServerRun(argv=list(srv.argv), cwd=srv.cwd, path_first=overlays), change)
             vals, d = lab.sample(r, lab.measure_spec.cwd, bad, regression, why=f"the benchmark with {change}")
@@ -139,7 +147,12 @@ class PackageRestore(Kind):
             lab.reference(bad)   # no restart, so no control after it: the reference is re-measured now, before the change
             vals, d = lab.sample(r, lab.measure_spec.cwd, bad, regression, why=f"the benchmark with {change}",
                                  env={"PYTHONPATH": ":".join(overlays)})
-        fix = "; ".join(f"{python} -m pip install --force-reinstall --no-deps {w}" for _, w, _ in found)
+        # the wheel sent from the peer is removed with the overlay: the run folder keeps a copy, to be copied to /tmp
+        fix = "; ".join(f"{python} -m pip install --force-reinstall --no-deps "
+                        + (f"/tmp/{w.rsplit('/', 1)[-1]}" if self.peer_wheel(lab, w) else w) for _, w, _ in found)
+        if from_peer:
+            fix += ("  # " + ", ".join(w.rsplit("/", 1)[-1] for _, w in from_peer) + ": the peer's build, kept in the "
+                    "run folder's peer-wheels/; copy it to the host's /tmp first")
         text = f"with {change}: {d.text}"
         if d.significant:
             text += f"; fix: {fix}"
@@ -204,6 +217,10 @@ class PackageRestore(Kind):
             older = self.previous_version(lab, r, python, t, overlay)
             if older is not None:
                 return older
+        if not wheels and lab.peer is not None:
+            got = self.peer_build(lab, r, python, t, overlay)
+            if got is not None:
+                return t, *got
         if not wheels:
             dest = f"/tmp/debugagent-dl-{lab.run_id}"
             lab.push_undo("remove_tree", {"path": dest}, f"remove the downloaded wheels {dest}")
@@ -215,3 +232,69 @@ class PackageRestore(Kind):
             if got:
                 return t, *got
         return None
+
+    @staticmethod
+    def peer_wheel(lab: Lab, w: str) -> bool:
+        return lab.peer is not None and w.startswith(f"/tmp/debugagent-peer-{lab.run_id}/")
+
+    def peer_build(self, lab: Lab, r: Runner, python: str, t: PackageTarget, overlay: str) -> tuple[str, str] | None:
+        """``--peer``: the peer's own build of ``t``: its installed files read from the peer (its connection opened
+        again, read-only, and closed right after), packed here into a wheel, sent to the host in a folder of the run's
+        own (journalled first), then installed into ``overlay`` and checked as any wheel is."""
+        peer = lab.peer
+        assert peer is not None
+        if not peer.python:
+            lab.emit("experiment", phase="plan", text=f"the peer {peer.name}'s Python is unknown: its build of {t.name} "
+                     "cannot be read")
+            return None
+        lab.emit("experiment", phase="plan", text=f"no wheel of {t.name} {t.version} on the host: reading the peer "
+                 f"{peer.name}'s build (the files its RECORD lists); the peer is opened again to be read, never "
+                 "changed, and closed right after")
+        try:
+            pr = peer.open()
+            try:
+                o = pr.call("dist_files", {"python": peer.python, "name": t.name},
+                            why=f"peer {peer.name}: the installed files of {t.name} (as its RECORD lists them), read to "
+                            "pack the peer's build into a wheel; nothing on the peer is changed")
+            finally:
+                peer.close()
+        except Exception as exc:   # noqa: BLE001  (the peer unreachable now: this source is out, the others remain)
+            lab.emit("experiment", phase="plan", text=f"the peer {peer.name} could not be read again: {exc}")
+            return None
+        dist = o.output if o.ok else None
+        why = (o.error if dist is None else dist.error and f"{t.name} is not installed there" or
+               dist.too_large and f"its files are {dist.size} bytes, more than the {MAX_BYTES} the command channel "
+               "carries (copy them by hand, or give --wheelhouse DIR)" or
+               dist.version != t.version and f"it has {t.name} {dist.version}, not {t.version}" or None)
+        if dist is None or why:
+            lab.emit("experiment", phase="plan", text=f"the peer {peer.name}'s build of {t.name} was not read: {why}")
+            return None
+        try:
+            name, data = pack_wheel(dist)
+        except ValueError as exc:
+            lab.emit("experiment", phase="plan", text=f"the peer {peer.name}'s build of {t.name} cannot be packed: {exc}")
+            return None
+        try:   # the run's own copy, for the fix (the host's is removed with the overlay)
+            keep = lab.journal.path.parent / "peer-wheels" / name
+            keep.parent.mkdir(parents=True, exist_ok=True)
+            keep.parent.chmod(0o700)
+            fd = os.open(keep, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        except OSError:
+            pass
+        folder = f"/tmp/debugagent-peer-{lab.run_id}"
+        lab.push_undo("remove_tree", {"path": folder}, f"remove the peer's wheel {folder}")
+        path = f"{folder}/{name}"
+        parts = chunks(data)
+        for i, c in enumerate(parts):
+            w = r.call("write_chunk", {"path": path, "data": c, "first": i == 0},
+                       why=f"send the peer's build of {t.name} to the host: {name}, {len(data)} bytes"
+                       + (f" (part {i + 1} of {len(parts)})" if len(parts) > 1 else ""))
+            if not w.ok:
+                lab.emit("experiment", phase="plan", text=f"the peer's wheel could not be sent to the host: {w.error}")
+                return None
+        left = f"; left out: {len(dist.skipped)} files pip writes or compiles, or outside the site folder" if dist.skipped else ""
+        lab.emit("experiment", phase="plan", text=f"the peer's build of {t.name} {t.version}, read from {peer.name}: "
+                 f"{len(dist.files)} files packed into {name} ({len(data)} bytes{left}), sent to {path}")
+        return self.install_checked(lab, r, python, t, path, overlay)

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..host import parse_flags
+from . import serving
 from .scenario import Factor, Scenario
 from .standin import nvsmi, so_bytes
 
@@ -171,6 +172,8 @@ class Controller:
             reply = {"out": "", "err": err, "rc": 1 if err else 0}
         elif op == os.path.basename(self.scenario.bench.cmd.split()[0]):
             reply = self.bench(argv)
+        elif op == serving.PROGRAM:   # `python -m sglang.bench_serving`: the same measurement, in its own format
+            reply = serving.reply(self.bench(argv), argv, self.scenario)
         else:
             reply = {"out": "", "err": f"{op}: unknown program\n", "rc": 127}
         o, e = reply["out"].encode(), reply["err"].encode()
@@ -310,4 +313,4 @@ class Controller:
                 self.load -= 1
         out = (f"[bench] warmup 3 iters, measure 10 iters, host {self.host['hostname']}\n"
                f"{spec.metric}={value:.3f} {spec.unit}\n")
-        return {"out": out, "err": "", "rc": 0}
+        return {"out": out, "err": "", "rc": 0, "value": value, "run": n}

@@ -356,6 +356,8 @@ class SimHost:
             (d / sub).mkdir(exist_ok=True)
             (d / sub / "README.md").write_text(f"# {sub}\n")
         self._code = f"{name}.{changes}"
+        if name == "sglang":   # a checkout of SGLang holds its benchmark client, committed with it
+            (pkg_dir / "bench_serving.py").write_text((GUEST / "bench_serving.py").read_text())
         entry = self._entry()
         if entry and entry[0] == "module" and entry[1].split(".")[0] == name:
             self._write_server_module(base, entry[1])
@@ -632,6 +634,8 @@ class SimHost:
             return
         (base / top / f"{name}.py").write_text((GUEST / "envreport.py").read_text().replace(
             'STYLE = ""', f"STYLE = {name!r}", 1))
+        if top == "sglang":   # and its benchmark client, `python -m sglang.bench_serving`
+            (base / top / "bench_serving.py").write_text((GUEST / "bench_serving.py").read_text())
 
     def _write_script(self, script: str) -> None:
         p = self.path(script)

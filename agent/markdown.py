@@ -133,25 +133,25 @@ class Doc(BaseModel):
 def render_call(doc: Doc, call: ToolCall, res: ToolResult, target: str | None) -> None:
     # a call to another host than the run's (``--peer``) is shown with its own ssh target
     s = shown_command(call, ssh_target(call.display or "") or target)
+    shown = render_output(call.tool or res.tool, res, doc.discovery)
+    value = bench_value(call, res)
+    said = ""   # a benchmark's reading, or "(no output)": said on the command's own line
+    if value is not None and not res.stderr.strip():
+        out = res.output or {}
+        metric = out.get("metric")
+        said = f": {(metric + ' ') if metric else ''}{fmt(value)} {out.get('unit') or ''}".rstrip()
+        shown = []
+    elif shown == ["(no output)"]:
+        said, shown = " (no output)", []
     why = f" — {call.why}" if call.why else ""
     doc.n += 1
     doc.by_call[call.call_id] = doc.n
     if s.inline:
-        doc.add(f"[msg {doc.n}] [assistant] [bash] {code(s.inline)}{why}")
-    else:
+        doc.add(f"[msg {doc.n}] [assistant] [bash] {code(s.inline)}{why}{said}")
+    else:   # the collapsed block ends the message: what it printed goes before it
         first = call.command.strip().splitlines()[0][:60]
-        doc.add(f"[msg {doc.n}] [assistant] [bash] {code(first + ' …')}{why} (sent as this heredoc:)",
+        doc.add(f"[msg {doc.n}] [assistant] [bash] {code(first + ' …')}{why}{said} (sent as this heredoc:)",
                 "<details><summary>the command in full</summary>", "", *fenced(s.block or "", "bash"), "", "</details>")
-    shown = render_output(call.tool or res.tool, res, doc.discovery)
-    value = bench_value(call, res)
-    if value is not None and not res.stderr.strip():
-        out = res.output or {}
-        metric = out.get("metric")
-        doc.lines[-1] += f": {(metric + ' ') if metric else ''}{fmt(value)} {out.get('unit') or ''}".rstrip()
-        shown = []
-    if shown == ["(no output)"]:
-        doc.lines[-1] += " (no output)"
-        shown = []
     doc.add(*shown, "")
 
 
@@ -179,11 +179,16 @@ def render_bench_group(doc: Doc, items: list[Pair], target: str | None, metric: 
             rows.append([i, fmt(v)])
         else:
             rows.append([i, "failed: " + clip_words((r.error or r.stderr or r.stdout or "").strip(), 120)])
-    cmd = code(s.inline) if s.inline else code(call.command)
     span = f"msg {first}" if first == last else f"msg {first}–{last}"
-    doc.add(f"[{span}] [assistant] [bash] {cmd} ×{len(items)} — {label}",
-            *table(["run", *[str(r[0]) for r in rows], "mean ± sd"], [[f"{metric} ({unit})", *[r[1] for r in rows], mean_sd(vals)]]),
-            "")
+    runs = table(["run", *[str(r[0]) for r in rows], "mean ± sd"], [[f"{metric} ({unit})", *[r[1] for r in rows], mean_sd(vals)]])
+    if s.inline:
+        doc.add(f"[{span}] [assistant] [bash] {code(s.inline)} ×{len(items)} — {label}", *runs, "")
+    else:   # a command of several lines (one that prints its result file): pasteable from its collapsed heredoc
+        head = call.command.strip().splitlines()[0][:60]
+        doc.add(f"[{span}] [assistant] [bash] {code(head + ' …')} ×{len(items)} — {label}",
+                *runs, "", "<details><summary>the command in full</summary>", "",
+                *fenced(s.block or "", "bash"), "",
+                "</details>", "")
     return vals
 
 
@@ -488,7 +493,10 @@ def render(events: list[Event]) -> str:
     render_items(doc, f.prelude, f)
     if doc.lines and not doc.lines[-1]:
         doc.lines.pop()
-    doc.add(*arithmetic(f))
+    said = arithmetic(f)
+    if f.bench_source:   # the same paragraph
+        said[-1:-1] = [f"The benchmark's numbers: {code(f.metric)}{f.bench_source[len(f.metric):]}."] + ([] if said else [""])
+    doc.add(*said)
     doc.add(*render_timeline(f, doc))
     doc.add("## Hypotheses, in the playbook's order", "")
     for hid in f.order:

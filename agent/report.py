@@ -112,6 +112,8 @@ def regression_text(f: RunFacts) -> str:
         text += f" against a baseline of {fmt(reg.baseline)} {f.unit}".rstrip()
     if reg.delta is not None:
         text += f" (worse by {plain(reg.delta)} {f.unit})".replace("  ", " ").replace(" )", ")")
+    if f.bench_source:
+        text += f"; {f.bench_source}"
     return text
 
 

@@ -203,8 +203,18 @@ def output_of(conclusion: dict[str, Any], folder: Path, wall: float) -> dict[str
         regression = {**regression, "runs": reproduce_runs(folder)}
     output.update(transcript=str(folder), exit_code=conclusion.get("exit_code", 3), summary=conclusion.get("summary"),
                   bench_runs=conclusion.get("bench_runs"), regression=regression,
-                  notes=conclusion.get("notes"), wall_s=round(wall, 2), server=server_of(folder))
+                  notes=conclusion.get("notes"), wall_s=round(wall, 2), server=server_of(folder),
+                  bench_format=bench_format_of(folder))
     return output
+
+
+def bench_format_of(folder: Path) -> str | None:
+    """The format the benchmark's metric was read from (added to schema 2: ``sglang``, ``vllm``, ``genai-perf``,
+    ``llmperf``, ``serving-table``, ``pairs`` or ``regex``); None where the run folder does not say."""
+    from .runfacts import gather
+    from .transcript import read_events
+    path = folder / "events.jsonl"
+    return gather(read_events(path)).bench_format if path.is_file() else None
 
 
 def server_of(folder: Path) -> dict[str, Any] | None:

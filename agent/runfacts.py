@@ -135,6 +135,21 @@ class RunFacts(BaseModel):
     wall_s: float | None = None
 
     @property
+    def bench_format(self) -> str | None:
+        """The format the benchmark's metric was read from (a key of ``benchfmt.FORMAT_WORDS``: ``sglang``,
+        ``pairs`` …), as the check's run read it; None for a recording made before the bench tool said it."""
+        fmt = (self.outputs.get("bench") or {}).get("format")
+        return str(fmt) if fmt else None
+
+    @property
+    def bench_source(self) -> str:
+        """``output_throughput`` read from SGLang bench_serving's result (JSONL): where every output says the
+        numbers came from; "" where the recording does not say."""
+        from debugagent.tools.benchfmt import FORMAT_WORDS
+        fmt = self.bench_format
+        return f"{self.metric} read from {FORMAT_WORDS.get(fmt, fmt)}" if fmt else ""
+
+    @property
     def reproduce_text(self) -> str:
         """The reproduce step's runs (the check's run first), as every output prints them."""
         return runs_text(self.reproduce, self.unit)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -142,33 +143,74 @@ def freeze_sshd_while_measuring(s, name: str, out: Path) -> tuple[subprocess.Pop
     return p, freeze_tree(s.proc.pid)
 
 
-def kill_then_restore(name: str, sig: signal.Signals, phase: str, tmp_path: Path) -> None:
-    tool = KINDS[name]
-    with start(name) as s:
-        before = state(s)
-        out = tmp_path / "run"
-        p = subprocess.Popen(run_args(s, name, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
-        wait_for(lambda: phase_reached(out, tool, phase), p, f"{tool} {phase}")
-        p.send_signal(sig)
-        _, err = p.communicate(timeout=120)
-        recorded = [st for st in journal_steps(out)]
-        if sig == signal.SIGKILL:
-            assert p.returncode == -9
-            r = subprocess.run(cli("undo", str(out)), capture_output=True, text=True, timeout=120)
-            assert r.returncode == 0, r.stderr
+class Hosts:
+    """The served hosts of one test module, one per scenario, started on first use with their state as first found
+    (``fault_hosts`` in tests/conftest.py). A case that leaves its host as found (it asserts so against that first
+    state) says ``done``; the next case of that scenario then starts from it without a host of its own (a start and
+    its snapshot cost 10 s on a loaded 2-core machine). A case that did not say ``done`` (it failed, or timed out with
+    its run killed and the host's lock still held) leaves its host to be stopped: the next case gets a new one, so
+    one failure stays one failure."""
+
+    def __init__(self) -> None:
+        self.hosts: dict[str, tuple] = {}   # name -> (the started context, the served host, its first state)
+        self.clean: set[str] = set()
+
+    def __call__(self, name: str):
+        """The served host of ``name`` and its state as first found; a host used before is given back once no
+        benchmark a killed run started there still runs (a kill does not reach it: it would load the next run's)."""
+        if name in self.hosts and name not in self.clean:
+            self.hosts.pop(name)[0].__exit__(None, None, None)
+        if name not in self.hosts:
+            cm = start(name)
+            s = cm.__enter__()
+            self.hosts[name] = (cm, s, state(s))
         else:
-            assert p.returncode == 130, err
-            assert f"interrupted ({sig.name})" in err
-            r = subprocess.run(cli("undo", str(out)), capture_output=True, text=True, timeout=60)
-            assert r.returncode == 0 and "nothing to undo" in r.stderr, r.stderr
-        steps = journal_steps(out)
-        assert steps and all(st["done"] for st in steps), steps
-        assert [st["id"] for st in steps] == list(range(1, len(steps) + 1))  # no step lost
-        assert len(steps) >= len(recorded)
-        assert any(st["tool"] == tool for st in steps)
-        after = state(s)
+            word = load_scenario(name).bench.command().split()[0].rsplit("/", 1)[-1]
+            pattern = shlex.quote(f"[{word[0]}]{word[1:]}")   # a pattern that does not match its own command line
+            with transport(self.hosts[name][1]) as t:
+                deadline = time.monotonic() + 120
+                while t.run(f"ps -eo args | grep -q {pattern}").exit_code == 0:
+                    assert time.monotonic() < deadline, f"a benchmark still runs on {name} 120 s after the case"
+                    time.sleep(0.5)
+        self.clean.discard(name)
+        return self.hosts[name][1:]
+
+    def done(self, name: str) -> None:
+        """The case on ``name`` left it as found: the next case may use it."""
+        self.clean.add(name)
+
+    def close(self) -> None:
+        while self.hosts:
+            self.hosts.popitem()[1][0].__exit__(None, None, None)
+
+
+def kill_then_restore(hosts: Hosts, name: str, sig: signal.Signals, phase: str, tmp_path: Path) -> None:
+    tool = KINDS[name]
+    s, before = hosts(name)
+    out = tmp_path / "run"
+    p = subprocess.Popen(run_args(s, name, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    wait_for(lambda: phase_reached(out, tool, phase), p, f"{tool} {phase}")
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=120)
+    recorded = [st for st in journal_steps(out)]
+    if sig == signal.SIGKILL:
+        assert p.returncode == -9
+        r = subprocess.run(cli("undo", str(out)), capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+    else:
+        assert p.returncode == 130, err
+        assert f"interrupted ({sig.name})" in err
+        r = subprocess.run(cli("undo", str(out)), capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and "nothing to undo" in r.stderr, r.stderr
+    steps = journal_steps(out)
+    assert steps and all(st["done"] for st in steps), steps
+    assert [st["id"] for st in steps] == list(range(1, len(steps) + 1))  # no step lost
+    assert len(steps) >= len(recorded)
+    assert any(st["tool"] == tool for st in steps)
+    after = state(s)
     assert_as_found(before, after)
+    hosts.done(name)
 
 
 def restart_sshd(s) -> None:

@@ -16,6 +16,7 @@ import pytest
 from debugagent.agent.run import RunOptions, investigate
 from debugagent.tools.registry import Runner
 from debugagent.tools.sim import SimTransport, builtin_names, load_scenario, parse_scenario
+from debugagent.tools.sim.serve import SSHD
 from debugagent.tools.snapshot import collect, diff, dump
 from debugagent.tools.transport import BaseTransport
 
@@ -69,9 +70,12 @@ def given_bench(sc) -> str | None:
     return None if sc.host.profile else sc.bench.command()
 
 
+@pytest.mark.skipif(Path(SSHD).is_file(), reason="with sshd, each scenario is diagnosed from numbers over SSH, "
+                    "under this same check (tests/test_ssh.py::test_scenario_over_ssh_matches_sim)")
 @pytest.mark.parametrize("name", ALL)
 def test_scenario_with_numbers(name, tmp_path):
-    """Each built-in scenario is diagnosed from `--baseline METRIC VALUE UNIT`."""
+    """Each built-in scenario is diagnosed from `--baseline METRIC VALUE UNIT` (here over `sim:` where this
+    machine has no sshd; tests/test_ssh.py runs the same check over SSH)."""
     sc = load_scenario(name)
     out = investigate(RunOptions(host=f"sim:{name}", symptom=sc.symptom, baseline=sc.baseline, as_json=True,
                                  out=str(tmp_path / "run"), bench=given_bench(sc)))
@@ -141,10 +145,17 @@ def test_agent_and_playbook_name_no_scenario():
     assert "load_scenario" not in text and "factors" not in text
 
 
-def test_seed_transcript_reads_like_the_seeds(tmp_path):
+@pytest.fixture(scope="module")
+def seeds_run(module_isolated) -> dict:
+    """One run of the seeds' story (`sim:eagle3-flashinfer-rebuilt`, verify 30ms against 20ms), read by the tests
+    below: each asks something else of the same run (isolated as a test is: tests/conftest.py)."""
+    return investigate(RunOptions(host="sim:eagle3-flashinfer-rebuilt", symptom="verify 30ms", baseline="verify 20ms",
+                                  as_json=True, out=str(module_isolated / "run")))
+
+
+def test_seed_transcript_reads_like_the_seeds(seeds_run):
     """The seeds' story gives numbered messages with pasteable ssh lines, outputs, and a verdict table."""
-    out = investigate(RunOptions(host="sim:eagle3-flashinfer-rebuilt", symptom="verify 30ms", baseline="verify 20ms",
-                                 as_json=True, out=str(tmp_path / "run")))
+    out = seeds_run
     md = (Path(out["transcript"]) / "transcript.md").read_text()
     assert "[msg 1] [assistant]" in md
     assert "[assistant] [bash] `ssh root@gpu-node-3 \"nvidia-smi --query-gpu=" in md
@@ -291,10 +302,9 @@ def test_the_benchmarks_check_run_is_the_first_reproduce_run_and_every_run_is_co
     assert out["bench_runs"] == len(calls)
 
 
-def test_a_package_experiment_with_no_build_to_install_spends_no_benchmark_run(tmp_path):
+def test_a_package_experiment_with_no_build_to_install_spends_no_benchmark_run(seeds_run):
     """No wheel of the installed version's other build on the host: the package experiment stops before the
     reference is re-measured."""
-    out = investigate(RunOptions(host="sim:eagle3-flashinfer-rebuilt", symptom="verify 30ms", baseline="verify 20ms",
-                                 as_json=True, out=str(tmp_path / "run")))
+    out = seeds_run
     assert not [c for c, _ in bench_calls(out) if c.get("hypothesis") == "compiled_dependency"]
     assert any(s["hypothesis"] == "compiled_dependency" for s in out["suspects"])

@@ -62,12 +62,21 @@ def test_every_recorded_reading_parses_to_the_same_value():
 
 
 def test_every_recorded_command_and_input_is_unchanged():
-    """A benchmark that writes no result file is sent byte for byte as recorded, and its input dumps as recorded."""
-    for name, call, _ in BENCH_EVENTS:
+    """Every benchmark is sent byte for byte as recorded, and its input dumps as recorded; only one that writes a
+    result file (the quick start's `bench_serving --output-file`) has it printed after the marker, and the format
+    its reading names is the one the reader finds in the recorded output."""
+    from debugagent.tools.benchfmt import read_bench_format
+    files = 0
+    for name, call, res in BENCH_EVENTS:
         b = Bench(**call["input"])
         assert b.command() == call["command"], name
         assert b.model_dump(mode="json") == call["input"], name
-        assert OUTPUT_MARK not in call["command"]
+        assert (OUTPUT_MARK in call["command"]) == (b.result_file() is not None), name
+        files += b.result_file() is not None
+        if (res["output"] or {}).get("format"):
+            inp = call["input"]
+            assert read_bench_format(res["stdout"], inp["metric"], inp.get("regex"))[2] == res["output"]["format"], name
+    assert files >= 3   # the quick start's runs
 
 
 def test_a_benchmark_writing_a_result_file_has_it_printed_and_read(tmp_path):

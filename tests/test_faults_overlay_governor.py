@@ -11,7 +11,7 @@ pytestmark = [pytest.mark.ssh, SKIP]
 
 
 @every_signal_at_every_phase(["flashinfer-wheelhouse", "governor-powersave"])
-def test_every_signal_at_every_phase_of_a_package_overlay_and_the_governor(name, sig, phase, tmp_path):
+def test_every_signal_at_every_phase_of_a_package_overlay_and_the_governor(fault_hosts, name, sig, phase, tmp_path):
     """A package overlay installed from the wheelhouse (then a restart onto it), and the CPU governor: every
     signal at every phase leaves, after `undo`, the host as found, the overlay's folder gone."""
-    kill_then_restore(name, sig, phase, tmp_path)
+    kill_then_restore(fault_hosts, name, sig, phase, tmp_path)

@@ -11,6 +11,6 @@ pytestmark = [pytest.mark.ssh, SKIP]
 
 
 @every_signal_at_every_phase(["power-capped", "code-regression-bisect"])
-def test_every_signal_at_every_phase_of_power_and_worktree(name, sig, phase, tmp_path):
+def test_every_signal_at_every_phase_of_power_and_worktree(fault_hosts, name, sig, phase, tmp_path):
     """A power limit and a worktree (with bisection): every signal at every phase leaves, after `undo`, the host as found."""
-    kill_then_restore(name, sig, phase, tmp_path)
+    kill_then_restore(fault_hosts, name, sig, phase, tmp_path)

@@ -15,6 +15,9 @@ from debugagent.agent.transcript import read_events
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
+# keys of SGLang bench_serving's result line whose numbers a symptom can name (tests/test_sim.py holds the whole line)
+BENCH_SERVING_KEYS = {"output_throughput", "request_throughput", "input_throughput", "median_ttft_ms", "mean_ttft_ms",
+                      "p99_ttft_ms", "median_itl_ms", "p99_itl_ms", "median_tpot_ms", "median_e2e_latency_ms"}
 
 
 def fenced_blocks_removed(text: str) -> str:
@@ -42,22 +45,42 @@ def test_readme_is_at_most_200_lines():
     assert len(README.read_text().splitlines()) <= 200
 
 
-def test_quick_start_runs_the_kept_scenario_with_its_own_symptom():
-    """The quick start's first command sets up a venv, installs debugagent and runs the simulated host whose
-    story the README tells, with that scenario's symptom and baseline, in options `debugagent run` accepts."""
-    from debugagent.agent.cli import command
-    first = quick_start_commands()[0]
-    setup, install, run = (part.strip() for part in first.split("&&"))
+def quick_start_options() -> dict[str, str]:
+    """The options of the quick start's `debugagent run`."""
+    setup, install, run = (part.strip() for part in quick_start_commands()[0].split("&&"))
     assert setup == "python3 -m venv .venv" and install == ".venv/bin/pip install -q ."
     argv = shlex.split(run)
     assert argv[:2] == [".venv/bin/debugagent", "run"]
-    opts = dict(zip(argv[2::2], argv[3::2], strict=True))
+    return dict(zip(argv[2::2], argv[3::2], strict=True))
+
+
+def test_quick_start_runs_the_kept_scenario_with_a_standard_benchmark():
+    """The quick start's first command sets up a venv, installs debugagent and runs the simulated host whose
+    story the README tells with SGLang's own benchmark client writing its result file, the symptom and baseline
+    naming a key of that result (the scenario's own metric is `verify`; its rate the client reports), in options
+    `debugagent run` accepts; the kept recording is that very command's run, read from that format."""
+    from debugagent.agent.cli import command
+    from debugagent.agent.runfacts import gather
+    from debugagent.agent.symptom import parse_symptom
+    from debugagent.tools.benchfmt import output_file_of
+    opts = quick_start_options()
+    assert set(opts) == {"--host", "--bench", "--symptom", "--baseline"}
+    assert opts["--host"] == "sim:eagle3-flashinfer-rebuilt"
+    bench = shlex.split(opts["--bench"])
+    assert bench[1:3] == ["-m", "sglang.bench_serving"] and output_file_of(opts["--bench"]) == "/tmp/bench.jsonl"
     scenario = yaml.safe_load((ROOT / "tools" / "sim" / "scenarios" / "eagle3-flashinfer-rebuilt.yaml").read_text())
-    assert opts == {"--host": "sim:eagle3-flashinfer-rebuilt", "--symptom": scenario["symptom"],
-                    "--baseline": scenario["baseline"]}
+    assert bench[0] == scenario["host"]["python"]
+    symptom, baseline = parse_symptom(opts["--symptom"]), parse_symptom(opts["--baseline"])
+    assert symptom.metric == baseline.metric and symptom.metric in BENCH_SERVING_KEYS
+    events = read_events(ROOT / "transcripts" / "eagle3-flashinfer-rebuilt" / "events.jsonl")
+    start = events[0]
+    assert (start.host, start.symptom, start.baseline, start.inputs.bench) == (
+        opts["--host"], opts["--symptom"], opts["--baseline"], opts["--bench"]), "re-record: scripts/record-transcripts"
+    assert gather(events).bench_format == "sglang"
     cli = command()
     ctx = cli.make_context("debugagent", ["run"], resilient_parsing=True)
-    cli.get_command(ctx, "run").make_context("run", argv[2:], parent=ctx)   # raises on an unknown option
+    argv = [a for kv in opts.items() for a in kv]
+    cli.get_command(ctx, "run").make_context("run", argv, parent=ctx)   # raises on an unknown option
 
 
 def test_quick_start_runs_the_whole_suite_through_run_tests():
@@ -194,6 +217,8 @@ def test_readme_example_is_the_kept_quick_start_answer():
     o = next(e for e in reversed(events) if isinstance(e, Conclusion)).model_dump(mode="json", by_alias=True)
     text = README.read_text()
     block = text[text.index("$ debugagent run --host gpu-box"):].split("```", 1)[0].splitlines()
+    while block[0].endswith("\\"):   # the command goes on on the next line
+        block = [block[0][:-1] + block[1].strip(), *block[2:]]
     answer = [re.sub(r"/tmp/debugagent-overlay-[^/]+/", "/tmp/debugagent-overlay-…/", line)
               for line in [headline(o), *("  " + x for x in evidence_lines(o))]]
     assert block[1:1 + len(answer)] == answer, "the README's example answer: copy it from the kept recording"

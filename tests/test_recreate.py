@@ -127,6 +127,8 @@ FIELDS = ("Path", "Args", "Config.Entrypoint", "Config.Cmd", "Config.User", "Con
 def field(d: dict, path: str):
     for k in path.split("."):
         d = d.get(k) if isinstance(d, dict) else None
+    if path == "Mounts" and isinstance(d, list):   # podman 4.3 lists them in no fixed order: by destination
+        d = sorted(d, key=lambda m: m.get("Destination") or "")
     return d
 
 

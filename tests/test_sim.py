@@ -178,3 +178,47 @@ def test_cli_snapshot_and_diff(tmp_path):
     assert r.returncode == 1   # as diff(1): they differ
     assert "compiled_dependency" in r.stdout and "same version 0.5.3, different build" in r.stdout
     assert "hf_live_secret_value" not in a.read_text() + b.read_text()
+
+
+# the keys of the line `python -m sglang.bench_serving --output-file F` appends, in its order: `benchmark()`'s
+# `result` dict in sgl-project/sglang python/sglang/bench_serving.py (commit 0033168)
+BENCH_SERVING_KEYS = [
+    "backend", "dataset_name", "request_rate", "max_concurrency", "sharegpt_output_len", "random_input_len",
+    "random_output_len", "random_range_ratio", "duration", "completed", "total_input_tokens", "total_output_tokens",
+    "total_output_tokens_retokenized", "request_throughput", "input_throughput", "output_throughput",
+    "mean_e2e_latency_ms", "median_e2e_latency_ms", "std_e2e_latency_ms", "p99_e2e_latency_ms", "mean_ttft_ms",
+    "median_ttft_ms", "std_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "std_tpot_ms", "p99_tpot_ms",
+    "mean_itl_ms", "median_itl_ms", "std_itl_ms", "p95_itl_ms", "p99_itl_ms", "concurrency", "accept_length"]
+
+
+def test_bench_serving_writes_sglangs_result_line_from_the_running_server(sim_host):
+    """`python -m sglang.bench_serving … --output-file F` on a simulated SGLang host prints the result table and
+    appends SGLang's JSONL line (its keys, in its order), read back as the `sglang` format; its numbers are the
+    running server's: the good host's (flashinfer as built before) beat the bad one's by the scenario's effect."""
+    import json
+
+    from debugagent.tools.benchfmt import parse_result, parse_table
+    cmd = ("cd /root/sglang && /root/ml-env/bin/python3 -m sglang.bench_serving --backend sglang --dataset-name random "
+           "--random-input-len 1024 --random-output-len 128 --num-prompts 64 --max-concurrency 16 "
+           "--output-file /tmp/b.jsonl")
+    got = {}
+    for which in ("bad", "good"):
+        t = sim_host(f"sim:{SEED}" + ("@good" if which == "good" else ""))
+        r = t.run(f"{cmd} && {cmd} && wc -l < /tmp/b.jsonl && tail -n 1 /tmp/b.jsonl")
+        assert r.exit_code == 0, r.stderr
+        *_, count, line = r.stdout.strip().splitlines()
+        assert count == "2"   # appended, one line a run
+        obj = json.loads(line)
+        assert list(obj) == BENCH_SERVING_KEYS
+        assert obj["completed"] == 64 and obj["total_output_tokens"] == 64 * 128 and obj["max_concurrency"] == 16
+        res = parse_result(line)
+        assert res.format == "sglang"
+        assert parse_table(r.stdout).format == "serving-table"
+        assert t.run("git -C /root/sglang status --porcelain").stdout == ""   # the client is part of the checkout
+        got[which] = obj
+    # verify 20 -> 30 ms: each decode step and token gap 1.5x longer, the throughput 1.5x lower (4% noise a run)
+    assert 17 < got["good"]["median_itl_ms"] < 23 and 26 < got["bad"]["median_itl_ms"] < 34
+    ratio = got["good"]["output_throughput"] / got["bad"]["output_throughput"]
+    assert 1.3 < ratio < 1.7, ratio
+    for k in ("median_ttft_ms", "mean_tpot_ms", "median_e2e_latency_ms"):
+        assert got["bad"][k] > got["good"][k], k

@@ -1,6 +1,7 @@
 """The scenarios written from public reports (tests/scenarios/reports/): every server shape (`-m MODULE` of an
 installed distribution of any name, a script, a console script, an offline workload, a multi-process server, an
-image's python under /usr/local). Here each is validated and started, cheaply: its server runs with its command
+image's python under /usr/local, a server run by supervisord or by a systemd unit, a docker container). Here each is
+validated and started, cheaply: its server runs with its command
 line (an offline workload: no server, and its program prints the metric). Their diagnosis, sealed and not, is
 `bench/scenarios --reports --seal both` (docs/benchmarks.md); an offline workload is diagnosed end to end on a real
 host by tests/realhost/test_offline.py."""
@@ -40,6 +41,9 @@ def test_fifteen_or_more_each_citing_its_thread():
     assert {shape(sc) for sc in scenarios} == {"offline", "module", "script", "console"}
     assert any(sc.host.server.worker for sc in scenarios), "no multi-process server"
     assert any(sc.host.server.offline and "-m" in sc.host.server.cmd.split() for sc in scenarios), "no -m workload"
+    assert {sc.host.supervisor.kind for sc in scenarios if sc.host.supervisor} == {"supervisord", "systemd"}
+    assert any(sc.host.container for sc in scenarios), "no container"
+    assert any(sc.host.supervisor and sc.host.container for sc in scenarios), "no supervisor inside a container"
 
 
 def started(path: Path) -> str:
@@ -55,6 +59,28 @@ def started(path: Path) -> str:
             assert out.exit_code == 0 and re.search(rf"{sc.bench.metric}=[\d.]+ {re.escape(sc.bench.unit)}", out.stdout), out
         else:
             assert srv.cmd.split()[0] in args and srv.cmd.split()[-1] in args, args
+        sup = sc.host.supervisor
+        if sup is not None and sup.kind == "systemd":   # the unit's process, in the unit's cgroup, restarted by it
+            unit = f"{sup.program}.service"
+            pid = t.run(f"systemctl show -p MainPID --value {unit}").stdout.strip()
+            assert pid.isdigit() and pid != "0", pid
+            assert t.run(f"cat /proc/{pid}/cgroup").stdout == f"0::/system.slice/{unit}\n"
+            assert srv.cmd.split()[-1] in t.run(f"tr '\\0' ' ' < /proc/{pid}/cmdline").stdout
+            r = t.run(f"systemctl restart {unit} && systemctl show -p MainPID --value {unit}")
+            assert r.exit_code == 0 and r.stdout.strip() not in (pid, "0"), r
+            assert t.run(f"cat /proc/{r.stdout.strip()}/cgroup").stdout == f"0::/system.slice/{unit}\n"
+        elif sup is not None:   # the real supervisord runs the server as its program, and answers for it
+            # RUNNING once it has run startsecs (1 s), as supervisorctl says it on any host: waited for, as a user would
+            st = t.run(f"for i in $(seq 600); do s=$(/usr/local/bin/supervisorctl -c {sup.config} status {sup.program}); "
+                       "case \"$s\" in *RUNNING*) break;; esac; sleep 0.1; done; echo \"$s\"")
+            assert re.match(rf"{re.escape(sup.program)}\s+RUNNING\s+pid (\d+),", st.stdout), st
+            pid = int(st.stdout.split("pid ")[1].split(",")[0])
+            ppid = t.run(f"awk '{{print $4}}' /proc/{pid}/stat").stdout.strip()
+            assert t.run(f"cat /proc/{ppid}/comm").stdout.strip() == "supervisord"
+            env = t.run(f"tr '\\0' '\\n' < /proc/{pid}/environ").stdout
+            assert f"SUPERVISOR_PROCESS_NAME={sup.program}" in env, env
+        if sc.host.container is not None and sc.host.container.runtime == "docker" and t.sim.sealed:
+            assert t.run("[ -f /.dockerenv ] && [ ! -s /.dockerenv ]").exit_code == 0
     return path.stem
 
 
@@ -76,3 +102,63 @@ def test_an_unsealed_host_rewrites_every_path_of_a_restart_check():
     # a root that is a file (the system's python, bound at its path) followed by the separator
     py = SimShell("/sb", "/sb/usr/local/bin", ["/usr/bin/python3", "/root"], "root")
     assert py.rewrite("same $P $'/usr/bin/python3\\x1f-m\\x1fvllm\\x1f'") == "same $P $'/sb/usr/bin/python3\\x1f-m\\x1fvllm\\x1f'"
+
+
+def test_a_supervisor_or_container_the_simulator_cannot_host_is_refused_naming_the_line():
+    """host.supervisor and host.container: a wrong value is refused by validation (no host is laid out), naming the
+    file, the line and the fix."""
+    import pytest
+    from debugagent.tools.errors import ScenarioError
+    base = (HERE / "supervisord-sglang-nccl-p2p-disabled.yaml").read_text()
+    cases = [
+        ("supervisor: {kind: supervisord, program: sglang}",
+         "supervisor: {kind: systemd, program: sglang, config: /etc/supervisor/supervisord.conf}", "supervisor:",
+         "remove `config`"),
+        ("supervisor: {kind: supervisord, program: sglang}", "supervisor: {kind: runit, program: sglang}",
+         "supervisor:", "supervisord"),
+        ("supervisor: {kind: supervisord, program: sglang}", "supervisor: {kind: supervisord, program: 'my prog'}",
+         "supervisor:", "program"),
+        ("supervisor: {kind: supervisord, program: sglang}",
+         "supervisor: {kind: supervisord, program: sglang, config: /opt/sup.conf}", "supervisor:", "/etc/supervisor/"),
+        ("supervisor: {kind: supervisord, program: sglang}",
+         "supervisor: {kind: supervisord, program: sglang}\n  container: {runtime: lxd}", "container:", "docker"),
+    ]
+    for old, new, key, fix in cases:
+        text = base.replace(old, new)
+        assert text != base
+        line = f"line {next(i for i, ln in enumerate(text.splitlines(), 1) if ln.strip().startswith(key))}"
+        with pytest.raises(ScenarioError) as e:
+            parse_scenario(text, "bad.yaml")
+        msg = str(e.value)
+        assert "bad.yaml" in msg and line in msg and fix in msg, msg
+
+
+def test_an_unsealed_hosts_proc_folder_made_by_commands_at_once(tmp_path):
+    """Commands run at once each sync an unsealed host's /proc: a process's own folder (a unit's cgroup, a
+    container's root) made by several at once is made once, whole, with no error and nothing left beside it."""
+    import os
+    import threading
+
+    from debugagent.tools.sim.shell import _proc_folder
+    proc = tmp_path / "fs" / "proc"
+    proc.mkdir(parents=True)
+    folder = proc / str(os.getpid())
+    folder.symlink_to(f"/proc/{os.getpid()}")
+    errors: list[BaseException] = []
+
+    def make() -> None:
+        try:
+            _proc_folder(os.getpid(), folder, "0::/system.slice/vllm.service\n", str(tmp_path / "fs"))
+        except BaseException as exc:  # noqa: BLE001 - collected, then asserted
+            errors.append(exc)
+
+    threads = [threading.Thread(target=make) for _ in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+    assert (folder / "cgroup").read_text() == "0::/system.slice/vllm.service\n"
+    assert os.readlink(folder / "root") == str(tmp_path / "fs") and os.readlink(folder / "cwd") == os.getcwd()
+    assert (folder / "cmdline").read_bytes() == open(f"/proc/{os.getpid()}/cmdline", "rb").read()
+    assert sorted(p.name for p in proc.iterdir()) == [str(os.getpid())]

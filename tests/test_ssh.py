@@ -22,6 +22,7 @@ from debugagent.tools.snapshot import collect, diff
 from debugagent.tools.ssh import EXCEPTION_MAP, SSHTransport, translate
 
 from tests.procs import children, descendants, signal_if_alive
+from tests.test_agent import check
 
 pytestmark = [pytest.mark.ssh, pytest.mark.skipif(not Path(SSHD).is_file(), reason="needs Debian's openssh-server")]
 USER = os.environ.get("USER") or "root"
@@ -271,9 +272,15 @@ def test_ssh_shows_what_sim_shows(served, tmp_path):
     t.close()
 
 
-@pytest.mark.parametrize("name", builtin_names())
+SEEDS = "eagle3-flashinfer-rebuilt"   # over SSH through the CLI, on the module's served host (test_cli_run_over_ssh_json)
+
+
+@pytest.mark.parametrize("name", [n for n in builtin_names() if n != SEEDS])
 def test_scenario_over_ssh_matches_sim(name, tmp_path):
-    """`sim serve X` + `run --host user@127.0.0.1:PORT --accept-new-host-key` concludes as `--host sim:X` does."""
+    """`sim serve X` + `run --host user@127.0.0.1:PORT --accept-new-host-key` concludes as `--host sim:X` does:
+    each built-in scenario diagnosed from `--baseline METRIC VALUE UNIT` under the verdict contract's check
+    (tests/test_agent.py's ``check``, which runs it over `sim:` only where there is no sshd; every scenario runs over
+    `sim:` there from a snapshot baseline), and the host as found."""
     sc = load_scenario(name)
     with start(name) as s:
         before = collect(Runner(s_transport := SSHTransport.from_spec(
@@ -286,6 +293,7 @@ def test_scenario_over_ssh_matches_sim(name, tmp_path):
                                          accept_new_host_key=True)))
         after = collect(Runner(s_transport))
         s_transport.close()
+    check(sc, out)
     want = sc.expect.root_cause
     # a cause the playbook cannot test (no build to put back, a driver, another tenant) is right as the top suspect
     top = out["root_cause"] or (out["suspects"] or [None])[0]
@@ -299,15 +307,25 @@ def test_scenario_over_ssh_matches_sim(name, tmp_path):
 
 def test_cli_run_over_ssh_json(served, tmp_path):
     """The CLI line `sim serve` prints works: the seeds' answer, flashinfer, as the top suspect (exit 3: that
-    host holds no other build of it, so nothing can confirm it) with the command that would decide it."""
+    host holds no other build of it, so nothing can confirm it) with the command that would decide it; the run is
+    the seeds' scenario's case of test_scenario_over_ssh_matches_sim (the same check, the host as found)."""
+    inner = SSHTransport.from_spec(served.target, identity_file=str(served.identity), known_hosts=str(served.known_hosts))
+    before = collect(Runner(inner))
     r = subprocess.run([sys.executable, "-m", "debugagent.agent.cli", "run", "--host", served.target, "--identity-file",
                         str(served.identity), "--accept-new-host-key", "--known-hosts", str(tmp_path / "kh"),
                         "--symptom", "verify 30ms", "--baseline", "verify 20ms", "--allow-mutations", "--json",
                         "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=300)
+    after = collect(Runner(inner))
+    inner.close()
     assert r.returncode == 3, r.stderr
     out = json.loads(r.stdout)
     assert out["root_cause"] is None and out["suspects"][0]["hypothesis"] == "compiled_dependency"
     assert "flashinfer" in out["suspects"][0]["because"] and out["suspects"][0]["next"]
+    sc = load_scenario(SEEDS)
+    assert (sc.symptom, sc.baseline) == ("verify 30ms", "verify 20ms")
+    check(sc, out)
+    assert diff(before, after) == []
+    assert f"ssh -p {served.port} " in (tmp_path / "run" / "events.jsonl").read_text()
 
 
 class KillAt:

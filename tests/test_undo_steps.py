@@ -396,3 +396,17 @@ def test_a_signal_during_a_code_reverts_worktree_removal_waits_for_it_and_the_un
         assert listed.count("worktree ") == 1, listed
     finally:
         subprocess.run(["rm", "-rf", wt])
+
+
+def test_the_variables_systemd_gives_each_start_are_no_difference():
+    """A systemd unit restarted as found by the undo has a new INVOCATION_ID (and JOURNAL_STREAM, SYSTEMD_EXEC_PID):
+    systemd gives each start its own. The server is as found; any other variable that differs is still named."""
+    def server(**env: str) -> dict:
+        return {"pid": 7, "argv": ["/opt/venv/bin/vllm", "serve", "m"], "argv_text": "/opt/venv/bin/vllm serve m",
+                "cwd": "/opt", "ports": [8000], "tree": 2, "env_names": list(env), "env_digests": list(env.values())}
+    before = {"servers": [server(INVOCATION_ID="a1", JOURNAL_STREAM="8:1", SYSTEMD_EXEC_PID="7", HF_HOME="h")]}
+    after = {"servers": [server(INVOCATION_ID="b2", JOURNAL_STREAM="8:2", SYSTEMD_EXEC_PID="9", HF_HOME="h")]}
+    assert asfound.compare("server", before, after) == []
+    after["servers"][0]["env_digests"][-1] = "other"
+    diffs = asfound.compare("server", before, after)
+    assert len(diffs) == 1 and diffs[0].text.endswith("its environment differs in HF_HOME"), diffs

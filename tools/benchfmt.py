@@ -442,6 +442,14 @@ def bench_metrics(stdout: str, file_text: str | None = None) -> list[BenchResult
     return out
 
 
+# the format a reading came from, as the transcript, the report and --json name it
+FORMAT_WORDS = {"sglang": "SGLang bench_serving's result (JSONL)", "vllm": "vllm bench serve's result (JSON)",
+                "serving": "a bench_serving / bench serve result (JSON)",
+                "genai-perf": "genai-perf's profile_export_genai_perf.json", "llmperf": "llmperf's *_summary.json",
+                "serving-table": "the Serving Benchmark Result table on stdout",
+                "pairs": "NAME=VALUE UNIT lines on stdout", "regex": "the --bench-regex match on stdout"}
+
+
 @parser("bench")
 def read_bench(text: str, metric: str, regex: str | None = None, file_text: str | None = None) -> tuple[float, str | None]:
     """``(value, unit)`` of ``metric`` in a benchmark's output, the shape ``tools.host.parse_bench`` returns.
@@ -450,6 +458,14 @@ def read_bench(text: str, metric: str, regex: str | None = None, file_text: str 
     one that ``with_output_file`` appended to ``text``), a JSON result line, the result table, then
     ``NAME=VALUE UNIT`` pairs. The unit is normalised (``tokens/sec`` -> ``tok/s``); None when none was printed.
     """
+    value, unit, _ = read_bench_format(text, metric, regex, file_text)
+    return value, unit
+
+
+@parser("bench")
+def read_bench_format(text: str, metric: str, regex: str | None = None,
+                      file_text: str | None = None) -> tuple[float, str | None, str]:
+    """``read_bench``'s ``(value, unit)`` and the format the value was read from (a key of ``FORMAT_WORDS``)."""
     if file_text is None:
         text, file_text = split_output_file(text)
     if regex:
@@ -457,12 +473,12 @@ def read_bench(text: str, metric: str, regex: str | None = None, file_text: str 
         if not matches:
             raise ParseError(f"the regex {regex!r} matched nothing", tool="bench", excerpt=text[-120:])
         m = matches[-1]
-        return float(m if isinstance(m, str) else m[0]), None
+        return float(m if isinstance(m, str) else m[0]), None, "regex"
     readings = bench_metrics(text, file_text)
     for r in readings:
         hit = find(r, metric)
         if hit is not None:
-            return hit.value, hit.unit or None
+            return hit.value, hit.unit or None, r.format
     named = [n for r in readings for n in r.names()][:8]
     where = f"; it reports {', '.join(f'`{n}`' for n in named)}" if named else ""
     where += "".join(f"; {n}" for r in readings for n in r.notes if n.startswith("the result file"))

@@ -40,6 +40,10 @@ class Difference(BaseModel):
 
 
 # ---------------------------------------------------------------- which areas a step's change touches
+
+# variables systemd gives each start of a unit anew (systemd.exec(5)): a unit restarted as found still differs in them
+PER_START_ENV = frozenset({"INVOCATION_ID", "JOURNAL_STREAM", "SYSTEMD_EXEC_PID"})
+
 def ere_literal(text: str) -> str:
     """``text`` as a POSIX extended regular expression that matches it literally."""
     return "".join("\\" + c if c in "\\.[]()*+?{}|^$" else c for c in text)
@@ -342,7 +346,7 @@ def _server_diffs(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> 
         if b.get("env_names") is not None and a.get("env_names") is not None:
             eb = dict(zip(b["env_names"], b["env_digests"], strict=False))
             ea = dict(zip(a["env_names"], a["env_digests"], strict=False))
-            changed = sorted(n for n in set(eb) | set(ea) if eb.get(n) != ea.get(n))
+            changed = sorted(n for n in set(eb) | set(ea) if eb.get(n) != ea.get(n) and n not in PER_START_ENV)
             if changed:
                 what.append("its environment differs in " + ", ".join(changed))
         if what:

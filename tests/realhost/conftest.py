@@ -363,6 +363,28 @@ class Host:
         return o
 
 
+def code_history(h: Host, repo: Path, upstream: list[tuple[str, float, str | None]]) -> str:
+    """``repo``: a checkout of ``h``'s server, its first commit (returned) on ``main`` and, on a branch ``upstream``
+    one commit per ``(subject, extra_ms, note)``: the model's step costs ``extra_ms`` more from there on, and a note
+    names a ``NOTES-note.md`` the commit adds (None: the code alone changes). Leaves ``main`` checked out: a pull
+    (``git merge --ff-only upstream``) brings the history in."""
+    repo.mkdir(parents=True, exist_ok=True)
+    git(repo, "init", "-q", "-b", "main")
+    h.write_code(repo)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "Serve /generate")
+    good = git(repo, "rev-parse", "HEAD")
+    git(repo, "checkout", "-q", "-b", "upstream")
+    for subject, extra, note in upstream:
+        h.write_code(repo, 10.0, extra)
+        if note:
+            (repo / f"NOTES-{note}.md").write_text(subject + "\n")
+        git(repo, "add", "-A")
+        git(repo, "commit", "-qm", subject)
+    git(repo, "checkout", "-q", "main")
+    return good
+
+
 def site_state(python: str) -> dict[str, str]:
     """Every installed file of ``python``'s environment with a hash: what 'installed packages as found' means."""
     r = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True,

@@ -266,11 +266,7 @@ class SupervisorShape(Shape):
     def close(self) -> None:
         sup = self.parts.get("sup")
         if sup is not None:
-            sup.proc.terminate()
-            try:
-                sup.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                sup.proc.kill()
+            sup.stop()
         super().close()
 
     def state(self) -> dict:

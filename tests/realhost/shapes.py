@@ -194,6 +194,14 @@ class Supervised:
         r = subprocess.run([str(self.ctl_path), "-c", str(self.conf), *args], capture_output=True, text=True, timeout=60)
         return r.stdout
 
+    def stop(self) -> None:
+        """supervisord stopped (its program with it), killed when it takes over 30 s."""
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
     def state(self) -> dict:
         st = self.program.stat()
         return {"bytes": self.program.read_bytes(), "mode": st.st_mode, "mtime": st.st_mtime_ns,

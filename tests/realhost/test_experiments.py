@@ -12,7 +12,7 @@ from debugagent.tools.registry import Runner
 from debugagent.tools.snapshot import collect, dump
 from debugagent.tools.transport import LocalTransport
 
-from .conftest import Host, build_wheel, git, pids_with, proc_state, site_state, tmp_leftovers
+from .conftest import Host, build_wheel, code_history, git, pids_with, proc_state, site_state, tmp_leftovers
 
 pytestmark = pytest.mark.slow
 
@@ -59,24 +59,9 @@ def test_code_regression_several_commits_back_is_bisected_in_the_server(realhost
     """A slow commit three back from HEAD: the server is restarted from the worktree per bisection step and the culprit named."""
     h = realhost("code")
     repo = h.dir / "repo"
-    repo.mkdir()
-    git(repo, "init", "-q", "-b", "main")
-    h.write_code(repo)
-    git(repo, "add", "-A")
-    git(repo, "commit", "-qm", "Serve /generate")
-    good = git(repo, "rev-parse", "HEAD")
-    git(repo, "checkout", "-q", "-b", "upstream")
-    for subject, step, extra, note in [("Document the server flags", 10.0, 0.0, "flags"),
-                                       ("Refactor argument parsing", 10.0, 0.0, "args"),
-                                       ("Batch the model step with a sync per token", 10.0, 20.0, None),
-                                       ("Tidy imports in the model", 10.0, 20.0, "imports"),
-                                       ("Update the README", 10.0, 20.0, "readme")]:
-        h.write_code(repo, step, extra)
-        if note:
-            (repo / f"NOTES-{note}.md").write_text(subject + "\n")
-        git(repo, "add", "-A")
-        git(repo, "commit", "-qm", subject)
-    git(repo, "checkout", "-q", "main")
+    good = code_history(h, repo, [("Document the server flags", 0.0, "flags"), ("Refactor argument parsing", 0.0, "args"),
+                                  ("Batch the model step with a sync per token", 20.0, None),
+                                  ("Tidy imports in the model", 20.0, "imports"), ("Update the README", 20.0, "readme")])
     h.cwd = repo
     h.start()
     base = h.baseline()

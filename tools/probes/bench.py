@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from .. import host
+from .. import benchfmt, host
 from ..transport import CommandResult
 from .base import Gathering, Probe, Tool
 
@@ -18,6 +18,7 @@ from .base import Gathering, Probe, Tool
 class BenchValue(BaseModel):
     value: float
     unit: str | None = None
+    format: str | None = None   # where the value was read from: benchfmt.FORMAT_WORDS' keys (None in older recordings)
 
 
 class Fields(BaseModel):
@@ -25,8 +26,8 @@ class Fields(BaseModel):
 
 
 def _bench_value(i: host.Bench, r: CommandResult) -> BenchValue:
-    value, unit = host.parse_bench(r.stdout, i.metric, i.regex)
-    return BenchValue(value=value, unit=unit)
+    value, unit, fmt = benchfmt.read_bench_format(r.stdout, i.metric, i.regex)
+    return BenchValue(value=value, unit=unit, format=fmt)
 
 
 def _after(g: Gathering) -> None:

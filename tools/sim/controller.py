@@ -21,16 +21,19 @@ import io
 import json
 import os
 import random
+import re
 import socket
 import socketserver
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..host import parse_flags
+from . import serving
 from .scenario import Factor, Scenario
 from .standin import nvsmi, so_bytes
 
@@ -88,6 +91,8 @@ class Controller:
         self.count = 0
         self.connect_wait_s = 20.0
         self.registered = 0
+        # a host's service manager asks for a unit's process to show its cgroup (``supervised.show_cgroup``)
+        self.on_cgroup: Callable[[int, str], str] | None = None
         self.cv = threading.Condition()
         self.builds = self._build_table()
         self.path = socket_path
@@ -161,8 +166,14 @@ class Controller:
             out, err = io.StringIO(), io.StringIO()
             rc = nvsmi(self, argv, out, err)
             reply = {"out": out.getvalue(), "err": err.getvalue(), "rc": rc}
+        elif op == "cgroup" and self.on_cgroup is not None and len(argv) == 2 and argv[0].isdigit() \
+                and re.fullmatch(r"/system\.slice/[A-Za-z0-9_.@:-]+\.service", argv[1]):
+            err = self.on_cgroup(int(argv[0]), argv[1])
+            reply = {"out": "", "err": err, "rc": 1 if err else 0}
         elif op == os.path.basename(self.scenario.bench.cmd.split()[0]):
             reply = self.bench(argv)
+        elif op == serving.PROGRAM:   # `python -m sglang.bench_serving`: the same measurement, in its own format
+            reply = serving.reply(self.bench(argv), argv, self.scenario)
         else:
             reply = {"out": "", "err": f"{op}: unknown program\n", "rc": 127}
         o, e = reply["out"].encode(), reply["err"].encode()
@@ -302,4 +313,4 @@ class Controller:
                 self.load -= 1
         out = (f"[bench] warmup 3 iters, measure 10 iters, host {self.host['hostname']}\n"
                f"{spec.metric}={value:.3f} {spec.unit}\n")
-        return {"out": out, "err": "", "rc": 0}
+        return {"out": out, "err": "", "rc": 0, "value": value, "run": n}

@@ -52,7 +52,7 @@ from ..transport import (
     run_subprocess,
     ssh_line,
 )
-from . import seal
+from . import seal, supervised
 from .controller import Controller
 from .environment import PIP_VERSION, extra_distributions
 from .scenario import Scenario, load_scenario, python_entry
@@ -274,7 +274,7 @@ class SimHost:
             # the host's /tmp too (its server log, debugagent's worktrees): nothing lands in this machine's /tmp
             # and its /run/lock (debugagent's host lock): each simulated host has its own
             roots |= {"/proc", "/sys", "/etc/debugagent", "/usr/local/bin", "/usr/local/nvidia", SERVICE_DIR, "/tmp",
-                      "/run/lock", *local}
+                      "/run/lock", *local, *supervised.unsealed_roots(self)}
             if self.system_python():
                 roots.add(h["python"])
         return sorted(roots)
@@ -313,12 +313,14 @@ class SimHost:
         self._sys()
         self._etc()
         self._clients()
+        supervised.layout(self)
         self.controller = Controller(self.scenario, self.state, self.salt, self.path(SERVICE_DIR) / "service.sock",
                                      self.path("/sys"), strip="" if self.sealed else str(self.sandbox))
         if self.offline:   # the folder the workload runs in exists, as the job's own would (a `-m` workload has no script there)
             self.path(self._cwd()).mkdir(parents=True, exist_ok=True)
         if self.sealed:
             self._bwrap, self.init_pid = seal.start(self)
+        self.controller.on_cgroup = lambda pid, path: supervised.show_cgroup(self, pid, path)
         self._save_exec()
         if not self.offline:
             self.start_server()
@@ -401,6 +403,8 @@ class SimHost:
             (d / sub).mkdir(exist_ok=True)
             (d / sub / "README.md").write_text(f"# {sub}\n")
         self._code = f"{name}.{changes}"
+        if name == "sglang":   # a checkout of SGLang holds its benchmark client, committed with it
+            (pkg_dir / "bench_serving.py").write_text((GUEST / "bench_serving.py").read_text())
         entry = self._entry()
         if entry and entry[0] == "module" and entry[1].split(".")[0] == name:
             self._write_server_module(base, entry[1])
@@ -677,6 +681,8 @@ class SimHost:
             return
         (base / top / f"{name}.py").write_text((GUEST / "envreport.py").read_text().replace(
             'STYLE = ""', f"STYLE = {name!r}", 1))
+        if top == "sglang":   # and its benchmark client, `python -m sglang.bench_serving`
+            (base / top / "bench_serving.py").write_text((GUEST / "bench_serving.py").read_text())
 
     def _write_script(self, script: str) -> None:
         p = self.path(script)
@@ -815,7 +821,7 @@ class SimHost:
         has imported its code and registered with the GPU service."""
         h = self.state
         env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
-               "LANG": "C.UTF-8", **h["server"]["env"]}
+               "LANG": "C.UTF-8", **supervised.server_env(self), **h["server"]["env"]}
         cwd = self._cwd()
         self.path(cwd).mkdir(parents=True, exist_ok=True)
         log = h["server"].get("log_file") or "/tmp/server.log"
@@ -823,8 +829,12 @@ class SimHost:
         before = self.controller.registered
         argv = " ".join(shlex.quote(a) for a in self.server_argv())
         envs = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
-        r = self.exec(f"mkdir -p {shlex.quote(os.path.dirname(log))} && cd {shlex.quote(cwd)} && "
-                      f"{{ setsid nohup env -i {envs} {argv} > {shlex.quote(log)} 2>&1 < /dev/null & }}; echo started", timeout=30)
+        if supervised.supervisor(self):   # its supervisor starts it (and restarts it when told to)
+            r = self.exec(supervised.start_command(self), timeout=30)
+        else:
+            r = self.exec(f"mkdir -p {shlex.quote(os.path.dirname(log))} && cd {shlex.quote(cwd)} && "
+                          f"{{ setsid nohup env -i {envs} {argv} > {shlex.quote(log)} 2>&1 < /dev/null & }}; echo started",
+                          timeout=30)
         if r.exit_code != 0 or not self.controller.wait_server(timeout, before):
             tail = self.exec(f"tail -5 {shlex.quote(log)}", timeout=10).stdout.strip()
             raise ScenarioError(f"the simulated server did not start: {tail or r.stderr.strip() or 'no output'}",

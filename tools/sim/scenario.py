@@ -218,6 +218,36 @@ class GpuProcessSpec(Strict):
     gpu: int = 0
 
 
+PROGRAM_NAME = r"^[A-Za-z0-9_.@:+-]{1,64}$"   # a supervisord program name, a systemd unit's stem
+
+
+class SupervisorSpec(Strict):
+    """What runs the server and restarts it when it exits: a real ``supervisord`` inside the host, whose
+    ``[program:NAME]`` (in ``CONFIG``'s ``conf.d/NAME.conf``) holds the server's command line, folder and environment;
+    ``supervisorctl`` answers and restarts it as on any host."""
+
+    kind: Literal["supervisord", "systemd"] = Field(
+        description="`supervisord` (the `supervisor` package's, run with `-n -c CONFIG`), or `systemd`: a service "
+                    "unit `/etc/systemd/system/NAME.service` run by the host's service manager")
+    program: str = Field(pattern=PROGRAM_NAME, description="the program's name: `[program:NAME]`, "
+                         "`supervisorctl status NAME`; systemd: the unit's name without `.service`")
+    config: str = Field(default="/etc/supervisor/supervisord.conf",
+                        description="supervisord's config (Debian's place); the program's section is in "
+                                    "`conf.d/NAME.conf` beside it")
+
+
+class ContainerSpec(Strict):
+    """The host is a container the server runs in (debugagent's commands run inside it, as through `docker exec`):
+    its runtime's marks in its root (docker: `/.dockerenv`; podman: `/run/.containerenv` naming the container, and
+    `container=podman` in its processes' environment)."""
+
+    runtime: Literal["docker", "podman"]
+    id: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$",
+                           description="the container's id (64 hex digits; default: derived from the scenario's name)")
+    name: str = Field(default="", description="the container's name (podman's /run/.containerenv names it)")
+    image: str = Field(default="", description="the image it runs (podman's /run/.containerenv names it)")
+
+
 class Cpu(Strict):
     governor: str = "performance"
     cores: int = 64
@@ -240,6 +270,8 @@ class Host(Strict):
     profile: bool = True  # /etc/debugagent/host.json naming the benchmark; false: the user must give --bench
     environment: Environment = Field(default_factory=Environment)
     wheelhouse: Wheelhouse | None = None
+    supervisor: SupervisorSpec | None = None
+    container: ContainerSpec | None = None
 
 
 class BenchSpec(Strict):
@@ -532,6 +564,20 @@ def _check_hostable(sc: Scenario, text: str, file: str) -> None:
         if sc.bench.args:
             raise ScenarioError("an offline workload's flags are `host.server.args`", file=file,
                                 field=_at(text, ("bench", "args")), fix="move them to host.server.args")
+    if h.supervisor is not None:
+        if srv.offline:
+            raise ScenarioError("an offline workload has no supervisor: it is no server", file=file,
+                                field=_at(text, ("host", "supervisor")),
+                                fix="remove host.supervisor, or set offline: false for a server")
+        conf = h.supervisor.config
+        if h.supervisor.kind == "systemd" and "config" in h.supervisor.model_fields_set:
+            raise ScenarioError("a systemd unit has no `config`: it is /etc/systemd/system/NAME.service", file=file,
+                                field=_at(text, ("host", "supervisor", "config")), fix="remove `config`")
+        if not re.fullmatch(r"/etc/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+\.conf", conf) or conf.startswith("/etc/debugagent/"):
+            raise ScenarioError(f"`{conf}` is not a supervisord config this simulator can lay out", file=file,
+                                field=_at(text, ("host", "supervisor", "config")),
+                                fix="give a `.conf` file in a folder of /etc: `/etc/supervisor/supervisord.conf` "
+                                    "(Debian's and Ubuntu's place), the program's section beside it in conf.d/")
     cwd = srv.cwd or (h.repo.path if h.repo else "/root")
     places: list[tuple[tuple[str | int, ...], str | None]] = [
         (("host", "python"), None if h.python.startswith("/usr/bin/") else h.python),

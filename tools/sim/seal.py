@@ -20,6 +20,7 @@ import time
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from . import supervised
 from .shell import pids_where
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ def bwrap_args(sim: SimHost) -> list[str]:
     a += ["--ro-bind", str(sim.base / "proc-loadavg"), "/proc/loadavg", "--ro-bind", str(sim.base / "proc-cpuinfo"),
           "/proc/cpuinfo", "--ro-bind", str(sim.base / "proc-meminfo"), "/proc/meminfo", "--tmpfs", "/proc/driver", "--dir", "/proc/driver/nvidia",
           "--ro-bind", str(sim.base / "proc-driver-nvidia" / "version"), "/proc/driver/nvidia/version",
-          "--chdir", "/"]
+          "--chdir", "/", *supervised.bwrap_args(sim)]
     return a
 
 
@@ -92,14 +93,24 @@ def start(sim: SimHost) -> tuple[subprocess.Popen[bytes], int]:
     """Start the namespace; returns bwrap's process and the pid (here) of the process that holds it."""
     args_r, args_w = os.pipe()
     info_r, info_w = os.pipe()
-    data = b"".join(x.encode() + b"\0" for x in [*bwrap_args(sim), "--info-fd", str(info_w)])
-    proc = subprocess.Popen(["bwrap", "--args", str(args_r), "sleep", "infinity"], pass_fds=(args_r, info_w), env=CLEAN_ENV,
+    files: list[str] = []
+    fds: list[int] = []   # files of the host's / itself (a container's /.dockerenv), copied in by bwrap: no mount
+    for dest, content in supervised.root_files(sim).items():
+        r, w = os.pipe()
+        os.write(w, content)
+        os.close(w)
+        fds.append(r)
+        files += ["--perms", "0755", "--file", str(r), dest]   # as docker makes it
+    data = b"".join(x.encode() + b"\0" for x in [*bwrap_args(sim), *files, "--info-fd", str(info_w)])
+    proc = subprocess.Popen(["bwrap", "--args", str(args_r), "sleep", "infinity"], pass_fds=(args_r, info_w, *fds), env=CLEAN_ENV,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             # a session of its own: a terminal's Ctrl-C reaches debugagent, which undoes and then ends
                             # the host (--die-with-parent), not the host under the undo's feet
                             start_new_session=True)
     os.close(args_r)
     os.close(info_w)
+    for fd in fds:
+        os.close(fd)
     with os.fdopen(args_w, "wb") as w:
         w.write(data)
     info = b""

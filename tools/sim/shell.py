@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -110,19 +112,64 @@ class SimShell:
         return pids_where(lambda argv: self._marker in argv[0])
 
     def sync_proc(self) -> None:
-        """Make the sandbox's /proc hold exactly the live processes of this sandbox."""
+        """Make the sandbox's /proc hold exactly the live processes of this sandbox (each a link to this machine's
+        /proc/PID; one whose cgroup the host shows otherwise, a folder of links with that ``cgroup`` file)."""
         proc = Path(self.sandbox) / "proc"
         live = set(self.own_pids())
+        cgroups = Path(self.sandbox).parent / "cgroups"   # written by supervised.show_cgroup
+        every = (Path(self.sandbox).parent / "proc-folders").exists()   # a container's host: its own root for each
         for p in proc.iterdir():
             if p.name.isdigit() and int(p.name) not in live:
-                p.unlink(missing_ok=True)
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
         for pid in live:
             link = proc / str(pid)
-            if not link.is_symlink():
+            cg = cgroups / str(pid)
+            if every or cg.is_file():
+                if not link.is_dir() or link.is_symlink() or (cg.is_file() and (link / "cgroup").is_symlink()):
+                    _proc_folder(pid, link, cg.read_text() if cg.is_file() else None, self.sandbox)
+            elif not link.is_symlink():
                 try:
                     link.symlink_to(f"/proc/{pid}")
                 except FileExistsError:
                     pass
+
+
+def _proc_folder(pid: int, folder: Path, cgroup: str | None, root: str) -> None:
+    """``folder`` as this machine's /proc/PID: a link to each entry (``cwd`` and ``exe`` to where they point, so
+    ``readlink`` reads the same; ``root`` to the host's folder, its ``/``), but ``cgroup``, a file of the given text
+    where one is given."""
+    # a name of this process and thread: commands run at once each sync /proc (the first made wins)
+    tmp = folder.with_name(f".{folder.name}.{os.getpid()}.{threading.get_ident()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        names = os.listdir(f"/proc/{pid}")
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
+    for name in names:
+        try:
+            if name == "cgroup" and cgroup is not None:
+                (tmp / name).write_text(cgroup)
+            elif name == "root":
+                (tmp / name).symlink_to(root)
+            elif name in ("cwd", "exe"):
+                (tmp / name).symlink_to(os.readlink(f"/proc/{pid}/{name}"))
+            else:
+                (tmp / name).symlink_to(f"/proc/{pid}/{name}")
+        except OSError:
+            continue
+    try:
+        if folder.is_symlink() or folder.is_file():
+            folder.unlink()
+        elif folder.is_dir():
+            shutil.rmtree(folder)
+        os.rename(tmp, folder)
+    except OSError:   # another command's sync made it meanwhile
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 class StreamUnrewrite:

@@ -321,3 +321,12 @@ def test_report_html_holds_host_html_in_any_field_as_text(tmp_path, run, field):
     assert page.tags <= clean.tags and page.attrs <= clean.attrs, (page.tags - clean.tags, page.attrs - clean.attrs)
     text = "".join(page.text)
     assert text.count(PAYLOAD) >= 1 and re.search(re.escape(field) + r"[^<]*" + re.escape(PAYLOAD), text), text[:2000]
+    if shutil.which("chromium"):   # and in a browser: none of it runs
+        html = tmp_path / "report.html"
+        html.write_text(render_html(read_events(tmp_path / "events.jsonl")))
+        dom = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                              "--disable-component-update", "--disable-sync", "--no-first-run",
+                              f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=3000", "--dump-dom",
+                              html.resolve().as_uri()], capture_output=True, text=True, timeout=180).stdout
+        assert "<body" in dom and "data-ran" not in dom and "<script>document" not in dom
+        assert "&lt;script&gt;" in dom and "&lt;img src=x onerror=" in dom

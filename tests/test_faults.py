@@ -14,6 +14,7 @@ from debugagent.tools.sim.serve import start
 
 from tests.faults import (
     SKIP,
+    TO_A_VERDICT,
     assert_as_found,
     cli,
     events,
@@ -62,9 +63,7 @@ def test_next_run_finishes_a_killed_runs_journal(fault_hosts, tmp_path):
     p.kill()
     p.communicate()
     dead = events(a)[0]["run_id"]
-    # the run that must conclude gets the runs a loaded machine needs to decide (3 left the cause undecided once)
-    r = subprocess.run(run_args(s, name, tmp_path / "c", "--max-runs", "6"), capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run(run_args(s, name, tmp_path / "c", *TO_A_VERDICT), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["root_cause"]["hypothesis"] == "env_var"
     text = (tmp_path / "c" / "events.jsonl").read_text()
@@ -85,9 +84,7 @@ def test_a_live_run_refuses_an_undo_and_a_second_run(fault_hosts, tmp_path):
     name = "launch-blocking"
     s, before = fault_hosts(name)
     a = tmp_path / "a"
-    # it must conclude afterwards: the runs a loaded machine needs to decide (3 left the cause undecided once)
-    p = subprocess.Popen(run_args(s, name, a, "--max-runs", "6"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
+    p = subprocess.Popen(run_args(s, name, a, *TO_A_VERDICT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for(lambda: phase_reached(a, "restart_server", "measuring"), p, "measuring")
     p.send_signal(signal.SIGSTOP)
     try:

@@ -398,6 +398,9 @@ def sim_new(path: Annotated[str, typer.Argument(metavar="FILE", help="where to w
     p.write_text(f"# made by `debugagent sim new --like {src.name}`: edit the host, the benchmark and the factors\n"
                  + text)
     err.print(escape(f"wrote {path} (like {src.name}); check it with: debugagent sim validate {path}"))
+
+
+@sim_app.command("serve")
 def sim_serve(name: Annotated[str, typer.Argument(metavar="NAME|FILE", help="built-in scenario name or a scenario .yaml")],
               port: Annotated[int, typer.Option("--port", metavar="PORT", help="port on 127.0.0.1 (0: a free one)")] = 0,
               good: Annotated[bool, typer.Option("--good", help="serve the good state")] = False) -> None:

@@ -105,6 +105,22 @@ def test_readme_commands_table_names_every_command():
             assert re.search(rf"`debugagent {name} [^`]*\b{subname}\b", table), f"{name} {subname}"
 
 
+def test_every_command_the_readme_and_cli_md_name_exists():
+    """The other way round: each `debugagent NAME [SUB|SUB…]` of the commands tables (README, docs/cli.md) is a
+    command of the CLI (`sim serve` was named in both while the CLI had lost it: "No such command 'serve'")."""
+    from debugagent.agent.cli import command
+    cli = command()
+    for page in (README, ROOT / "docs" / "cli.md"):
+        table = page.read_text().split("| command |", 1)[1].split("\n\n", 1)[0]
+        named = re.findall(r"`debugagent ([a-z][a-z-]*)(?: ((?:[a-z][a-z-]*\\\|)*[a-z][a-z-]*))?", table)
+        assert len(named) >= 12, page
+        for name, subs in named:
+            assert name in cli.commands, f"{page.name}: debugagent {name}"
+            group = getattr(cli.commands[name], "commands", None)
+            for sub in subs.split("\\|") if subs and group is not None else []:
+                assert sub in group, f"{page.name}: debugagent {name} {sub}"
+
+
 def test_exit_code_tables_name_every_exit_code():
     """The README's and docs/cli.md's exit-code tables list every code an error class or the CLI returns."""
     from debugagent.tools import errors

@@ -8,6 +8,7 @@ know, or a value of the wrong type, raises ``BadEvent`` and nothing is written.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import threading
@@ -29,6 +30,56 @@ def redact_processor(logger: Any, name: str, event_dict: dict[str, Any]) -> dict
     return redact(event_dict)
 
 
+class _Lines:
+    """``events.jsonl`` open for appending: each event one ``write(2)`` of its whole line on an ``O_APPEND`` file
+    (no buffer that could split it), the file locked (``flock`` LOCK_EX) while open, so a reader can tell a file
+    still being written (``being_written``), whose last line may be cut short, from a finished one."""
+
+    def __init__(self, path: Path) -> None:
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self.closed = False
+        self._lock = threading.Lock()
+        deadline = time.monotonic() + 5.0
+        while True:   # a reader holds its shared lock only while it looks
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    break   # another writer holds it: written unlocked, and readers read it as finished (strictly)
+                time.sleep(0.01)
+
+    def msg(self, message: str) -> None:
+        data = (message + "\n").encode("utf-8")
+        with self._lock:   # events of several threads: one line at a time
+            while data:   # one write; more only where the kernel took part of it (a disk filling up: the next raises)
+                data = data[os.write(self.fd, data):]
+
+    info = debug = warning = error = critical = log = msg   # as structlog's loggers: every level writes the line
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            os.close(self.fd)
+
+
+def being_written(path: Path) -> bool:
+    """Whether a run still has ``path`` (an ``events.jsonl``) open for writing: its lock is held."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)   # (releases the shared lock where it was taken)
+    return False
+
+
 class Transcript:
     """Appends events to ``events.jsonl``; ``render()`` writes ``transcript.md``."""
 
@@ -43,7 +94,7 @@ class Transcript:
                 with self.path.open("r+b") as f:
                     f.truncate(data.rfind(b"\n") + 1)
             self.seq = data.count(b"\n")
-        self._file = open(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "a", buffering=1)
+        self._file = _Lines(self.path)
         self._lock = threading.Lock()
         self._start = time.monotonic()
         self.listeners: list[Any] = []   # reporters (the live view): called with (event, model) after it is written
@@ -57,7 +108,7 @@ class Transcript:
             return ed
 
         self.log = structlog.wrap_logger(
-            structlog.WriteLogger(self._file),
+            self._file,
             processors=[stamp, redact_processor, structlog.processors.JSONRenderer(sort_keys=False, ensure_ascii=False)],  # pyright: ignore[reportArgumentType]  (structlog types an event dict as MutableMapping; these take dicts, as context_class makes them)
             context_class=dict,
         ).bind(run_id=run_id)
@@ -98,15 +149,20 @@ class Transcript:
 
 
 def read_events(path: Path) -> list[Event]:
-    """The events of a recording as models, migrated from the schema version its header names."""
+    """The events of a recording as models, migrated from the schema version its header names. A run still writing
+    it (``being_written``) may have its last line cut short: that line is not read yet; in a finished file it is an
+    error, as any damaged line is."""
     from debugagent.tools.errors import RecordingError
     from pydantic import ValidationError
     events: list[dict[str, Any]] = []
     lines: list[int] = []
     if not path.is_file():
         raise RecordingError("no such recording", file=str(path), line=0, fix="give a transcript folder that holds events.jsonl")
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n") and being_written(path):
+        data = data[:data.rfind(b"\n") + 1]   # the event being appended: read once its line is whole
     # JSON lines: split on "\n" only; U+2028, U+2029 and U+0085 may sit inside a value (str.splitlines splits there)
-    for n, line in enumerate(path.read_bytes().decode("utf-8", errors="replace").split("\n"), 1):
+    for n, line in enumerate(data.decode("utf-8", errors="replace").split("\n"), 1):
         if not line.strip():
             continue
         try:

@@ -2,6 +2,7 @@
 
 * ``FakeTransport``: a transport driven by a plain function (refuses what it does not know).
 * ``TranscriptBuilder``: writes a small ``events.jsonl`` recording by hand.
+* ``event_lines``: a finished ``events.jsonl`` as its raw events (dicts), one a line.
 * pytest fixtures (``pytest -p debugagent_testing.fixtures``): ``sim_host`` opens a simulated
   host, ``replay_recording`` replays a recorded run against a playbook.
 """
@@ -14,7 +15,14 @@ from typing import Any
 
 from debugagent.tools.transport import CommandResult, FakeTransport
 
-__all__ = ["CommandResult", "FakeTransport", "TranscriptBuilder"]
+__all__ = ["CommandResult", "FakeTransport", "TranscriptBuilder", "event_lines"]
+
+
+def event_lines(path: Path | str) -> list[dict[str, Any]]:
+    """The events of a finished ``events.jsonl`` as written (dicts), strictly: a line that is no JSON raises. Split on
+    ``\n`` only: a value may hold U+2028, U+2029 or U+0085 (a process's command line, a server's output), where
+    ``str.splitlines`` would cut the line in two."""
+    return [json.loads(ln) for ln in Path(path).read_bytes().decode("utf-8").split("\n") if ln]
 
 
 class TranscriptBuilder:

@@ -20,6 +20,8 @@ from debugagent.tools.sim.serve import SSHD
 from debugagent.tools.snapshot import collect, diff, dump
 from debugagent.tools.transport import BaseTransport
 
+from debugagent_testing import event_lines
+
 ALL = builtin_names()
 
 
@@ -213,7 +215,7 @@ def test_sigint_mid_experiment_restores_host_and_resume_finishes(tmp_path):
         after = collect(Runner(sim))
         assert diff(before, after) == []
         assert before.server.flags == after.server.flags and before.server.env == after.server.env
-        events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+        events = event_lines(tmp_path / "run" / "events.jsonl")
         phases = [e.get("phase") for e in events if e["event"] == "experiment"]
         assert "undo_recorded" in phases and "undo" in phases
         assert events[-1]["event"] == "interrupted"
@@ -221,7 +223,7 @@ def test_sigint_mid_experiment_restores_host_and_resume_finishes(tmp_path):
         n_before = len(events)
         out = investigate(opts, folder=tmp_path / "run", resume=True, transport=sim)
         check(sc, out)
-        events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()][n_before:]
+        events = event_lines(tmp_path / "run" / "events.jsonl")[n_before:]
         assert events[0]["event"] == "resumed"
         redone = [e["tool"] for e in events if e["event"] == "tool_call"]
         assert "python_packages" not in redone and "process_table" in redone  # evidence kept, experiment redone
@@ -283,7 +285,7 @@ def test_cli_bad_inputs_exit_2(tmp_path):
 
 
 def bench_calls(out: dict) -> list[tuple[dict, dict]]:
-    evs = [json.loads(x) for x in (Path(out["transcript"]) / "events.jsonl").read_text().splitlines()]
+    evs = event_lines(Path(out["transcript"]) / "events.jsonl")
     results = {e["call_id"]: e for e in evs if e["event"] == "tool_result"}
     return [(e, results[e["call_id"]]) for e in evs if e["event"] == "tool_call" and e["tool"] == "bench"]
 

@@ -24,6 +24,8 @@ from debugagent.tools.benchfmt import OUTPUT_MARK
 from debugagent.tools.errors import ParseError
 from debugagent.tools.host import Bench, parse_bench
 
+from debugagent_testing import event_lines
+
 ROOT = Path(__file__).resolve().parents[1]
 ENGINES = ROOT / "tests" / "vectors" / "engines"
 RECORDINGS = sorted((ROOT / "transcripts").glob("**/events.jsonl"))
@@ -192,7 +194,7 @@ def test_run_local_reads_the_metric_from_an_output_file(server, tmp_path):
                         "--reproduce-runs", "3", "--out", str(out), "--json", "--read-only"],
                        capture_output=True, text=True, timeout=300, cwd=ROOT, stdin=subprocess.DEVNULL)
     assert r.returncode == 3, r.stderr[-2000:]
-    events = [json.loads(ln) for ln in (out / "events.jsonl").read_text().splitlines()]
+    events = event_lines(out / "events.jsonl")
     readings = [e for e in events if e["event"] == "tool_result" and e["tool"] == "bench"]
     assert readings and all(e["error"] is None for e in readings)
     for e in readings:

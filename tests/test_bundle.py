@@ -13,6 +13,8 @@ import pytest
 from debugagent.agent.bundle import PARTS, build, write_bundle
 from debugagent.tools.errors import UsageError
 
+from debugagent_testing import event_lines
+
 ROOT = Path(__file__).resolve().parents[1]
 RECORDINGS = sorted(p.parent for p in (ROOT / "transcripts").glob("*/events.jsonl"))
 NAMES = ["README.md", *(name for name, _ in PARTS)]
@@ -124,7 +126,7 @@ def test_the_corpus_secrets_in_an_engine_report_are_redacted_in_the_bundle(tmp_p
     from tests.redaction_corpus import planted_docs
     docs = planted_docs()
     text = "\n".join(d.text for d in docs)
-    lines = [json.loads(ln) for ln in (ROOT / "transcripts" / "vllm-console-worker" / "events.jsonl").read_text().splitlines()]
+    lines = event_lines(ROOT / "transcripts" / "vllm-console-worker" / "events.jsonl")
     call = next(e for e in lines if e.get("event") == "tool_call" and e.get("tool") == "gpu_q")
     result = next(e for e in lines if e.get("event") == "tool_result" and e.get("call_id") == call["call_id"])
     cid = max(e.get("call_id") or 0 for e in lines) + 1

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from debugagent.tools.sim.serve import start
 
+from debugagent_testing import event_lines
+
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "Run it? [y/N]"
 
@@ -57,7 +59,7 @@ def test_read_only_runs_no_experiment_even_on_a_simulated_host(tmp_path):
     r = cli("run", "--host", "sim:power-capped", "--symptom", "decode 74 tok/s", "--baseline", "decode 89 tok/s",
             "--read-only", "--json", "--out", str(tmp_path / "run"))
     assert r.returncode == 3, r.stderr[-2000:]
-    events = [json.loads(ln) for ln in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    events = event_lines(tmp_path / "run" / "events.jsonl")
     assert not [e for e in events if e["event"] == "experiment"]
     assert any("not run" in n for n in json.loads(r.stdout)["notes"])
 
@@ -109,7 +111,7 @@ def test_the_prompt_is_visible_in_a_terminal_and_obeyed(answer, tmp_path):
     assert "changes: sets a GPU's power limit" in question and "undone:" in question and "takes:" in question
     assert PROMPT in later and "changes:" in later   # still on the screen, not redrawn over
     assert "Experiment: " in final and ("yes: running it" if answer == "y" else "no: not run") in final
-    events = [json.loads(ln) for ln in (folder / "events.jsonl").read_text().splitlines()]
+    events = event_lines(folder / "events.jsonl")
     ran = [e for e in events if e["event"] == "experiment" and e.get("hypothesis") == "gpu_clocks"]
     if answer == "y":
         assert "__EXIT__0" in final and ran

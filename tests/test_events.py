@@ -105,3 +105,61 @@ def test_output_formats_are_registered_by_name():
     assert {n: o.file for n, o in FORMATS.items()} == {"markdown": "transcript.md", "html": "report.html"}
     with pytest.raises(ValueError):
         register("markdown", "other.md", lambda events: "")
+
+
+def test_a_reader_skips_the_line_a_run_is_still_writing_and_only_that(tmp_path):
+    """A reader (`debugagent replay`, `report` of a live run) that opens events.jsonl while the run appends may see
+    its last line cut short: while the run has the file open that line is not read yet; once the run has closed
+    it, a cut line is an error naming its line, as any damaged line is (never hidden)."""
+    t = Transcript(tmp_path, "r")
+    t.emit("run_started", symptom="verify 30ms", host="h")
+    t.emit("reasoning", text="one whole event", hypothesis=None)
+    path = tmp_path / "events.jsonl"
+    whole = path.read_bytes()
+    with path.open("ab") as f:   # an event's first bytes: what a reader sees while a write of a long line runs
+        f.write(b'{"event": "reasoning", "text": "a long ev')
+    assert [type(e).__name__ for e in read_events(path)] == ["RunStarted", "Reasoning"]
+    t.close()
+    with pytest.raises(RecordingError) as e:
+        read_events(path)
+    assert e.value.line == 3
+    path.write_bytes(whole)   # a finished file whose lines are whole reads as before
+    assert len(read_events(path)) == 2
+
+
+def test_each_event_is_one_write_of_its_whole_line(tmp_path, monkeypatch):
+    """The writer appends each event with one write(2) of its whole line (no buffer that splits a long event into
+    several writes, where a reader or another appender could come between them), on an O_APPEND file."""
+    import os
+
+    from debugagent.agent import transcript
+    writes: list[bytes] = []
+    real = os.write
+
+    def write(fd: int, data: bytes) -> int:
+        writes.append(bytes(data))
+        return real(fd, data)
+
+    monkeypatch.setattr(transcript.os, "write", write)
+    t = Transcript(tmp_path, "r")
+    t.emit("run_started", symptom="verify 30ms", host="h")
+    t.emit("reasoning", text="x" * 300_000 + "\u2028 line separator inside a value", hypothesis=None)
+    t.close()
+    lines = (tmp_path / "events.jsonl").read_bytes().split(b"\n")
+    assert writes == [lines[0] + b"\n", lines[1] + b"\n"] and lines[2] == b""
+    assert len(read_events(tmp_path / "events.jsonl")) == 2
+
+
+def test_an_event_holding_a_line_separator_is_one_line(tmp_path):
+    """A value may hold U+2028 or U+0085 (a process table of the host: any process's command line is in it), left
+    as is in the file (not escaped): a reader splits on "\\n" only. `str.splitlines` cut such a line in two, which
+    made a test reading the file after a live run fail with a JSONDecodeError when another process of the machine
+    had one in its command line."""
+    from debugagent_testing import event_lines
+    t = Transcript(tmp_path, "r")
+    t.emit("run_started", symptom="verify 30ms", host="h")
+    t.emit("reasoning", text="served-model-name a\u2028b\x85c", hypothesis=None)
+    t.close()
+    path = tmp_path / "events.jsonl"
+    assert len(path.read_text().splitlines()) == 4   # the reading that failed
+    assert [e["event"] for e in event_lines(path)] == ["run_started", "reasoning"] and len(read_events(path)) == 2

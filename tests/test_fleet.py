@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from debugagent.tools.sim.serve import SSHD, start
 
+from debugagent_testing import event_lines
+
 pytestmark = [pytest.mark.ssh, pytest.mark.skipif(not Path(SSHD).is_file(), reason="needs Debian's openssh-server")]
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -169,7 +171,7 @@ def test_run_with_a_peer_as_baseline_confirms_the_cause_on_the_slow_host(tmp_pat
     assert o["root_cause"]["hypothesis"] == "compiled_dependency", o["summary"]
     assert f"the peer's build of flashinfer-python 0.5.3, read from {peer_name}" in o["root_cause"]["summary"]
     assert "pip install --force-reinstall --no-deps /tmp/flashinfer_python-0.5.3-" in o["root_cause"]["fix"]
-    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    events = event_lines(tmp_path / "run" / "events.jsonl")
     peer = events[0]["baseline_snapshot_data"]
     assert peer["host"] == peer_name
     # the benchmark runs of the reproduce step, in the order they were made: the check's run (the host's first),

@@ -16,6 +16,8 @@ from debugagent.agent.markdown import tighten
 from debugagent.agent.run import RunOptions, investigate
 from debugagent.tools.probes.text import clip_words, code, plural, render_unit_sep
 
+from debugagent_testing import event_lines
+
 # the README's quick start (tests/test_readme.py holds the README and the kept recording to it)
 QUICK_BENCH = ("/root/ml-env/bin/python3 -m sglang.bench_serving --dataset-name random --random-output-len 256 "
                "--num-prompts 256 --max-concurrency 32 --output-file /tmp/bench.jsonl")
@@ -38,7 +40,7 @@ def quick(tmp_path_factory, quick_state):
         mp.setenv("HOME", str(tmp_path_factory.mktemp("quick-home")))
         investigate(RunOptions(host="sim:eagle3-flashinfer-rebuilt", bench=QUICK_BENCH, symptom="output_throughput 1000 tok/s",
                                baseline="output_throughput 1500 tok/s", as_json=True, out=str(folder)))
-    events = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
+    events = event_lines(folder / "events.jsonl")
     return folder, (folder / "transcript.md").read_text(), events
 
 
@@ -228,7 +230,7 @@ def test_pasted_commands_work_over_ssh_on_sim_serve(tmp_path):
                                out=str(tmp_path / "run"), ssh=SSHOptions(identity_file=str(s.identity),
                                                                         known_hosts=str(s.known_hosts))))
         md = (tmp_path / "run" / "transcript.md").read_text()
-        events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+        events = event_lines(tmp_path / "run" / "events.jsonl")
         steady = ("host_info", "gpu_query", "driver_files", "git_state", "python_packages")
         recorded = {e["command"]: e["stdout"] for e in events if e["event"] == "tool_result" and e["tool"] in steady}
         spans = [m[1] for m in re.findall(r"\[bash\] (`+) ?(ssh -p \d+ \S+ .+?) ?\1", md)]

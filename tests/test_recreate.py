@@ -73,6 +73,25 @@ def test_every_field_of_a_server_on_a_bridge_with_published_ports_is_kept():
     assert "VLLM_ATTENTION_BACKEND=FLASHINFER" in o["-e"] and "--user" not in o
 
 
+
+def test_nested_mounts_are_written_parent_first_whatever_order_the_inspect_lists_them_in():
+    """podman 4.3 lists a container's mounts in no fixed order (five identical `create`s gave two): the `run`
+    command mounts a folder before a mount inside it, and is the same command for every order of the inspect."""
+    import itertools
+    found = json.loads(VLLM.read_text())[0]
+    extra = [{"Type": "bind", "Source": f"/srv/{d.strip('/').replace('/', '-')}", "Destination": d, "RW": True}
+             for d in ("/models/llama/tokenizer", "/models", "/models/llama", "/data", "/models-old")]
+    found["HostConfig"]["Tmpfs"] = {"/scratch/a": "size=1g", "/scratch": ""}
+    argvs = set()
+    for order in itertools.permutations([*found["Mounts"], *extra]):
+        argvs.add(tuple(ContainerSpec.of_inspect([{**found, "Mounts": list(order)}], runtime="podman").run_argv()))
+    assert len(argvs) == 1
+    o = opts(list(argvs.pop()))
+    assert [m.split("dst=")[1].split(",")[0] for m in o["--mount"]] == [
+        "/data", "/models", "/models/llama", "/models/llama/tokenizer", "/models-old", "/root/.cache/huggingface"]
+    assert o["--tmpfs"] == ["/scratch", "/scratch/a:size=1g"]
+
+
 def test_only_the_change_is_applied():
     s = spec(SGLANG)
     argv = [a for a in s.argv if a != "--disable-cuda-graph"]
@@ -161,6 +180,41 @@ def test_podman_creates_from_the_command_the_container_it_was_built_from(vector,
         assert field(again, f) == field(found, f), f
     assert set(again["Config"]["Env"]) == set(found["Config"]["Env"])
     assert ("--ipc" in again["Config"]["CreateCommand"]) == ("--ipc" in found["Config"]["CreateCommand"])
+
+
+
+@pytest.mark.skipif(not shutil.which("podman"), reason="needs podman's CLI (creating a container needs no runtime)")
+def test_podman_takes_back_nested_mounts_parent_first(tmp_path):
+    """Real podman: a container created with a mount inside another, the child named first; the command built from
+    its inspect names the parent first, and podman creates from it a container with the same mounts."""
+    conf = tmp_path / "containers.conf"
+    conf.write_text('[containers]\ndefault_ulimits = []\n[engine]\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\n')
+    store = tmp_path / "storage.conf"
+    store.write_text(f'[storage]\ndriver = "vfs"\nrunroot = "{tmp_path / "run"}"\ngraphroot = "{tmp_path / "graph"}"\n')
+    env = {"CONTAINERS_CONF": str(conf), "CONTAINERS_STORAGE_CONF": str(store), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    (tmp_path / "rootfs" / "etc").mkdir(parents=True)
+    for d in ("models", "tok", "cache"):
+        (tmp_path / d).mkdir()
+    tar = subprocess.run(["tar", "-C", str(tmp_path / "rootfs"), "-c", "."], capture_output=True, check=True).stdout
+    subprocess.run(["podman", "import", "-", "localhost/box:1"], input=tar, env=env, capture_output=True, check=True,
+                   timeout=120)
+
+    def podman(*args: str) -> str:
+        r = subprocess.run(["podman", *args], env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    podman("create", "--name", "srv", "--mount", f"type=bind,src={tmp_path / 'tok'},dst=/models/llama/tokenizer,readonly",
+           "--mount", f"type=bind,src={tmp_path / 'cache'},dst=/root/.cache", "--mount",
+           f"type=bind,src={tmp_path / 'models'},dst=/models", "localhost/box:1", "serve")
+    found = json.loads(podman("inspect", "srv"))[0]
+    argv = ContainerSpec.of_inspect([found], runtime="podman").run_argv()
+    mounts = opts(argv)["--mount"]
+    assert [m.split("dst=")[1].split(",")[0] for m in mounts] == ["/models", "/models/llama/tokenizer", "/root/.cache"]
+    assert argv[3:5] == ["--name", "srv"]
+    podman("create", "--name", "srv2", *argv[5:])
+    again = json.loads(podman("inspect", "srv2"))[0]
+    assert field(again, "Mounts") == field(found, "Mounts")
 
 
 # ---------------------------------------------------------------- --allow-container-recreate: journal, undo, as found

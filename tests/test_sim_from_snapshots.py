@@ -23,13 +23,15 @@ from debugagent.tools.sim.fromsnap import scenario_from_snapshots, snapshots_fro
 from debugagent.tools.sim.scenario import parse_scenario
 from debugagent.tools.snapshot import collect, dump
 
+from debugagent_testing import event_lines
+
 ROOT = Path(__file__).resolve().parents[1]
 H200 = ROOT / "transcripts" / "h200"
 SUMMARY = {c["case"]: c for c in json.loads((H200 / "summary.json").read_text())["cases"]}
 
 
 def recording(case: str) -> list[dict]:
-    return [json.loads(line) for line in (H200 / case / "events.jsonl").read_text().splitlines() if line.strip()]
+    return event_lines(H200 / case / "events.jsonl")
 
 
 def real_cause(case: str) -> str | None:

@@ -134,8 +134,7 @@ def test_a_supervisor_or_container_the_simulator_cannot_host_is_refused_naming_t
 
 
 def test_an_unsealed_hosts_proc_folder_made_by_commands_at_once(tmp_path):
-    """Commands run at once each sync an unsealed host's /proc: a process's own folder (a unit's cgroup, a
-    container's root) made by several at once is made once, whole, with no error and nothing left beside it."""
+    """Commands run at once each sync an unsealed host's /proc: a process's own folder (a unit's cgroup) made by several at once is made once, whole, with no error and nothing left beside it."""
     import os
     import threading
 
@@ -148,7 +147,7 @@ def test_an_unsealed_hosts_proc_folder_made_by_commands_at_once(tmp_path):
 
     def make() -> None:
         try:
-            _proc_folder(os.getpid(), folder, "0::/system.slice/vllm.service\n", str(tmp_path / "fs"))
+            _proc_folder(os.getpid(), folder, "0::/system.slice/vllm.service\n")
         except BaseException as exc:  # noqa: BLE001 - collected, then asserted
             errors.append(exc)
 
@@ -159,6 +158,37 @@ def test_an_unsealed_hosts_proc_folder_made_by_commands_at_once(tmp_path):
         th.join()
     assert errors == []
     assert (folder / "cgroup").read_text() == "0::/system.slice/vllm.service\n"
-    assert os.readlink(folder / "root") == str(tmp_path / "fs") and os.readlink(folder / "cwd") == os.getcwd()
+    assert os.readlink(folder / "root") == os.readlink("/proc/self/root") and os.readlink(folder / "cwd") == os.getcwd()
     assert (folder / "cmdline").read_bytes() == open(f"/proc/{os.getpid()}/cmdline", "rb").read()
     assert sorted(p.name for p in proc.iterdir()) == [str(os.getpid())]
+
+
+def test_an_unsealed_host_shows_only_its_own_container_marks(tmp_path):
+    """An unsealed host's container marks are its scenario's, never this machine's: where this machine runs in
+    docker (a /.dockerenv in its root) a host of no container once showed "docker" to the host id and to
+    server_shape while the same host sealed showed none. Here a host with no container shows none to both
+    probes, and the same host in a docker container shows docker."""
+    from debugagent.agent.journal import HOST_ID_COMMAND, parse_host_id
+    from debugagent.tools.shape import ServerShapeInput, parse_server_shape
+    from debugagent.tools.sim import load_scenario
+    from debugagent.tools.sim.sandbox import SimHost
+    from debugagent.tools.sim.scenario import builtin_dir
+
+    text = (builtin_dir() / "launch-blocking.yaml").read_text()
+
+    def probe(runtime: str | None) -> tuple[str | None, str | None]:
+        p = tmp_path / f"{runtime}.yaml"
+        p.write_text(text if runtime is None else text.replace("\n  server:\n", f"\n  container: {{runtime: {runtime}}}\n  server:\n", 1))
+        h = SimHost(load_scenario(str(p)), root=str(tmp_path / f"h-{runtime}"), sealed=False)
+        try:
+            host = parse_host_id(h.exec(HOST_ID_COMMAND).stdout)
+            pid = int(h.exec("for p in /proc/[0-9]*; do grep -q launch_server $p/cmdline && echo ${p#/proc/}; done").stdout.split()[0])
+            server = parse_server_shape(pid, h.exec(ServerShapeInput(pid=pid).command()).stdout)
+            return (host.container.split()[0] if host.container else None, server.container.runtime if server.container else None)
+        finally:
+            h.close()
+
+    with ThreadPoolExecutor(2) as pool:   # the two hosts at once: a start mostly waits on its processes
+        none, docker = pool.map(probe, (None, "docker"))
+    assert none == (None, None), none
+    assert docker == ("docker", "docker"), docker

@@ -9,6 +9,8 @@ from debugagent.agent import verdicts as vd
 from debugagent.agent.playbook import Finding, evaluate, load_playbook
 from debugagent.agent.results import ExperimentResult, Regression
 
+from debugagent_testing import event_lines
+
 ORDER = ["code_change", "serving_config", "compiled_dependency"]
 REG = Regression(measured=True, real=True, delta=10.0, outcome="regression")
 
@@ -155,9 +157,8 @@ def test_findings_decide_the_first_verdict():
 
 # ---------------------------------------------------------------- end to end on simulated hosts
 def _events(out) -> list[dict]:
-    import json
     from pathlib import Path
-    return [json.loads(x) for x in (Path(out["transcript"]) / "events.jsonl").read_text().splitlines()]
+    return event_lines(Path(out["transcript"]) / "events.jsonl")
 
 
 def test_max_runs_caps_every_experiment(tmp_path):

@@ -4,7 +4,8 @@
 
 ``ContainerSpec.of_inspect`` reads what ``RUNTIME run`` takes back: the image (as it was named), the entrypoint and
 command (from ``Path``/``Args``, which name the process exactly, split as ``Config.Cmd`` says), the environment, user,
-working folder, labels, mounts (bind, volume, tmpfs), published ports, network mode, GPUs (``DeviceRequests``) and
+working folder, labels, mounts (bind, volume, tmpfs; written back by destination, a parent before a mount inside
+it, whatever order the inspect lists them in), published ports, network mode, GPUs (``DeviceRequests``) and
 devices, IPC mode, ``/dev/shm`` size, ulimits, restart policy, runtime, privileged, capabilities, security options,
 init, PID mode, extra hosts and hostname where it was given. ``run_argv`` writes it back as ``RUNTIME run -d …``
 (every argument quoted by ``command_line``).
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -161,9 +163,9 @@ class ContainerSpec(BaseModel):
             a += ["--hostname", self.hostname]
         for k, v in sorted(self.labels.items()):
             a += ["--label", f"{k}={v}"]
-        for m in self.mounts:
+        for m in by_destination(self.mounts, lambda m: _option(m, "dst") or _option(m, "destination") or _option(m, "target")):
             a += ["--mount", m]
-        for t in self.tmpfs:
+        for t in by_destination(self.tmpfs, lambda t: t.split(":", 1)[0]):
             a += ["--tmpfs", t]
         if self.network:
             a += ["--network", self.network]
@@ -247,6 +249,22 @@ def k8s_plan(namespace: str, pod: str, container: str, argv: list[str] | None, s
 
 
 # ---------------------------------------------------------------- the inspect's fields, as `run` takes them
+def by_destination(values: list[str], destination: Callable[[str], str]) -> list[str]:
+    """``values`` (mount options) by their destination's path, folder by folder: a parent before what is mounted
+    inside it (``/a`` before ``/a/b``), the order an inspect lists them in (podman 4.3 gives no fixed one) kept
+    only between mounts at the same destination."""
+    return sorted(values, key=lambda v: tuple(p for p in destination(v).split("/") if p))
+
+
+def _option(mount: str, key: str) -> str:
+    """The value of ``key`` in a ``--mount`` value (``type=bind,src=/x,dst=/y,readonly``), else ""."""
+    for part in mount.split(","):
+        k, _, v = part.partition("=")
+        if k == key:
+            return v
+    return ""
+
+
 def _mounts(mounts: list[dict[str, Any]]) -> list[str]:
     out = []
     for m in mounts:

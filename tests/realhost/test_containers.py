@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from debugagent_testing import event_lines
+
 from .conftest import BENCH, Host, pids_with, proc_state
 from .container import Box, bench_in, make_box, start_in, why_not
 
@@ -32,7 +34,7 @@ def run_in(box: Box, h: Host, *args: str, out: Path, host: str | None = None, ti
     o = json.loads(r.stdout)
     o["exit"] = r.returncode
     o["run_id"] = json.loads((out / "run.json").read_text())["run_id"]
-    o["events"] = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    o["events"] = event_lines(out / "events.jsonl")
     print(f"\n[{host or 'nsenter'}] exit {o['exit']}, {o['commands']} commands, {o['bench_runs']} benchmark runs, {wall:.1f} s")
     return o
 
@@ -278,7 +280,7 @@ def test_a_real_podman_container_is_recreated_by_the_experiment_and_put_back(pod
     wall = time.monotonic() - t0
     assert r.stdout.strip().startswith("{"), f"exit {r.returncode}; stderr: {r.stderr[-3000:]}"
     o = json.loads(r.stdout)
-    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    events = event_lines(out / "events.jsonl")
     print(f"\n[podman recreate] exit {r.returncode}, {o['commands']} commands, {o['bench_runs']} benchmark runs, "
           f"{wall:.1f} s")
     causes = {c["hypothesis"]: c for c in o["root_causes"] or []}

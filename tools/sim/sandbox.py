@@ -274,7 +274,7 @@ class SimHost:
             # the host's /tmp too (its server log, debugagent's worktrees): nothing lands in this machine's /tmp
             # and its /run/lock (debugagent's host lock): each simulated host has its own
             roots |= {"/proc", "/sys", "/etc/debugagent", "/usr/local/bin", "/usr/local/nvidia", SERVICE_DIR, "/tmp",
-                      "/run/lock", *local, *supervised.unsealed_roots(self)}
+                      "/run/lock", *local, *supervised.MARKS, *supervised.unsealed_roots(self)}
             if self.system_python():
                 roots.add(h["python"])
         return sorted(roots)
@@ -304,7 +304,8 @@ class SimHost:
                 raise ScenarioError(f"`{prog}` is not installed here; simulated hosts need it", file=self.scenario.source,
                                     fix=f"apt-get install {pkg}")
         for d in ("/proc", "/etc", "/usr/local/bin", "/usr/local/nvidia/lib64", SERVICE_DIR, "/tmp", "/run/lock", *self.roots):
-            if d != self.state["python"]:   # a root that is a file: the system python where not sealed
+            if d != self.state["python"] and d not in supervised.MARKS:   # a root that is a file (the system python,
+                # a container's mark where not sealed)
                 self.path(d).mkdir(parents=True, exist_ok=True)
         self.path("/root" if self.state["user"] == "root" else f"/home/{self.state['user']}").mkdir(parents=True, exist_ok=True)
         if self.state.get("repo"):

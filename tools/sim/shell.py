@@ -117,7 +117,6 @@ class SimShell:
         proc = Path(self.sandbox) / "proc"
         live = set(self.own_pids())
         cgroups = Path(self.sandbox).parent / "cgroups"   # written by supervised.show_cgroup
-        every = (Path(self.sandbox).parent / "proc-folders").exists()   # a container's host: its own root for each
         for p in proc.iterdir():
             if p.name.isdigit() and int(p.name) not in live:
                 if p.is_dir() and not p.is_symlink():
@@ -127,9 +126,9 @@ class SimShell:
         for pid in live:
             link = proc / str(pid)
             cg = cgroups / str(pid)
-            if every or cg.is_file():
-                if not link.is_dir() or link.is_symlink() or (cg.is_file() and (link / "cgroup").is_symlink()):
-                    _proc_folder(pid, link, cg.read_text() if cg.is_file() else None, self.sandbox)
+            if cg.is_file():
+                if not link.is_dir() or link.is_symlink() or (link / "cgroup").is_symlink():
+                    _proc_folder(pid, link, cg.read_text())
             elif not link.is_symlink():
                 try:
                     link.symlink_to(f"/proc/{pid}")
@@ -137,10 +136,10 @@ class SimShell:
                     pass
 
 
-def _proc_folder(pid: int, folder: Path, cgroup: str | None, root: str) -> None:
-    """``folder`` as this machine's /proc/PID: a link to each entry (``cwd`` and ``exe`` to where they point, so
-    ``readlink`` reads the same; ``root`` to the host's folder, its ``/``), but ``cgroup``, a file of the given text
-    where one is given."""
+def _proc_folder(pid: int, folder: Path, cgroup: str) -> None:
+    """``folder`` as this machine's /proc/PID: a link to each entry (``cwd``, ``exe`` and ``root`` to where they
+    point, so ``readlink`` reads the same and a path rewritten onto the host's folder resolves under ``root``), but
+    ``cgroup``, a file of the given text."""
     # a name of this process and thread: commands run at once each sync /proc (the first made wins)
     tmp = folder.with_name(f".{folder.name}.{os.getpid()}.{threading.get_ident()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -152,11 +151,9 @@ def _proc_folder(pid: int, folder: Path, cgroup: str | None, root: str) -> None:
         return
     for name in names:
         try:
-            if name == "cgroup" and cgroup is not None:
+            if name == "cgroup":
                 (tmp / name).write_text(cgroup)
-            elif name == "root":
-                (tmp / name).symlink_to(root)
-            elif name in ("cwd", "exe"):
+            elif name in ("cwd", "exe", "root"):
                 (tmp / name).symlink_to(os.readlink(f"/proc/{pid}/{name}"))
             else:
                 (tmp / name).symlink_to(f"/proc/{pid}/{name}")

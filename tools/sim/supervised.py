@@ -111,6 +111,12 @@ def container_id(sim: SimHost) -> str:
     return c.get("id") or hashlib.sha256(f"container:{sim.scenario.name}".encode()).hexdigest()
 
 
+# where a container's runtime leaves its marks in the root (what debugagent's host id and server_shape look for): an
+# unsealed host rewrites them onto its own folder, whether it is a container or not, so this machine's own marks
+# (a /.dockerenv where it runs in docker) never show on a simulated host; sealed, its root is its own
+MARKS = frozenset({"/.dockerenv", "/run/.containerenv"})
+
+
 def unsealed_roots(sim: SimHost) -> set[str]:
     """Folders an unsealed host needs rewritten for its supervisor (sealed, /etc, /usr/local and /var are its own)."""
     sup = supervisor(sim)
@@ -143,8 +149,7 @@ def server_env(sim: SimHost) -> dict[str, str]:
 
 def layout(sim: SimHost) -> None:
     c = container(sim)
-    if c and not sim.sealed:   # each process's /proc/PID/root is the host's folder, holding the marks
-        (sim.base / "proc-folders").write_text("")
+    if c and not sim.sealed:   # the marks in the host's folder (an unsealed host's MARKS are rewritten onto it)
         for dest, content in root_files(sim).items():
             sim.path(dest).write_bytes(content)
             sim.path(dest).chmod(0o755)

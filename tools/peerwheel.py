@@ -203,12 +203,13 @@ def read_build(runner: Any, python: str, name: str, folder: Path, *, why: str = 
             got.error = "its files changed while they were read"
             return got
         for p in d.parts:
-            if p.path not in first.sizes or p.offset < 0:
-                got.error = f"a part of a file it did not list: {p.path}"
+            data = base64.b64decode(p.data)
+            if p.path not in first.sizes or p.offset < 0 or p.offset + len(data) > first.sizes[p.path]:
+                got.error = f"a part of a file it did not list, or past its end: {p.path}"
                 return got
             with open(files / p.path, "r+b") as f:
                 f.seek(p.offset)
-                f.write(base64.b64decode(p.data))
+                f.write(data)
         start += read_bytes
         if start >= first.size:
             return got

@@ -1,4 +1,6 @@
-"""The command an OpenSSH server runs for ``debugagent sim serve`` (its ``ForceCommand``).
+"""The command an OpenSSH server runs for ``debugagent sim serve`` (its ``ForceCommand``) where the host is not
+sealed (a sealed host's ``ForceCommand`` is a line of the login shell that runs ``nsenter`` itself:
+``serve.remote_command``; the sealed path below does the same, for a host laid out by hand).
 
 ``python -S remote.py BASE``: runs ``$SSH_ORIGINAL_COMMAND`` in the simulated host laid out
 under BASE, exactly as ``SimHost.exec`` does. On a sealed host it replaces itself with

@@ -132,8 +132,15 @@ def start_sshd(d: Path, port: int = 0, *, force_command: str | None = None, max_
 
 
 def remote_command(sim: SimHost) -> str:
-    """sshd's ForceCommand for ``sim``: ``remote.py`` under ``python -S`` (no site-packages: the standard
-    library only), with ``tools/`` on ``PYTHONPATH`` so that it finds ``session``."""
+    """sshd's ForceCommand for ``sim``. A sealed host: a line of the login shell that replaces itself with ``nsenter …
+    bash -c "$SSH_ORIGINAL_COMMAND"`` (``bash -i`` where no command is given) into the host's namespace, as
+    ``SimShell.argv`` makes it (the host's pid 1 is known once it is sealed): no interpreter starts for a channel.
+    A host that is not sealed: ``remote.py`` under ``python -S`` (no site-packages: the standard library only), with
+    ``tools/`` on ``PYTHONPATH`` so that it finds ``session``, which rewrites each command onto the sandbox folder."""
+    if sim.sealed and sim.init_pid:
+        enter = " ".join(q(a) for a in sim.shell.argv("", sealed=True, init_pid=sim.init_pid, args=[]))
+        return (f'if [ -n "${{SSH_ORIGINAL_COMMAND+x}}" ]; then exec {enter} -c "$SSH_ORIGINAL_COMMAND"; '
+                f"else exec {enter} -i; fi")
     here = Path(__file__).resolve().parent
     return (f"PYTHONPATH={q(here.parent)} {q(sys.executable)} -S {q(here / 'remote.py')} {q(sim.base)} "
             f"{q(sim.state['hostname'])}")

@@ -5,13 +5,13 @@ wheel and sent to the host), or pip download; installed beside it and checked by
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
+import shutil
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from debugagent.tools.mutate import release_key, wheel_version
-from debugagent.tools.peerwheel import MAX_BYTES, chunks, pack_wheel
+from debugagent.tools.peerwheel import MAX_BUILD, chunk_count, pack_wheel_dir, read_build, wheel_chunks
 from debugagent.tools.registry import Runner
 from pydantic import BaseModel
 
@@ -250,51 +250,52 @@ class PackageRestore(Kind):
         lab.emit("experiment", phase="plan", text=f"no wheel of {t.name} {t.version} on the host: reading the peer "
                  f"{peer.name}'s build (the files its RECORD lists); the peer is opened again to be read, never "
                  "changed, and closed right after")
+        keep = lab.journal.path.parent / "peer-wheels"   # the run's own copy, for the fix (the host's goes with the overlay)
+        spool = keep / f".read-{t.name}"
         try:
             pr = peer.open()
             try:
-                o = pr.call("dist_files", {"python": peer.python, "name": t.name},
-                            why=f"peer {peer.name}: the installed files of {t.name} (as its RECORD lists them), read to "
-                            "pack the peer's build into a wheel; nothing on the peer is changed")
+                spool.mkdir(parents=True, exist_ok=True)
+                keep.chmod(0o700)
+                dist = read_build(pr, peer.python, t.name, spool,
+                                  why=f"peer {peer.name}: the installed files of {t.name} (as its RECORD lists them), read to "
+                                  "pack the peer's build into a wheel; nothing on the peer is changed")
             finally:
                 peer.close()
         except Exception as exc:   # noqa: BLE001  (the peer unreachable now: this source is out, the others remain)
+            shutil.rmtree(spool, ignore_errors=True)
             lab.emit("experiment", phase="plan", text=f"the peer {peer.name} could not be read again: {exc}")
             return None
-        dist = o.output if o.ok else None
-        why = (o.error if dist is None else dist.error and f"{t.name} is not installed there" or
-               dist.too_large and f"its files are {dist.size} bytes, more than the {MAX_BYTES} the command channel "
-               "carries (copy them by hand, or give --wheelhouse DIR)" or
+        why = (dist.error or
+               dist.too_large and f"its files are {dist.size} bytes, more than the {MAX_BUILD} read from a peer "
+               "(copy them by hand, or give --wheelhouse DIR)" or
                dist.version != t.version and f"it has {t.name} {dist.version}, not {t.version}" or None)
-        if dist is None or why:
+        if why:
+            shutil.rmtree(spool, ignore_errors=True)
             lab.emit("experiment", phase="plan", text=f"the peer {peer.name}'s build of {t.name} was not read: {why}")
             return None
         try:
-            name, data = pack_wheel(dist)
-        except ValueError as exc:
+            wheel = pack_wheel_dir(dist, keep)
+        except (ValueError, OSError) as exc:
             lab.emit("experiment", phase="plan", text=f"the peer {peer.name}'s build of {t.name} cannot be packed: {exc}")
             return None
-        try:   # the run's own copy, for the fix (the host's is removed with the overlay)
-            keep = lab.journal.path.parent / "peer-wheels" / name
-            keep.parent.mkdir(parents=True, exist_ok=True)
-            keep.parent.chmod(0o700)
-            fd = os.open(keep, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-        except OSError:
-            pass
+        finally:
+            shutil.rmtree(spool, ignore_errors=True)
+        name, size = wheel.name, wheel.stat().st_size
+        wheel.chmod(0o600)
         folder = f"/tmp/debugagent-peer-{lab.run_id}"
         lab.push_undo("remove_tree", {"path": folder}, f"remove the peer's wheel {folder}")
         path = f"{folder}/{name}"
-        parts = chunks(data)
-        for i, c in enumerate(parts):
+        n = chunk_count(wheel)
+        for i, c in enumerate(wheel_chunks(wheel)):
             w = r.call("write_chunk", {"path": path, "data": c, "first": i == 0},
-                       why=f"send the peer's build of {t.name} to the host: {name}, {len(data)} bytes"
-                       + (f" (part {i + 1} of {len(parts)})" if len(parts) > 1 else ""))
+                       why=f"send the peer's build of {t.name} to the host: {name}, {size} bytes"
+                       + (f" (part {i + 1} of {n})" if n > 1 else ""))
             if not w.ok:
                 lab.emit("experiment", phase="plan", text=f"the peer's wheel could not be sent to the host: {w.error}")
                 return None
         left = f"; left out: {len(dist.skipped)} files pip writes or compiles, or outside the site folder" if dist.skipped else ""
         lab.emit("experiment", phase="plan", text=f"the peer's build of {t.name} {t.version}, read from {peer.name}: "
-                 f"{len(dist.files)} files packed into {name} ({len(data)} bytes{left}), sent to {path}")
+                 f"{len(dist.sizes)} files ({dist.size} bytes, read in {dist.reads} part{'s' * (dist.reads > 1)}) packed into "
+                 f"{name} ({size} bytes{left}), sent to {path}")
         return self.install_checked(lab, r, python, t, path, overlay)

@@ -399,7 +399,7 @@ def joint_due(s: RunState, hyps: dict[str, vd.Hyp]) -> bool:
     not yet measured together."""
     hids = vd.joint_causes(hyps)
     return (len(hids) >= 2 and s.joint is None and not any(k.endswith("reverted together") for k in s.done)
-            and all(hyps[h].share_ci is not None and hyps[h].share_ci[1] < 1.0 for h in hids))
+            and all((hyps[h].share_ci or (0.0, 1.0))[1] < 1.0 for h in hids))
 
 
 def joint_or_stop(ctx: Ctx, s: RunState, hyps: dict[str, vd.Hyp], first: bool = False) -> dict[str, Any]:

@@ -41,6 +41,7 @@ ALPHA_REPRODUCE = 0.002
 # and the shift must also lie beyond what one run of the current state gives this often (one-sided).
 ALPHA_ONE_READING = 0.01
 SD_UPPER = 0.50   # the budget's look uses this bound of the SD (its median: the estimate, corrected for its skew)
+NO_DROP_RUNS = 3        # runs after which a mean on the better side of a number baseline stops the reproduce step
 RELEVANT_PCT = 1.0      # a regression must be at least this percent of the baseline to be reported
 MIN_BUDGET = 4         # an experiment may stop earlier once decided, but never gives up before this
 AUTO_CAP = 24           # the most runs of the changed state when no --max-runs is given
@@ -348,7 +349,8 @@ def reproduce(samples: list[float], baseline: float, lower_is_better: bool, clai
     noise: the current state's noise is assumed for it, and a regression must also beat one reading of that noise
     (one-sided p < ALPHA_ONE_READING, t with the runs' degrees of freedom). A shift that stays inside it, and that
     even ``most`` runs (the budget) could not take outside it at the SD's SD_UPPER upper bound, is ``noise``: not
-    shown to be a regression.
+    shown to be a regression. So is a mean on the better side of a number after NO_DROP_RUNS runs (no drop at all
+    is shown; the runs would only go on to bound one).
 
     regression: significantly worse (one-sided p < ALPHA_REPRODUCE) by at least RELEVANT_PCT.
     better: significantly better (symptom and baseline swapped, or the problem is gone).
@@ -376,6 +378,11 @@ def reproduce(samples: list[float], baseline: float, lower_is_better: bool, clai
     else:
         outcome = "more"
     one = not bs and not exact_baseline and len(samples) >= 2
+    # against a number: after NO_DROP_RUNS runs whose mean is on the better side of it, no drop at all is shown,
+    # and more runs would only bound a drop the runs do not show: stop, "not shown to be a regression"
+    no_drop = not bs and outcome == "more" and delta <= 0 and len(samples) >= NO_DROP_RUNS
+    if no_drop:
+        outcome = "noise"
     p_one = one_reading_p(delta, sd, len(samples)) if one else 0.0
     if one and delta > 0 and p_one >= ALPHA_ONE_READING and (outcome == "regression" or (outcome == "more" and final)):
         # the shift is inside the noise one reading carries: more runs help only while the budget could show it
@@ -389,7 +396,10 @@ def reproduce(samples: list[float], baseline: float, lower_is_better: bool, clai
     if one and delta > 0:
         text += (f"; the baseline is one number, so this state's noise (SD {plain(sd, 2)}) is assumed for it: against one "
                  f"reading p={p_one:.2g}")
-    if outcome == "noise":
+    if no_drop:
+        text += (f"; after {len(samples)} runs the mean is on the better side of the baseline's number: no drop at all "
+                 f"is shown; {NOT_SHOWN}")
+    elif outcome == "noise":
         text += (f", not below {ALPHA_ONE_READING:g}: the shift ({abs(delta) / sd:.1f} SD) is inside the noise one reading "
                  f"carries; {NOT_SHOWN}")
     need = None

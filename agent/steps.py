@@ -327,6 +327,24 @@ def choose(ctx: Ctx, s: RunState) -> dict[str, Any]:
     allowed; not-judged values in groups last. Returns the state's update."""
     hyps = {k: h.model_copy(deep=True) for k, h in s.hyps.items()}
     cands = candidates(ctx, s, hyps)
+    if joint_due(s, hyps):
+        # two or more causes confirmed, none explaining it alone: what they recover together decides whether any
+        # further suspect is needed, so it is measured before them
+        out = joint_or_stop(ctx, s, hyps, first=True)
+        if out.get("current") is not None:
+            return out
+    j = s.joint or {}
+    if j.get("share_ci") and j["share_ci"][1] >= 1.0:
+        # measured together, the confirmed causes may explain all of the regression: further suspects are not
+        # tested (a group that recovered is still split to name its culprit)
+        rest = [c for c in cands if c[1].get("group") and hyps[c[0]].status == "confirmed"]
+        if not rest:
+            lo, hi = j["share_ci"]
+            ctx.say(f"Together the confirmed causes recover {j['share']:.0%} of the regression (95% CI {lo:.0%} to "
+                    f"{hi:.0%}): the interval reaches 100%, so what is left may be nothing; no further suspect is "
+                    "tested.")
+            return {"current": None, "hyps": hyps}
+        cands = rest
     if vd.explains_enough(hyps):
         # a group that recovered is still split to name its culprit; a suspect the evidence points at is still
         # tested while the confirmed causes' measured share is short of EXPLAINED_ENOUGH (an interval that
@@ -376,20 +394,33 @@ def resolve_restore(ctx: Ctx, s: RunState, spec: dict[str, Any]) -> dict[str, An
     return out
 
 
-def joint_or_stop(ctx: Ctx, s: RunState, hyps: dict[str, vd.Hyp]) -> dict[str, Any]:
-    """Before stopping: two or more causes confirmed by experiment are reverted together once, so the run can say
-    what they recover together and what is left unexplained."""
+def joint_due(s: RunState, hyps: dict[str, vd.Hyp]) -> bool:
+    """Two or more causes confirmed by experiment, each one's share interval below 100% (none explains it alone),
+    not yet measured together."""
+    hids = vd.joint_causes(hyps)
+    return (len(hids) >= 2 and s.joint is None and not any(k.endswith("reverted together") for k in s.done)
+            and all((hyps[h].share_ci or (0.0, 1.0))[1] < 1.0 for h in hids))
+
+
+def joint_or_stop(ctx: Ctx, s: RunState, hyps: dict[str, vd.Hyp], first: bool = False) -> dict[str, Any]:
+    """Two or more causes confirmed by experiment are reverted together once, so the run can say what they recover
+    together and what is left unexplained: before stopping, or (``first``) before any further suspect, which is
+    then tested only while their joint interval stays below 100%."""
     hids = vd.joint_causes(hyps)
     if len(hids) < 2 or s.joint is not None or any(k.endswith("reverted together") for k in s.done):
         return {"current": None, "hyps": hyps}
     spec, why = vd.joint_experiment(hyps, lambda sp: resolve_restore(ctx, s, sp))
+    if spec is None and first:   # said once, when the run stops
+        return {"current": None, "hyps": hyps}
     if spec is None:
         total, _ = vd.explained(hyps)
         ctx.say(f"{len(hids)} causes are confirmed ({', '.join(hids)}), but they are not measured together: {why}; "
                 f"their shares measured one at a time add to {total:.0%}.")
         return {"current": None, "hyps": hyps}
     ctx.say(f"{len(hids)} causes are confirmed ({', '.join(hids)}), each measured alone; reverting them together "
-            "measures what they recover jointly (causes can overlap or compound) and what is left unexplained.")
+            "measures what they recover jointly (causes can overlap or compound) and what is left unexplained"
+            + (": before any further suspect, which is tested only while their joint interval stays below 100%."
+               if first else "."))
     return ask(ctx, s, hyps, [(hids[0], spec)])
 
 

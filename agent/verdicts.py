@@ -355,6 +355,7 @@ def order_experiments(cands: list[tuple[str, dict[str, Any]]], order: list[str],
 
 # ---------------------------------------------------------------- the confirmed causes measured together
 RESTART_KINDS = ("server_restart", "restore_baseline_flags", "restore_baseline_env")
+OVERLAY_KIND = "package_restore"   # a restart onto a package overlay: the others' flags and variables can join it
 JOINT = "joint"
 
 
@@ -370,11 +371,16 @@ def joint_experiment(hyps: dict[str, Hyp], resolve: Any) -> tuple[dict[str, Any]
     why not."""
     hids = joint_causes(hyps)
     specs = [sp for h in hids for sp in hyps[h].cause_specs]
-    if any(sp.get("kind") not in RESTART_KINDS for sp in specs):
+    overlays = [sp for sp in specs if sp.get("kind") == OVERLAY_KIND]
+    if len(overlays) > 1 or any(sp.get("kind") not in RESTART_KINDS for sp in specs if sp not in overlays):
         kinds = sorted({str(sp.get("kind")) for sp in specs})
-        return None, f"their experiments ({', '.join(kinds)}) are not all server restarts, which one restart could combine"
-    joint: dict[str, Any] = {"kind": "server_restart", "set_flags": {}, "unset_flags": [], "set_env": {}, "unset_env": []}
-    for sp in specs:
+        return None, (f"their experiments ({', '.join(kinds)}) are not all server restarts (with at most one package "
+                      "overlay), which one restart could combine")
+    # a package overlay is a restart too: the flags and variables are changed in the restart onto the overlay
+    joint: dict[str, Any] = {**{k: v for k, v in (overlays[0] if overlays else {}).items() if k not in ("title", "fix")},
+                             "kind": OVERLAY_KIND if overlays else "server_restart",
+                             "set_flags": {}, "unset_flags": [], "set_env": {}, "unset_env": []}
+    for sp in (sp for sp in specs if sp not in overlays):
         sp = resolve(sp)
         joint["set_flags"].update({k: v for k, v in (sp.get("set_flags") or {}).items() if k})
         joint["unset_flags"] += [f for f in sp.get("unset_flags") or [] if f and f not in joint["unset_flags"]]

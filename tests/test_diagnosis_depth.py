@@ -6,6 +6,7 @@ with numbers only; the two-cause host also with a snapshot of its good state."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -46,3 +47,16 @@ def test_two_causes_with_a_baseline_snapshot_report_what_reverting_both_recovers
                                  out=str(tmp_path / "run")))
     check(sc, out)
     assert len(out["root_causes"]) >= 2 and out.get("joint"), out.get("joint")
+
+
+def test_causes_that_compound_are_measured_together_before_any_further_suspect(tmp_path):
+    # each alone recovers a third (their intervals end below 100%): both together come next, and since together
+    # they may explain it all (the interval reaches 100%), the flag no list names is not tested after them
+    path, sc = scenario("two-compound")
+    out = investigate(RunOptions(host=f"sim:{path}", symptom=sc.symptom, baseline=sc.baseline, as_json=True,
+                                 out=str(tmp_path / "run"), bench=sc.bench.command()))
+    check(sc, out)
+    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    started = [e["spec"] for e in events if e.get("event") == "experiment" and e.get("phase") == "start"]
+    assert [bool(sp.get("joint")) for sp in started] == [False, False, True], [sp.get("title") for sp in started]
+    assert out["joint"]["share_ci"][1] >= 1.0, out["joint"]

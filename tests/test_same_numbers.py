@@ -45,8 +45,8 @@ CHECKS = {
                                     r"experiments|files|packages)\b"),
     "a doubled or dangling separator": re.compile(r";;|;[ \t]*\||;[ \t]*$|;\.(?!\d)", re.M),
 }
-INTERVAL = re.compile(r"(-?\d+)% of the regression \(95% CI (-?\d+)% to (-?\d+)%\)|explains (-?\d+)%\)?, (?:95% CI|interval) "
-                      r"(-?\d+)%(?: to |–)(-?\d+)%")
+INTERVAL = re.compile(r"(?:(?:recovers|changes) ([+-]?[\d.]+), )?(-?\d+)% of the regression \(95% CI (-?\d+)% to (-?\d+)%\)"
+                      r"|explains (-?\d+)%\)?, (?:95% CI|interval) (-?\d+)%(?: to |–)(-?\d+)%")
 
 
 def garbled(text: str) -> list[str]:
@@ -55,11 +55,20 @@ def garbled(text: str) -> list[str]:
     prose = CODE.sub(" ", text)
     found = [f"{what}: …{prose[max(0, m.start() - 50):m.end() + 10]}…" for what, rx in CHECKS.items()
              for m in rx.finditer(prose)]
-    seen: dict[str, set[tuple[str, str]]] = {}
+    # one experiment's share (its sentence names the change it measured: "recovers +313, 28% …") has one interval
+    # wherever it is given; two experiments may round to the same share with intervals of their own
+    seen: dict[tuple[str, str], set[tuple[str, str]]] = {}
+    short: dict[str, set[tuple[str, str]]] = {}   # a share given without its change (the headline's "explains")
     for m in INTERVAL.finditer(prose):
-        share, lo, hi = (m.group(1), m.group(2), m.group(3)) if m.group(1) else (m.group(4), m.group(5), m.group(6))
-        seen.setdefault(share, set()).add((lo, hi))
-    found += [f"{share}% with two intervals: {sorted(iv)}" for share, iv in seen.items() if len(iv) > 1]
+        if m.group(2):
+            seen.setdefault((m.group(2), m.group(1) or ""), set()).add((m.group(3), m.group(4)))
+        else:
+            short.setdefault(m.group(5), set()).add((m.group(6), m.group(7)))
+    found += [f"{share}% with two intervals: {sorted(iv)}" for (share, _), iv in seen.items() if len(iv) > 1]
+    for share, ivs in short.items():
+        known = set().union(*(iv for (sh, _), iv in seen.items() if sh == share))
+        if (known and not ivs <= known) or (not known and len(ivs) > 1):
+            found.append(f"{share}% with two intervals: {sorted(ivs | known)}")
     return found
 
 

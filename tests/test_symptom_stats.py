@@ -228,3 +228,17 @@ def test_a_baseline_number_is_one_reading_whose_noise_is_assumed():
     assert reproduce(bimodal, 5426.0, False, 916.0, most=12, exact_baseline=True).outcome == "regression"
     assert reproduce(bimodal, 5426.0, False, 916.0, baseline_samples=[5426.0, 5380.0, 5470.0, 5410.0]).outcome == "regression"
     assert reproduce(noisy(30, 2, 3, 41), 20, True, 10, most=12).outcome == "regression"
+
+
+def test_a_number_baseline_the_runs_are_not_even_below_stops_after_three_runs():
+    """Against the user's number, 3 runs whose mean is already on the better side show no drop at all: "not shown
+    to be a regression" then, not more runs until a drop of half the claim is excluded (the H200 healthy case ran
+    6); 2 runs are not enough, and a snapshot's runs as the baseline are tested as before."""
+    from debugagent.agent.stats import NOT_SHOWN, reproduce
+    healthy = [2400.0, 1750.0, 2010.0]   # a rate, higher is better; the user read 1924 before and claims 1901.9 now
+    r = reproduce(healthy, 1924.0, False, 22.4, most=12)
+    assert r.outcome == "noise" and NOT_SHOWN in r.text and "better side" in r.text, r.text
+    assert reproduce(healthy[:2], 1924.0, False, 22.4, most=12).outcome == "more"
+    assert reproduce(healthy, 1924.0, False, 22.4, baseline_samples=[1924.0, 2300.0, 1700.0]).outcome == "more"
+    # a time (lower is better) measured below the number: the same
+    assert reproduce([19.0, 19.5, 21.0], 20.0, True, 1.0, most=12).outcome == "noise"

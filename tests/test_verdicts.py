@@ -284,6 +284,14 @@ def test_confirmed_causes_are_reverted_together_and_the_joint_share_is_reported(
     hs["env_var"].cause_specs = [{"kind": "governor", "governor": "performance"}]
     spec, why = vd.joint_experiment(hs, resolve)
     assert spec is None and "governor" in why
+    # a package overlay and a variable: one restart onto the overlay with the variable unset (two overlays: not)
+    hs["env_var"].cause_specs = [{"kind": "server_restart", "title": "u", "unset_env": ["CUDA_LAUNCH_BLOCKING"]}]
+    hs["serving_config"].cause_specs = [{"kind": "package_restore", "title": "the baseline build", "package": "flashinfer"}]
+    spec, why = vd.joint_experiment(hs, resolve)
+    assert spec is not None and spec["kind"] == "package_restore" and spec["package"] == "flashinfer", why
+    assert spec["unset_env"] == ["CUDA_LAUNCH_BLOCKING"] and spec["set_flags"] == {} and spec[vd.JOINT]
+    hs["env_var"].cause_specs = [{"kind": "package_restore", "title": "another"}]
+    assert vd.joint_experiment(hs, resolve)[0] is None
 
 
 def test_a_ruled_out_experiment_says_the_bound_that_decided_it():

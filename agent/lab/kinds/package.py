@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from debugagent.tools.mutate import release_key, wheel_version
 from debugagent.tools.peerwheel import MAX_BUILD, chunk_count, pack_wheel_dir, read_build, wheel_chunks
 from debugagent.tools.registry import Runner
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from ..errors import ExperimentError
-from ..server import ServerRun
+from ..server import ServerRun, edit_argv
 from ..spec import Kind, RestoreSpec, Text
 
 if TYPE_CHECKING:
@@ -29,6 +29,11 @@ class PackageRestoreSpec(RestoreSpec):
     kind: Literal["package_restore"]  # pyright: ignore[reportIncompatibleVariableOverride]  (each kind narrows the base str)
     area: ClassVar[str] = "packages.*"
     package: Text | None = None           # one distribution (template); default: every changed one
+    # the restart onto the overlay also changes these (the confirmed causes reverted together: verdicts.joint_experiment)
+    set_flags: dict[str, str] = Field(default_factory=dict)
+    unset_flags: list[str] = Field(default_factory=list)
+    set_env: dict[str, str] = Field(default_factory=dict)
+    unset_env: list[str] = Field(default_factory=list)
 
 
 class PackageTarget(BaseModel):
@@ -139,8 +144,19 @@ class PackageRestore(Kind):
                                    else "baseline build") + ("s" if len(rest) > 1 else "") + " of " + ", ".join(
                 f"{t.name} {t.version}" + (f" (instead of {t.current_version})" if t in down else "") for t, _, _ in rest))
         change = "; ".join(parts) + f", first on PYTHONPATH ({root})"
+        sf, uf = {k: v for k, v in spec.set_flags.items() if k}, [f for f in spec.unset_flags if f]
+        se, ue = {k: v for k, v in spec.set_env.items() if k}, [v for v in spec.unset_env if v]
+        also = "; ".join(x for x in [", ".join(f"--{f}" for f in uf) + " removed" if uf else "",
+                                     " ".join(f"--{k} {v}" for k, v in sf.items()),
+                                     ", ".join(ue) + " unset" if ue else "", " ".join(f"{k}={v}" for k, v in se.items())] if x)
+        if also and srv is None:
+            raise ExperimentError("no server process was found, so no restart can change its flags or environment "
+                                  "with the overlay")
+        change += f"; {also}" if also else ""
         if srv is not None:
-            lab.server.start(r, srv, ServerRun(argv=list(srv.argv), cwd=srv.cwd, path_first=overlays), change)
+            lab.server.start(r, srv, ServerRun(argv=edit_argv(srv.argv, sf, uf), cwd=srv.cwd, set=se, unset=ue,
+                                               set_flags={k: str(v) for k, v in sf.items()}, unset_flags=uf,
+                                               path_first=overlays), change)
             vals, d = lab.sample(r, lab.measure_spec.cwd, bad, regression, why=f"the benchmark with {change}")
         else:
             lab.emit("experiment", phase="plan", text="no server process was found: the benchmark itself runs with the overlay first on PYTHONPATH")

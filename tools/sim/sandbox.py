@@ -829,7 +829,7 @@ class SimHost:
         before = self.controller.registered
         argv = " ".join(shlex.quote(a) for a in self.server_argv())
         envs = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
-        if supervised.supervisor(self):   # its supervisor starts it (and restarts it when told to)
+        if supervised.supervisor(self) or supervised.engine(self):   # its supervisor (or its container's runtime) starts it
             r = self.exec(supervised.start_command(self), timeout=30)
         else:
             r = self.exec(f"mkdir -p {shlex.quote(os.path.dirname(log))} && cd {shlex.quote(cwd)} && "

@@ -143,7 +143,10 @@ def container_plan(r: Runner, srv: Any, run: ServerRun, change: str, ctl: Any = 
         return ContainerPlan(text=f"the server runs as the main process of {target.label}, and `{kind} inspect` could not "
                              f"be read ({o.error}): restarting it with {change} means recreating the container")
     found = o.output
-    if found.argv != list(srv.argv):
+    shebang = _shebang_of(found.argv, list(srv.argv))
+    if shebang and argv is not None:   # the change in the container's terms: its entrypoint runs the script itself
+        argv = [found.argv[0], *argv[2:]]
+    if found.argv != list(srv.argv) and not shebang:
         return ContainerPlan(text=f"the server runs as the main process of {target.label}, but `{kind} inspect` names "
                              f"another command line ({command_line(found.argv)[:200]}); debugagent does not recreate the "
                              "container")
@@ -156,6 +159,14 @@ def container_plan(r: Runner, srv: Any, run: ServerRun, change: str, ctl: Any = 
                          + "; ".join(f"`{c}`" for c in do) + "; then the benchmark. To put the very container back as "
                          "found: " + "; ".join(f"`{c}`" for c in undo) + f" ({RECREATE_HINT})",
                          found=found, changed=changed, on_host=isinstance(target, OnHost))
+
+
+def _shebang_of(container_argv: list[str], process_argv: list[str]) -> bool:
+    """The container's command is a script run by its ``#!`` interpreter (a console script: ``vllm serve`` in the
+    inspect, ``/opt/venv/bin/python3 /opt/venv/bin/vllm serve`` in ``/proc``): the same command line."""
+    return (len(process_argv) >= 2 and bool(container_argv) and process_argv[2:] == container_argv[1:]
+            and process_argv[1].rsplit("/", 1)[-1] == container_argv[0].rsplit("/", 1)[-1]
+            and process_argv[0].rsplit("/", 1)[-1].startswith("python"))
 
 
 class Server:

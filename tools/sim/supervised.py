@@ -118,6 +118,24 @@ def engine(sim: SimHost) -> dict[str, Any] | None:
     return c if c and c.get("connect") == "host" else None
 
 
+PID1_SCRIPT = "/run/.container-init"
+
+
+def pid1(sim: SimHost) -> bool:
+    """The server is its container's pid 1 (``host.container.pid1``)."""
+    c = inside(sim)
+    return bool(c and c.get("pid1"))
+
+
+def start_pid1(sim: SimHost, env: str, argv: str, cwd: str, log: str) -> None:
+    """Sealed: the namespace's pid 1 (a shell waiting for this script) runs it and becomes the server (``exec``),
+    its output in the server's log; the script removes itself first."""
+    tmp = sim.path(PID1_SCRIPT + ".tmp")
+    tmp.write_text(f"rm -f {PID1_SCRIPT}\nmkdir -p {shlex.quote(os.path.dirname(log))}\ncd {shlex.quote(cwd)} || exit 1\n"
+                   f"exec env -i {env} {argv} > {shlex.quote(log)} 2>&1 < /dev/null\n")
+    tmp.rename(sim.path(PID1_SCRIPT))
+
+
 def container_id(sim: SimHost) -> str:
     c = container(sim) or {}
     return c.get("id") or hashlib.sha256(f"container:{sim.scenario.name}".encode()).hexdigest()

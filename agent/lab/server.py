@@ -120,7 +120,7 @@ def container_plan(r: Runner, srv: Any, run: ServerRun, change: str, ctl: Any = 
     one's own inspect, with only the change; for a pod, its Deployment's patch and rollout), and the ones that put it
     back. Without ``--allow-container-recreate`` debugagent runs none of them: the experiment is refused with them, to
     run by hand; a Kubernetes workload is never changed."""
-    target = getattr(r.transport, "target", None)
+    target: Any = getattr(r.transport, "target", None)
     if target is None and ctl is not None and ctl.runtime in ("docker", "podman") and ctl.container_id:
         target = OnHost(kind=ctl.runtime, name=ctl.container_id)
     kind = getattr(target, "kind", None)

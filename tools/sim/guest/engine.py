@@ -30,7 +30,6 @@ import json
 import os
 import re
 import secrets
-import shlex
 import signal
 import socket
 import subprocess
@@ -49,7 +48,7 @@ ZERO = "0001-01-01T00:00:00Z"
 
 
 def now():
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 # ---------------------------------------------------------------- the engine
@@ -325,7 +324,7 @@ def inspect(eng, c):
                    "Tty": False, "OpenStdin": False, "StdinOnce": False, "Env": env, "Cmd": c["cmd"] or None,
                    "Image": c["image"], "Volumes": None, "WorkingDir": c.get("workdir") or "",
                    "Entrypoint": c["entrypoint"] or None, "OnBuild": None, "Labels": c["labels"]},
-        "NetworkSettings": {"Bridge": "", "SandboxID": secrets.token_hex(32) if False else c["id"][::-1],
+        "NetworkSettings": {"Bridge": "", "SandboxID": "",
                             "Ports": {}, "Networks": {net if net != "default" else "bridge": {}}},
     }
 
@@ -728,9 +727,6 @@ TEMPLATE_DATA = {}
 
 if __name__ == "__main__":
     if os.path.basename(sys.argv[0]) in ("docker", "podman"):
-        if RUNTIME == "podman":
-            with open(TEMPLATE) as f:
-                TEMPLATE_DATA = json.load(f)
         sys.exit(cli(sys.argv[1:]))
     try:
         import ctypes

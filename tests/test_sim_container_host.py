@@ -26,7 +26,7 @@ def test_a_container_host_round_trips_and_is_diagnosed_by_recreating_the_contain
     snaps = {}
     for which in ("good", "bad"):
         with SimTransport(f"sim:{REPORT}" + ("@good" if which == "good" else "")) as t:
-            snaps[which] = collect(Runner(t), bench_runs=3)
+            snaps[which] = collect(Runner(t), bench_runs=2)
             if which == "bad":   # the runtime's CLI on the host answers for the container the server runs in
                 ps = t.run("docker ps --format '{{.Names}} {{.Image}}'")
                 assert ps.exit_code == 0 and ps.stdout == "vllm vllm/vllm-openai:v0.10.2\n", ps

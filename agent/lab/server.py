@@ -141,7 +141,8 @@ def container_plan(r: Runner, srv: Any, run: ServerRun, change: str, ctl: Any = 
                why="the container as it runs: what a new one with only the change needs")
     if not o.ok:
         return ContainerPlan(text=f"the server runs as the main process of {target.label}, and `{kind} inspect` could not "
-                             f"be read ({o.error}): restarting it with {change} means recreating the container")
+                             f"be read ({o.error}): restarting it with {change} means recreating the container"
+                             + (f"; or {hook_hint()}" if isinstance(target, OnHost) else ""))
     found = o.output
     shebang = _shebang_of(found.argv, list(srv.argv))
     if shebang and argv is not None:   # the change in the container's terms: its entrypoint runs the script itself

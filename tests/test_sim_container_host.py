@@ -73,3 +73,31 @@ def test_a_container_host_the_simulator_cannot_host_is_refused_naming_the_line()
             parse_scenario(text, "bad.yaml")
         msg = str(e.value)
         assert "bad.yaml" in msg and line in msg and fix in msg, msg
+
+
+def test_from_snapshots_carries_each_supervisor_and_container_shape():
+    """How the server ran (a snapshot's ``server.shape``) becomes ``host.supervisor`` / ``host.container``; what the
+    simulator cannot run is left out with a note, and the variables a supervisor or runtime gives are not kept."""
+    from debugagent.tools.host import ServerInfo
+    from debugagent.tools.shape import Container, ServerShape, Supervisor
+    from debugagent.tools.sim.fromsnap import _shape
+
+    def shaped(pid=42, **kw):
+        notes: list[str] = []
+        out, added = _shape(ServerInfo(pid=pid, argv=["python3"], shape=ServerShape(**kw)), notes)
+        return out, added, notes
+
+    cid = "ab" * 32
+    assert shaped(supervisor=Supervisor(kind="systemd", unit="vllm.service"))[:2] == (
+        {"supervisor": {"kind": "systemd", "program": "vllm"}}, {"INVOCATION_ID", "JOURNAL_STREAM", "SYSTEMD_EXEC_PID"})
+    out, added, _ = shaped(supervisor=Supervisor(kind="supervisord", program="sglang", config="/etc/sv/sv.conf"))
+    assert out == {"supervisor": {"kind": "supervisord", "program": "sglang", "config": "/etc/sv/sv.conf"}}
+    assert "SUPERVISOR_PROCESS_NAME" in added
+    out, added, _ = shaped(pid=1, container=Container(runtime="podman", shared=True))
+    assert out == {"container": {"runtime": "podman", "pid1": True}} and added == {"container"}
+    out, _, notes = shaped(container=Container(runtime="docker", id=cid),
+                           supervisor=Supervisor(kind="supervisord", program="x"))
+    assert out == {"container": {"runtime": "docker", "id": cid, "connect": "host", "name": cid[:12]}}
+    assert any("left out its supervisor" in n for n in notes)
+    out, _, notes = shaped(container=Container(runtime="kubernetes", pod_uid="p"))
+    assert out == {} and any("kubernetes" in n for n in notes)

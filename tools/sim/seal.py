@@ -7,6 +7,8 @@ does) with one ``sleep`` (pid 2) that holds it; its arguments travel through a p
 tmpfs: the system's ``/usr`` (without ``/usr/local``) read-only, and the host's own
 folders. The network namespace has only its own loopback (this machine's listeners stay
 outside; the GPU service is a bound unix socket), and ``/proc/loadavg`` is the host's. Killing pid 1 ends every process of the host.
+Where the server is its container's pid 1 (``host.container.pid1``), bwrap runs with ``--as-pid-1``: no reaper, the
+namespace's first process is a shell that waits for the server's start script and becomes the server.
 """
 
 from __future__ import annotations

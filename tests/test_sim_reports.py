@@ -79,9 +79,32 @@ def started(path: Path) -> str:
             assert t.run(f"cat /proc/{ppid}/comm").stdout.strip() == "supervisord"
             env = t.run(f"tr '\\0' '\\n' < /proc/{pid}/environ").stdout
             assert f"SUPERVISOR_PROCESS_NAME={sup.program}" in env, env
-        if sc.host.container is not None and sc.host.container.runtime == "docker" and t.sim.sealed:
+        c = sc.host.container
+        if c is not None and c.connect == "host":   # the host runs it: its runtime's CLI names it, its cgroup is its scope
+            got = t.run(f"{c.runtime} ps --format '{{{{.Names}}}} {{{{.Image}}}}'")
+            assert got.stdout == f"{c.name} {c.image}\n", got
+            pid = t.run(f"{c.runtime} inspect -f '{{{{.State.Pid}}}}' {c.name}").stdout.strip()
+            scope = "/system.slice/docker-" if c.runtime == "docker" else "/machine.slice/libpod-"
+            assert t.run(f"cat /proc/{pid}/cgroup").stdout.startswith(f"0::{scope}")
+        elif c is not None and c.runtime == "docker" and t.sim.sealed:
             assert t.run("[ -f /.dockerenv ] && [ ! -s /.dockerenv ]").exit_code == 0
     return path.stem
+
+
+def test_a_server_that_is_its_containers_pid_1(tmp_path):
+    """``pid1: true``: sealed, the server is the container's pid 1 (bwrap's --as-pid-1: the namespace's first process
+    becomes it), which debugagent reads as the container's main process; not sealed, its cgroup names the
+    container's scope, which debugagent reads the same."""
+    from debugagent.tools.mutate import ServerControl, parse_server_control
+    text = (HERE / "docker-vllm-disable-custom-all-reduce.yaml").read_text()
+    f = tmp_path / "pid1.yaml"
+    f.write_text(text.replace("container: {runtime: docker}", "container: {runtime: docker, pid1: true}"))
+    with SimTransport(f"sim:{f}") as t:
+        assert t.sim.controller is not None
+        pid = 1 if t.sim.sealed else [p.real_pid for p in t.sim.controller.procs if p.role == "server"][-1]
+        assert "vllm.entrypoints.openai.api_server" in t.run(f"tr '\\0' ' ' < /proc/{pid}/cmdline").stdout
+        ctl = parse_server_control(pid, t.run(ServerControl(pid=pid).command()).stdout)
+        assert ctl.kind == "container", ctl
 
 
 def test_each_starts():

@@ -520,6 +520,8 @@ class Control(BaseModel):
     stdout: str | None = None  # the file the server writes its output to, if it is a file
     identity: Identity | None = None        # who the server runs as (None: not read, an older recording)
     shell_identity: Identity | None = None  # who the shell that would restart it runs as
+    runtime: str | None = None              # a container's: its runtime and id, from the server's cgroup path
+    container_id: str | None = None
 
     def run_as(self) -> RunAs | None:
         """What a restart must set for the server to start as found (None: it inherits the shell's, as found)."""
@@ -554,7 +556,10 @@ def parse_server_control(pid: int, text: str) -> Control:
     for c in paths:
         mark = next((m for m in CONTAINER_MARKS if m in c), None)
         if mark:
-            return Control(kind="container", evidence=f"/proc/{pid}/cgroup: {c}", **base)
+            from .shape import container_of
+            found = container_of([c], [])
+            return Control(kind="container", evidence=f"/proc/{pid}/cgroup: {c}",
+                           runtime=found.runtime if found else None, container_id=found.id if found else None, **base)
     if int(pid) == 1 or any(s.strip() for s in sections.get("container_env", [])):
         return Control(kind="container", evidence=f"pid {pid} is its container's main process" if int(pid) == 1
                        else f"its environment has {sections['container_env'][0].strip()}", **base)

@@ -341,9 +341,11 @@ def aside_name(name: str) -> str:
     return f"{name}.debugagent-found"
 
 
-def _main_pid(rt: str, n: str) -> str:
+def _main_pid(rt: str, n: str, host_pid: bool = False) -> str:
     """Shell that prints ``started pid=N``: the container's main process as its own commands number it (1 in its
-    pid namespace; the host's pid where it shares the host's)."""
+    pid namespace; the host's pid where it shares the host's, or where the commands run on the host)."""
+    if host_pid:
+        return f"echo \"started pid=$({rt} inspect --type container -f '{{{{.State.Pid}}}}' {n})\""
     return (f"mode=$({rt} inspect --type container -f '{{{{.HostConfig.PidMode}}}}' {n} 2>/dev/null); "
             f"if [ \"$mode\" = host ]; then pid=$({rt} inspect --type container -f '{{{{.State.Pid}}}}' {n}); else pid=1; fi; "
             "echo \"started pid=$pid\"")
@@ -365,6 +367,7 @@ class ContainerRecreate(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     found_id: str = Field(pattern=r"^[0-9a-f]{12,64}$")
     run: list[str]
+    host_pid: bool = False   # the commands run on the container's host (not in the container): its pids are the host's
 
     @model_validator(mode="after")
     def _runs_that_container(self) -> ContainerRecreate:
@@ -377,7 +380,7 @@ class ContainerRecreate(BaseModel):
                 f"[ \"$id\" = {shlex.quote(self.found_id)} ] || {{ echo \"{self.name} is not the container found "
                 f"(id ${{id:-none}}); nothing changed\"; exit 1; }}; "
                 f"{rt} stop {n} >/dev/null || exit 1; {rt} rename {n} {a} || exit 1; "
-                f"{command_line(self.run)} || exit 1; " + _main_pid(rt, n))
+                f"{command_line(self.run)} || exit 1; " + _main_pid(rt, n, self.host_pid))
 
     def display_command(self) -> str:
         return (f"{OUTER}{self.runtime} stop {self.name}; {self.runtime} rename {self.name} {aside_name(self.name)}; "
@@ -396,6 +399,7 @@ class ContainerRestore(BaseModel):
     found_id: str = Field(pattern=r"^[0-9a-f]{12,64}$")
     found_run: list[str]                                # the container as found, as `run` would make it again
     argv: list[str] = Field(default_factory=list)       # the server as found (what the as-found check looks for)
+    host_pid: bool = False                              # the commands run on the container's host: its pids
 
     @model_validator(mode="after")
     def _runs_that_container(self) -> ContainerRestore:
@@ -411,7 +415,7 @@ class ContainerRestore(BaseModel):
                 f"if [ -z \"$id\" ] && [ \"$({idof} {a} 2>/dev/null)\" = {fid} ]; then {rt} rename {a} {n} || exit 1; id={fid}; fi; "
                 f"if [ -z \"$id\" ]; then echo 'the container found is gone: made again from its inspect'; "
                 f"{command_line(self.found_run)} || exit 1; else {rt} start {n} >/dev/null || exit 1; fi; "
-                + _main_pid(rt, n))
+                + _main_pid(rt, n, self.host_pid))
 
     def display_command(self) -> str:
         rt, n = self.runtime, self.name

@@ -95,18 +95,34 @@ class ContainerPlan(BaseModel):
     text: str
     found: Any = None      # recreate.ContainerSpec
     changed: Any = None
+    on_host: bool = False  # the commands run on the container's host (not in it): pids are the host's
 
 
 RECREATE_HINT = ("--allow-container-recreate lets debugagent run them itself, journalled and undone like any experiment")
 
 
-def container_plan(r: Runner, srv: Any, run: ServerRun, change: str) -> ContainerPlan | None:
+class OnHost(BaseModel):
+    """The server's container seen from the host that runs it (its cgroup names the runtime and the id): its
+    runtime's CLI answers there, so the container is named by its id until its inspect names it."""
+
+    kind: str
+    name: str
+
+    @property
+    def label(self) -> str:
+        return f"the {self.kind} container {self.name[:12]}"
+
+
+def container_plan(r: Runner, srv: Any, run: ServerRun, change: str, ctl: Any = None) -> ContainerPlan | None:
     """Where the run entered the server's container (``--host docker:NAME``, ``podman:``, ``k8s:``, or ``--container``)
-    and the server is its main process: the commands that would restart it with the change (a new container from the
-    found one's own inspect, with only the change; for a pod, its Deployment's patch and rollout), and the ones that
-    put it back. Without ``--allow-container-recreate`` debugagent runs none of them: the experiment is refused with
-    them, to run by hand; a Kubernetes workload is never changed."""
-    target = getattr(r.transport, "target", None)
+    or runs on the host that runs it (a docker or podman cgroup in ``ctl``, ``server_control``'s output), and the
+    server is its main process: the commands that would restart it with the change (a new container from the found
+    one's own inspect, with only the change; for a pod, its Deployment's patch and rollout), and the ones that put it
+    back. Without ``--allow-container-recreate`` debugagent runs none of them: the experiment is refused with them, to
+    run by hand; a Kubernetes workload is never changed."""
+    target: Any = getattr(r.transport, "target", None)
+    if target is None and ctl is not None and ctl.runtime in ("docker", "podman") and ctl.container_id:
+        target = OnHost(kind=ctl.runtime, name=ctl.container_id)
     kind = getattr(target, "kind", None)
     if target is None or kind not in ("docker", "podman", "k8s"):
         return None
@@ -125,19 +141,33 @@ def container_plan(r: Runner, srv: Any, run: ServerRun, change: str) -> Containe
                why="the container as it runs: what a new one with only the change needs")
     if not o.ok:
         return ContainerPlan(text=f"the server runs as the main process of {target.label}, and `{kind} inspect` could not "
-                             f"be read ({o.error}): restarting it with {change} means recreating the container")
+                             f"be read ({o.error}): restarting it with {change} means recreating the container"
+                             + (f"; or {hook_hint()}" if isinstance(target, OnHost) else ""))
     found = o.output
-    if found.argv != list(srv.argv):
+    shebang = _shebang_of(found.argv, list(srv.argv))
+    if shebang and argv is not None:   # the change in the container's terms: its entrypoint runs the script itself
+        argv = [found.argv[0], *argv[2:]]
+    if found.argv != list(srv.argv) and not shebang:
         return ContainerPlan(text=f"the server runs as the main process of {target.label}, but `{kind} inspect` names "
                              f"another command line ({command_line(found.argv)[:200]}); debugagent does not recreate the "
                              "container")
     changed = found.changed(argv=argv, set_env=run.set, unset_env=run.unset)
     do, undo = recreate_plan(found, changed, aside_name(found.name))
+    if isinstance(target, OnHost):
+        target = OnHost(kind=kind, name=found.name)
     return ContainerPlan(text=f"the server runs as the main process of {target.label}: restarting it with {change} means "
                          "a new container. To test it, run on the container's host: "
                          + "; ".join(f"`{c}`" for c in do) + "; then the benchmark. To put the very container back as "
                          "found: " + "; ".join(f"`{c}`" for c in undo) + f" ({RECREATE_HINT})",
-                         found=found, changed=changed)
+                         found=found, changed=changed, on_host=isinstance(target, OnHost))
+
+
+def _shebang_of(container_argv: list[str], process_argv: list[str]) -> bool:
+    """The container's command is a script run by its ``#!`` interpreter (a console script: ``vllm serve`` in the
+    inspect, ``/opt/venv/bin/python3 /opt/venv/bin/vllm serve`` in ``/proc``): the same command line."""
+    return (len(process_argv) >= 2 and bool(container_argv) and process_argv[2:] == container_argv[1:]
+            and process_argv[1].rsplit("/", 1)[-1] == container_argv[0].rsplit("/", 1)[-1]
+            and process_argv[0].rsplit("/", 1)[-1].startswith("python"))
 
 
 class Server:
@@ -207,9 +237,9 @@ class Server:
         if not c.ok:
             raise ExperimentError(c.error or "server_control failed")
         ctl = c.output
-        if ctl.kind == "container" and (plan := container_plan(r, srv, run, change)):
+        if ctl.kind == "container" and (plan := container_plan(r, srv, run, change, ctl)):
             if plan.found is not None and self.setup.allow_container_recreate:
-                return self._start_container(r, srv, run, change, plan.found, plan.changed)
+                return self._start_container(r, srv, run, change, plan.found, plan.changed, plan.on_host)
             raise ExperimentError(plan.text)
         if ctl.kind in ("supervisor", "systemd"):
             sup = self._supervisor(r, srv)
@@ -393,7 +423,8 @@ class Server:
         return o.output.pid
 
     # ------------------------------------------------------------ a container's main process
-    def _start_container(self, r: Runner, srv: Any, run: ServerRun, change: str, found: Any, changed: Any) -> int:
+    def _start_container(self, r: Runner, srv: Any, run: ServerRun, change: str, found: Any, changed: Any,
+                         on_host: bool = False) -> int:
         """``--allow-container-recreate``: the container stopped and set aside (renamed), its changed copy started under
         its name from its own inspect with only the change; the undo (journalled first) removes the copy, renames the
         very container back and starts it (or, where it is gone, makes it again from the journalled inspect)."""
@@ -403,12 +434,13 @@ class Server:
                                   "recreate a container it cannot tell apart from its copy")
         new_run, found_run = changed.run_argv(found.name), found.run_argv(found.name)
         rt, n = found.runtime, found.name
+        hp = {"host_pid": True} if on_host else {}
         self.push_undo("container_restore", {"runtime": rt, "name": n, "found_id": found.id, "found_run": found_run,
-                                             "argv": list(srv.argv)},
+                                             "argv": list(srv.argv), **hp},
                        f"remove the changed container {n}, rename {aside_name(n)} (the container as found, id "
                        f"{found.id[:12]}) back to {n} and start it; where it is gone, make it again from its inspect: "
                        f"{command_line(found_run)[:300]}")
-        o = r.call("container_recreate", {"runtime": rt, "name": n, "found_id": found.id, "run": new_run},
+        o = r.call("container_recreate", {"runtime": rt, "name": n, "found_id": found.id, "run": new_run, **hp},
                    why=f"restart with {change}: the {rt} container {n} stopped and set aside as {aside_name(n)}, a new "
                        "one started under its name from its own inspect with only the change")
         if not o.ok:

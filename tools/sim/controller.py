@@ -167,7 +167,8 @@ class Controller:
             rc = nvsmi(self, argv, out, err)
             reply = {"out": out.getvalue(), "err": err.getvalue(), "rc": rc}
         elif op == "cgroup" and self.on_cgroup is not None and len(argv) == 2 and argv[0].isdigit() \
-                and re.fullmatch(r"/system\.slice/[A-Za-z0-9_.@:-]+\.service", argv[1]):
+                and re.fullmatch(r"/system\.slice/[A-Za-z0-9_.@:-]+\.service|/system\.slice/docker-[0-9a-f]{64}\.scope"
+                                 r"|/machine\.slice/libpod-[0-9a-f]{64}\.scope", argv[1]):
             err = self.on_cgroup(int(argv[0]), argv[1])
             reply = {"out": "", "err": err, "rc": 1 if err else 0}
         elif op == os.path.basename(self.scenario.bench.cmd.split()[0]):

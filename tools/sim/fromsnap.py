@@ -185,7 +185,8 @@ def scenario_from_snapshots(good: Snapshot, bad: Snapshot, *, name: str, expect:
 
     srv = bad.server
     cmd, args = _cmd_and_args(list(srv.argv), dict(srv.flags))
-    env = {k: v for k, v in srv.env.items() if k not in DROP_ENV}
+    shaped, added_env = _shape(srv, notes)
+    env = {k: v for k, v in srv.env.items() if k not in DROP_ENV and k not in added_env}
     server_top = srv.entry.split(".")[0] if srv.entry and not srv.entry.startswith("/") else None
     changed = {f["path"].split(".")[1] for f in factors if f["path"].startswith("packages.")}
     packages, extra, goods = _packages(good, bad, changed, server_top)
@@ -233,6 +234,7 @@ def scenario_from_snapshots(good: Snapshot, bad: Snapshot, *, name: str, expect:
         "cpu": cpu,
         "environment": {"extra": extra},
         **({"wheelhouse": {"path": "/root/wheelhouse", "wheels": wheels}} if wheels else {}),
+        **shaped,
     }
     moves = _mover([str(v) for v in (host["python"], srv.cwd, (repo or {}).get("path"), *env.values(), cmd)
                     if isinstance(v, str)])
@@ -257,6 +259,53 @@ def scenario_from_snapshots(good: Snapshot, bad: Snapshot, *, name: str, expect:
         "factors": factors,
     }
     return sc, notes
+
+
+PROGRAM = re.compile(r"^[A-Za-z0-9_.@:+-]{1,64}$")
+SUPERVISORD_CONF = re.compile(r"/etc/[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+\.conf")
+
+
+def _shape(srv: Any, notes: list[str]) -> tuple[dict[str, Any], set[str]]:
+    """``host.supervisor`` and ``host.container`` from how the server was found running (the snapshot's
+    ``server.shape``), and the variables its supervisor or runtime gives it (the simulator gives them again)."""
+    shape = getattr(srv, "shape", None)
+    out: dict[str, Any] = {}
+    added: set[str] = set()
+    if shape is None:
+        return out, added
+    c, sup = shape.container, shape.supervisor
+    if c is not None and c.runtime not in ("docker", "podman"):
+        notes.append(f"left out its {c.runtime} container: the simulator runs docker and podman containers")
+        c = None
+    if c is not None:
+        cont: dict[str, Any] = {"runtime": c.runtime}
+        if c.id and re.fullmatch(r"[0-9a-f]{64}", c.id):
+            cont["id"] = c.id
+        if c.shared:   # debugagent's shell ran in it (as through `docker exec`)
+            if srv.pid == 1:
+                cont["pid1"] = True
+        else:          # it ran on the host that runs the container
+            cont["connect"] = "host"
+            cont["name"] = (c.id or "server")[:12]
+            notes.append(f"the {c.runtime} container is named {cont['name']} (a snapshot holds its id, not its name)")
+        out["container"] = cont
+        if c.runtime == "podman":
+            added.add("container")
+    if sup is not None and not (c is not None and (not c.shared or srv.pid == 1)):
+        if sup.kind == "systemd" and sup.unit and PROGRAM.match(sup.unit.removesuffix(".service")):
+            out["supervisor"] = {"kind": "systemd", "program": sup.unit.removesuffix(".service")}
+            added |= {"INVOCATION_ID", "JOURNAL_STREAM", "SYSTEMD_EXEC_PID"}
+        elif sup.kind == "supervisord" and sup.program and PROGRAM.match(sup.program):
+            out["supervisor"] = {"kind": "supervisord", "program": sup.program,
+                                 **({"config": sup.config} if sup.config and SUPERVISORD_CONF.fullmatch(sup.config)
+                                    and sup.config != "/etc/supervisor/supervisord.conf" else {})}
+            added |= {"SUPERVISOR_ENABLED", "SUPERVISOR_PROCESS_NAME", "SUPERVISOR_GROUP_NAME", "SUPERVISOR_SERVER_URL"}
+        else:
+            notes.append(f"left out its supervisor ({sup.kind} {sup.name or sup.unit or ''}): the simulator runs "
+                         "systemd units and supervisord programs")
+    elif sup is not None:
+        notes.append(f"left out its supervisor ({sup.kind}): a container's main process here is the server itself")
+    return out, added
 
 
 def snapshots_from_recording(events: list[dict[str, Any]]) -> tuple[Snapshot | None, Snapshot]:

@@ -830,8 +830,11 @@ class SimHost:
         before = self.controller.registered
         argv = " ".join(shlex.quote(a) for a in self.server_argv())
         envs = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
-        if supervised.supervisor(self):   # its supervisor starts it (and restarts it when told to)
+        if supervised.supervisor(self) or supervised.engine(self):   # its supervisor (or its container's runtime) starts it
             r = self.exec(supervised.start_command(self), timeout=30)
+        elif supervised.pid1(self) and self.sealed:   # the container's pid 1 becomes the server
+            supervised.start_pid1(self, envs, argv, cwd, log)
+            r = self.exec("echo started", timeout=30)
         else:
             r = self.exec(f"mkdir -p {shlex.quote(os.path.dirname(log))} && cd {shlex.quote(cwd)} && "
                           f"{{ setsid nohup env -i {envs} {argv} > {shlex.quote(log)} 2>&1 < /dev/null & }}; echo started",
@@ -841,6 +844,15 @@ class SimHost:
             raise ScenarioError(f"the simulated server did not start: {tail or r.stderr.strip() or 'no output'}",
                                 file=self.scenario.source, field="host.server.cmd",
                                 fix="use `PYTHON -m MODULE`, `PYTHON SCRIPT.py` or a console script, PYTHON = host.python")
+        if supervised.pid1(self) and not self.sealed:
+            # not sealed, no process of this machine can be pid 1: the server shows its container's scope in
+            # /proc/PID/cgroup instead (as a container's process does without a cgroup namespace of its own), which
+            # tells debugagent the same: the container's main process
+            c = supervised.inside(self) or {}
+            scope = (f"/system.slice/docker-{supervised.container_id(self)}.scope" if c.get("runtime") == "docker"
+                     else f"/machine.slice/libpod-{supervised.container_id(self)}.scope")
+            for p in [p for p in self.controller.procs if p.role == "server"][-1:]:
+                supervised.show_cgroup(self, p.real_pid, scope)
 
     def _own_pids(self) -> list[int]:
         if self.sealed:

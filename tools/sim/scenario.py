@@ -244,8 +244,23 @@ class ContainerSpec(Strict):
     runtime: Literal["docker", "podman"]
     id: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$",
                            description="the container's id (64 hex digits; default: derived from the scenario's name)")
-    name: str = Field(default="", description="the container's name (podman's /run/.containerenv names it)")
+    name: str = Field(default="", description="the container's name (podman's /run/.containerenv names it; with "
+                      "`connect: host`, the name `RUNTIME ps` shows)")
     image: str = Field(default="", description="the image it runs (podman's /run/.containerenv names it)")
+    connect: Literal["inside", "host"] = Field(
+        default="inside", description="`inside`: debugagent's commands run in the container (as through `docker "
+        "exec`); `host`: they run on the host that runs it, whose `docker`/`podman` CLI answers from the simulated "
+        "runtime (`ps`, `inspect`, `run -d`, `stop`, `rename`, `rm`, `start`, `exec`, `logs`), and the server's "
+        "`/proc/PID/cgroup` is the container's scope")
+    pid1: bool = Field(default=False, description="the server is its container's pid 1 (its main process; sealed "
+                       "only: not sealed, its `/proc/PID/cgroup` names the container's scope instead)")
+    network: str = Field(default="host", description="`connect: host`: the container's `--network` (the server's "
+                         "port is the host's: `host`)")
+    gpus: str = Field(default="all", description="`connect: host`: its `--gpus`")
+    ipc: str = Field(default="host", description="`connect: host`: its `--ipc`")
+    restart: str = Field(default="unless-stopped", description="`connect: host`: its `--restart` policy")
+    mounts: list[str] = Field(default_factory=list, description="`connect: host`: its `-v SRC:DST[:ro]` binds")
+    labels: dict[str, str] = Field(default_factory=dict, description="`connect: host`: its `--label`s")
 
 
 class Cpu(Strict):
@@ -578,6 +593,8 @@ def _check_hostable(sc: Scenario, text: str, file: str) -> None:
                                 field=_at(text, ("host", "supervisor", "config")),
                                 fix="give a `.conf` file in a folder of /etc: `/etc/supervisor/supervisord.conf` "
                                     "(Debian's and Ubuntu's place), the program's section beside it in conf.d/")
+    if h.container is not None:
+        _check_container(sc, text, file)
     cwd = srv.cwd or (h.repo.path if h.repo else "/root")
     places: list[tuple[tuple[str | int, ...], str | None]] = [
         (("host", "python"), None if h.python.startswith("/usr/bin/") else h.python),
@@ -595,6 +612,42 @@ def _check_hostable(sc: Scenario, text: str, file: str) -> None:
             raise ScenarioError(f"`{p}` is under {top}, which belongs to the system", file=file, field=_at(text, loc),
                                 fix="put the environment, repository and scripts under /root, /opt, /home or "
                                     "/usr/local, or use the system's python (/usr/bin/python3)")
+
+
+def _check_container(sc: Scenario, text: str, file: str) -> None:
+    c, h = sc.host.container, sc.host
+    assert c is not None
+    at = ("host", "container")
+    if c.connect == "host":
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", c.name or ""):
+            raise ScenarioError("a container seen from its host needs a name (`docker ps` shows it)", file=file,
+                                field=_at(text, (*at, "name")), fix="give host.container.name: vllm (letters, digits, "
+                                "`_`, `.`, `-`)")
+        for key, bad, why in (("pid1", c.pid1, "the host sees the server under its own pid; it is the container's "
+                               "main process anyway"),
+                              ("supervisor", h.supervisor is not None, "the container's main process is the server "
+                               "itself here"),
+                              ("offline", h.server.offline, "an offline workload is no container's server")):
+            if bad:
+                raise ScenarioError(f"`connect: host` with {key}: {why}", file=file,
+                                    field=_at(text, ("host", key) if key == "supervisor" else
+                                              ("host", "server", key) if key == "offline" else (*at, key)),
+                                    fix=f"remove {key}, or use `connect: inside`")
+        for i, m in enumerate(c.mounts):
+            parts = m.split(":")
+            if len(parts) not in (2, 3) or not all(p.startswith("/") for p in parts[:2]) or parts[2:] not in ([], ["ro"], ["rw"]):
+                raise ScenarioError(f"`{m}` is not a bind `SRC:DST[:ro]`", file=file, field=_at(text, (*at, "mounts", i)),
+                                    fix="give absolute paths: `/root/.cache/huggingface:/root/.cache/huggingface`")
+        return
+    for key in ("network", "gpus", "ipc", "restart", "mounts", "labels"):
+        if key in c.model_fields_set:
+            raise ScenarioError(f"host.container.{key} is what `docker run` was given: only a host that runs the "
+                                "container (`connect: host`) shows it", file=file, field=_at(text, (*at, key)),
+                                fix=f"remove {key}, or set connect: host")
+    if c.pid1 and (h.supervisor is not None or h.server.offline):
+        raise ScenarioError("`pid1: true`: the server is the container's main process, so no supervisor and no "
+                            "offline workload", file=file, field=_at(text, (*at, "pid1")),
+                            fix="remove pid1, or the supervisor / offline")
 
 
 def parse_scenario(text: str, file: str = "<scenario>") -> Scenario:

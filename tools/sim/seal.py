@@ -7,6 +7,8 @@ does) with one ``sleep`` (pid 2) that holds it; its arguments travel through a p
 tmpfs: the system's ``/usr`` (without ``/usr/local``) read-only, and the host's own
 folders. The network namespace has only its own loopback (this machine's listeners stay
 outside; the GPU service is a bound unix socket), and ``/proc/loadavg`` is the host's. Killing pid 1 ends every process of the host.
+Where the server is its container's pid 1 (``host.container.pid1``), bwrap runs with ``--as-pid-1``: no reaper, the
+namespace's first process is a shell that waits for the server's start script and becomes the server.
 """
 
 from __future__ import annotations
@@ -102,7 +104,12 @@ def start(sim: SimHost) -> tuple[subprocess.Popen[bytes], int]:
         fds.append(r)
         files += ["--perms", "0755", "--file", str(r), dest]   # as docker makes it
     data = b"".join(x.encode() + b"\0" for x in [*bwrap_args(sim), *files, "--info-fd", str(info_w)])
-    proc = subprocess.Popen(["bwrap", "--args", str(args_r), "sleep", "infinity"], pass_fds=(args_r, info_w, *fds), env=CLEAN_ENV,
+    pid1 = supervised.pid1(sim)
+    # the server as its container's pid 1 (``host.container.pid1``): no reaper, the namespace's first process waits
+    # for the server's start script (supervised.PID1_SCRIPT) and becomes the server (exec), as a container's does
+    first = (["--as-pid-1", "/bin/sh", "-c", f"until [ -e {supervised.PID1_SCRIPT} ]; do sleep 0.05; done; "
+              f"exec /bin/sh {supervised.PID1_SCRIPT}"] if pid1 else ["sleep", "infinity"])
+    proc = subprocess.Popen(["bwrap", "--args", str(args_r), *first], pass_fds=(args_r, info_w, *fds), env=CLEAN_ENV,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             # a session of its own: a terminal's Ctrl-C reaches debugagent, which undoes and then ends
                             # the host (--die-with-parent), not the host under the undo's feet
@@ -125,6 +132,10 @@ def start(sim: SimHost) -> tuple[subprocess.Popen[bytes], int]:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
+            if pid1:   # bwrap itself becomes the waiting shell once the namespace is set up
+                if os.readlink(f"/proc/{pid}/exe").rsplit("/", 1)[-1] in ("sh", "dash", "bash"):
+                    return proc, pid
+                raise OSError
             kids = open(f"/proc/{pid}/task/{pid}/children").read().split()
             if kids and os.readlink(f"/proc/{kids[0]}/exe").endswith("/sleep"):
                 return proc, int(kids[0])

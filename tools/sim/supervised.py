@@ -106,6 +106,36 @@ def container(sim: SimHost) -> dict[str, Any] | None:
     return sim.state.get("container")
 
 
+def inside(sim: SimHost) -> dict[str, Any] | None:
+    """The container debugagent's commands run in (``connect: inside``), else None."""
+    c = container(sim)
+    return c if c and c.get("connect", "inside") == "inside" else None
+
+
+def engine(sim: SimHost) -> dict[str, Any] | None:
+    """The container the host runs, seen from the host (``connect: host``): its runtime's CLI answers there."""
+    c = container(sim)
+    return c if c and c.get("connect") == "host" else None
+
+
+PID1_SCRIPT = "/run/.container-init"
+
+
+def pid1(sim: SimHost) -> bool:
+    """The server is its container's pid 1 (``host.container.pid1``)."""
+    c = inside(sim)
+    return bool(c and c.get("pid1"))
+
+
+def start_pid1(sim: SimHost, env: str, argv: str, cwd: str, log: str) -> None:
+    """Sealed: the namespace's pid 1 (a shell waiting for this script) runs it and becomes the server (``exec``),
+    its output in the server's log; the script removes itself first."""
+    tmp = sim.path(PID1_SCRIPT + ".tmp")
+    tmp.write_text(f"rm -f {PID1_SCRIPT}\nmkdir -p {shlex.quote(os.path.dirname(log))}\ncd {shlex.quote(cwd)} || exit 1\n"
+                   f"exec env -i {env} {argv} > {shlex.quote(log)} 2>&1 < /dev/null\n")
+    tmp.rename(sim.path(PID1_SCRIPT))
+
+
 def container_id(sim: SimHost) -> str:
     c = container(sim) or {}
     return c.get("id") or hashlib.sha256(f"container:{sim.scenario.name}".encode()).hexdigest()
@@ -120,6 +150,9 @@ MARKS = frozenset({"/.dockerenv", "/run/.containerenv"})
 def unsealed_roots(sim: SimHost) -> set[str]:
     """Folders an unsealed host needs rewritten for its supervisor (sealed, /etc, /usr/local and /var are its own)."""
     sup = supervisor(sim)
+    eng = engine(sim)
+    if eng:
+        return {ENGINE_STATE[eng["runtime"]], "/usr/local/lib", "/usr/local/libexec"}
     if not sup:
         return set()
     if sup["kind"] == "systemd":
@@ -130,6 +163,10 @@ def unsealed_roots(sim: SimHost) -> set[str]:
 def bwrap_args(sim: SimHost) -> list[str]:
     """What a sealed host's root needs for its supervisor (Debian's /var/run link, supervisord's log folder)."""
     sup = supervisor(sim)
+    eng = engine(sim)
+    if eng:
+        d = ENGINE_STATE[eng["runtime"]]
+        return ["--symlink", "../run", "/var/run", "--bind", str(sim.path(d)), d]
     if not sup:
         return []
     return ["--symlink", "../run", "/var/run", *(["--dir", LOG_DIR] if sup["kind"] == "supervisord" else [])]
@@ -137,18 +174,21 @@ def bwrap_args(sim: SimHost) -> list[str]:
 
 def root_files(sim: SimHost) -> dict[str, bytes]:
     """Files of a sealed host's ``/`` itself (written into it, not bound): a docker container's ``/.dockerenv``."""
-    c = container(sim)
+    c = inside(sim)
     return {"/.dockerenv": b""} if c and c["runtime"] == "docker" else {}
 
 
 def server_env(sim: SimHost) -> dict[str, str]:
     """What every process of the container carries (podman gives its processes ``container=podman``)."""
-    c = container(sim)
+    c = inside(sim)
     return {"container": "podman"} if c and c["runtime"] == "podman" else {}
 
 
 def layout(sim: SimHost) -> None:
-    c = container(sim)
+    if engine(sim):
+        _engine(sim)
+        return
+    c = inside(sim)
     if c and not sim.sealed:   # the marks in the host's folder (an unsealed host's MARKS are rewritten onto it)
         for dest, content in root_files(sim).items():
             sim.path(dest).write_bytes(content)
@@ -231,6 +271,10 @@ def program_text(sim: SimHost) -> str:
 def start_command(sim: SimHost) -> str:
     """supervisord started as its init starts it (Debian's unit: ``supervisord -n -c CONFIG``), in the background;
     systemd's service manager, which starts its units."""
+    eng = engine(sim)
+    if eng:
+        return (f"cd / && {{ setsid nohup env -i LANG=C.UTF-8 PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "
+                f"{ENGINE[eng['runtime']]} > /dev/null 2>&1 < /dev/null & }}; echo started")
     sup = supervisor(sim)
     assert sup is not None
     if sup["kind"] == "systemd":
@@ -320,3 +364,73 @@ def show_cgroup(sim: SimHost, pid: int, path: str) -> str:
     r = subprocess.run([sys.executable, "-I", "-c", BIND_HELPER, str(sim.init_pid), f"/run/systemd/cgroup/{pid}",
                         f"/proc/{pid}/cgroup"], capture_output=True, text=True, timeout=30)
     return "" if r.returncode == 0 else (r.stderr.strip() or "the cgroup could not be shown")
+
+
+# ---------------------------------------------------------------- a host that runs the container (connect: host)
+ENGINE = {"docker": "/usr/local/bin/dockerd", "podman": "/usr/local/libexec/podman/engine"}
+ENGINE_STATE = {"docker": "/var/lib/docker", "podman": "/var/lib/containers"}
+ENGINE_SOCKET = {"docker": "/run/docker.sock", "podman": "/run/podman/podman.sock"}
+ENGINE_TEMPLATE = "/usr/local/lib/sim-engine/podman-4.3.1-inspect.json"
+IMAGE_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def _engine(sim: SimHost) -> None:
+    """The runtime's state as ``RUNTIME run -d`` left it: the image (its entrypoint is the server's command, its
+    working folder the server's), the container (its command the server's flags, its environment the image's and the
+    server's ``-e``), running; the engine and its CLI (``tools/sim/guest/engine.py``) in ``/usr/local``."""
+    import json
+    eng = engine(sim)
+    assert eng is not None
+    rt = eng["runtime"]
+    srv = sim.state["server"]
+    argv = sim.server_argv()
+    words = srv["cmd"].split()
+    image = eng.get("image") or "localhost/inference:latest"
+    cid = container_id(sim)
+    img_id = hashlib.sha256(f"image:{image}".encode()).hexdigest()
+    env = [IMAGE_PATH, "LANG=C.UTF-8"] + [f"{k}={v}" for k, v in srv["env"].items()]
+    mounts = []
+    for m in eng.get("mounts") or []:
+        parts = m.split(":")
+        mounts.append({"type": "bind", "src": parts[0], "dst": parts[1], "ro": parts[2:] == ["ro"], "from_v": True})
+        sim.path(parts[0]).mkdir(parents=True, exist_ok=True)
+    restart = eng.get("restart") or ""
+    name, _, n = restart.partition(":")
+    create = [rt, "run", "-d", "--name", eng["name"], *[x for k, v in srv["env"].items() for x in ("-e", f"{k}={v}")],
+              *(["--network", eng["network"]] if eng.get("network") else []), *(["--gpus", eng["gpus"]] if eng.get("gpus") else []),
+              *(["--ipc", eng["ipc"]] if eng.get("ipc") else []), *[x for m in eng.get("mounts") or [] for x in ("-v", m)],
+              *[x for k, v in (eng.get("labels") or {}).items() for x in ("--label", f"{k}={v}")],
+              *(["--restart", restart] if restart else []), image, *argv[len(words):]]
+    state = {
+        "images": {image: {"id": img_id, "digest": hashlib.sha256(f"digest:{image}".encode()).hexdigest(),
+                           "entrypoint": words, "cmd": [], "env": [IMAGE_PATH, "LANG=C.UTF-8"], "workdir": sim._cwd()}},
+        "containers": [{
+            "id": cid, "name": eng["name"], "image": image, "created": "2026-11-29T21:14:00.000000000Z",
+            "entrypoint": words, "cmd": argv[len(words):], "env": env, "workdir": sim._cwd(), "user": "",
+            "labels": dict(eng.get("labels") or {}), "mounts": mounts, "tmpfs": {}, "ports": [],
+            "network": eng.get("network") or "", "gpus": eng.get("gpus") or "", "devices": [], "ipc": eng.get("ipc") or "",
+            "shm_size": 0, "ulimits": [], "restart": {"Name": name, "MaximumRetryCount": int(n or 0)} if name else {},
+            "runtime": "", "privileged": False, "cap_add": [], "cap_drop": [], "security_opt": [], "init": False,
+            "pid": "", "add_host": [], "hostname": "", "create_command": create,
+            "state": {"status": "running", "running": True, "pid": 0}}]}
+    d = sim.path(ENGINE_STATE[rt])
+    d.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(state, indent=1)
+    (d / "sim-engine.json").write_text(text if sim.sealed else sim.shell.rewrite(text))
+    code = (Path(__file__).parent / "guest" / "engine.py").read_text()
+    for const, value in (("STATE", f"{ENGINE_STATE['docker']}/sim-engine.json"), ("SOCKET", ENGINE_SOCKET["docker"]),
+                         ("SERVICE", "/run/nvidia-gpu/service.sock"), ("TEMPLATE", ENGINE_TEMPLATE)):
+        want = {"STATE": f"{ENGINE_STATE[rt]}/sim-engine.json", "SOCKET": ENGINE_SOCKET[rt]}.get(const, value)
+        code = code.replace(f'{const} = "{value}"', f'{const} = "{sim.inside(want)}"', 1)
+    code = code.replace('RUNTIME = "docker"', f'RUNTIME = {rt!r}', 1).replace(
+        'HOSTNAME = "localhost"', f'HOSTNAME = {sim.state["hostname"]!r}', 1)
+    python = sim.base_python() if sim.sealed else sim.inside(sim.state["python"])
+    for path in (ENGINE[rt], f"/usr/local/bin/{rt}"):
+        p = sim.path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(f"#!{python} -I\n" + code)
+        p.chmod(0o755)
+    t = sim.path(ENGINE_TEMPLATE)
+    t.parent.mkdir(parents=True, exist_ok=True)
+    t.write_text((Path(__file__).parent / "guest" / "podman-4.3.1-inspect.json").read_text())
+    sim.path(ENGINE_SOCKET[rt]).parent.mkdir(parents=True, exist_ok=True)

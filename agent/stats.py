@@ -278,6 +278,9 @@ class Control(BaseModel):
     low: float
     high: float
     decision: Decision | None = None   # the change over the restarted server, where that decides
+    # the restarted server's shift from the reference, in noise SDs of a difference of means (the runs' SD pooled
+    # over the reference, the changed state and the control, each around its own mean): positive = it recovered
+    shift_z: float = 0.0
 
 
 def control(reference: list[float], ctrl: list[float], changed: list[float], regression: float | None,
@@ -299,8 +302,10 @@ def control(reference: list[float], ctrl: list[float], changed: list[float], reg
     gain = effect(reference, changed, lower_is_better, noise).improvement
     e = effect(reference, ctrl, lower_is_better, noise)
     part, lo, hi = share_interval(e.improvement, e.se, e.df, gain if gain > 0 else 1e-12, level=2 * CONTROL_LEVEL - 1)
+    sd = _floor(pooled_sd(reference, changed, ctrl)[0], statistics.fmean(reference))
+    z = e.improvement / (sd * math.sqrt(1 / len(ctrl) + 1 / len(reference)))
     if hi < RESTART_PART:
-        return Control(outcome="change", part=part, low=lo, high=hi)
+        return Control(outcome="change", part=part, low=lo, high=hi, shift_z=z)
     d = decide(ctrl, changed, regression, lower_is_better, final=True, noise=noise, regression_se=regression_se)
     relevant = regression if regression and regression > 0 else 0.05 * abs(statistics.fmean(reference))
     if len(ctrl) >= 3 and d.p < ALPHA_CONTROL and d.improvement >= MIN_SHARE * relevant:
@@ -308,6 +313,85 @@ def control(reference: list[float], ctrl: list[float], changed: list[float], reg
     if lo > RESTART_PART and len(ctrl) >= 2:   # one run, whose own noise is unseen, never overturns a cause
         return Control(outcome="restart", part=part, low=lo, high=hi, decision=d)
     return Control(outcome="undecided" if final else "more", part=part, low=lo, high=hi, decision=d)
+
+
+# ---------------------------------------------------------------- a server whose speed changes at restarts
+SHIFT_Z = 2.0            # a restart that moved the server this many noise SDs toward the change asks for a second start
+ALPHA_RESTARTS = 0.001   # one-sided level of "the change beats the server as found", over the means of its starts
+
+
+def restart_shift(ctrl: Control) -> bool:
+    """Did a plain restart recover a part of what the change did by itself (as much as a cause must recover, and by
+    SHIFT_Z noise SDs of the runs or more), though surely less than half of it (``change``)? Then the server's speed
+    may change at restarts, which the runs of one start do not show, and one start of the changed state cannot be
+    told from that. (Runs alone move that far about one time in twenty; the H200 lab's restarts, by 2.7.) (Where a restart recovers half or more, ``control``
+    already asks whether the change beats the restarted server.)"""
+    return ctrl.outcome == "change" and ctrl.part >= MIN_SHARE and ctrl.shift_z >= SHIFT_Z
+
+
+ALPHA_STARTS = 0.01      # level of "the starts of one state differ by more than their runs' noise" (F-test)
+
+
+def starts_differ(*states: list[list[float]]) -> float:
+    """p of "the starts of each state differ by more than their runs' noise": the F-test of a nested analysis of
+    variance, the spread of each start's mean around its state's mean against the runs around their start's mean.
+    0 where the runs hold no noise of their own (one run a start): the starts then cannot be shown alike."""
+    starts = [g for st in states for g in st if g]
+    sw, dfw = pooled_sd(*starts)
+    ss, dfb = 0.0, 0
+    for st in states:
+        gs = [g for g in st if g]
+        m = statistics.fmean(v for g in gs for v in g)
+        ss += sum(len(g) * (statistics.fmean(g) - m) ** 2 for g in gs)
+        dfb += len(gs) - 1
+    if not dfw or not dfb:
+        return 0.0 if not dfw else 1.0
+    return float(_sps().f.sf((ss / dfb) / _floor(sw, *(statistics.fmean(g) for g in starts)) ** 2, dfb, dfw))
+
+
+def across_restarts(changed: list[list[float]], unchanged: list[list[float]], regression: float | None,
+                    lower_is_better: bool, regression_se: float = 0.0) -> Decision:
+    """The change judged over two or more starts of the server each way: ``changed`` the runs of each start with the
+    change, ``unchanged`` those of the server as found (before the change, and after each undo). Where the starts
+    of each state differ by no more than their runs' noise (``starts_differ`` p >= ALPHA_STARTS), the runs are
+    pooled and decided as any experiment's (``decide``). Where they differ, the server's speed changes at restarts
+    and each start's mean is one sample: Student's t over the means, their spread the noise. A cause: one-sided p
+    < ALPHA_RESTARTS and at least MIN_SHARE of the regression; else undecided (a few starts cannot bound a share)."""
+    p_starts = starts_differ(changed, unchanged)
+    if p_starts >= ALPHA_STARTS:
+        d = decide([v for g in unchanged for v in g], [v for g in changed for v in g], regression, lower_is_better,
+                   regression_se=regression_se, final=True)
+        if d.outcome == "not_cause":
+            d = d.model_copy(update={"outcome": "more", "rule": ""})
+        head = (f"the starts of each state differ by no more than their runs' noise (F-test p={p_starts:.2g}), so "
+                f"all runs together: ")
+        return d.model_copy(update={"text": head + d.text.replace("undecided at the run budget", "undecided")})
+    c = [statistics.fmean(x) for x in changed if x]
+    u = [statistics.fmean(x) for x in unchanged if x]
+    mc, mu = statistics.fmean(c), statistics.fmean(u)
+    imp = (mu - mc) if lower_is_better else (mc - mu)
+    sd, df = pooled_sd(c, u)
+    se = _floor(sd, mc, mu) * math.sqrt(1 / len(c) + 1 / len(u))
+    df = max(df, 1)
+    p = float(_sps().t.sf(imp / se, df))
+    reg = regression if regression and regression > 0 else None
+    relevant = reg if reg is not None else 0.05 * abs(mu)
+    share = 0.0
+    share_ci: tuple[float, float] | None = None
+    share_se: float | None = None
+    if reg is not None:
+        share, lo, hi = share_interval(imp, se, df, reg, regression_se)
+        share_ci, share_se = (lo, hi), (hi - share) / t_quantile(0.975, df)
+    outcome: Outcome = "cause" if p < ALPHA_RESTARTS and imp >= MIN_SHARE * relevant else "more"
+    share_txt = (f", {_pct(share)} of the regression (95% CI {_pct(share_ci[0])} to {_pct(share_ci[1])})"
+                 if share_ci is not None else "")
+    text = (f"the starts differ by more than their runs' noise (F-test p={p_starts:.2g}), so each start is one "
+            f"sample: mean {plain(mc, 4)} with the change ({len(c)} starts: {', '.join(plain(x, 4) for x in c)}) vs "
+            f"{plain(mu, 4)} as found ({len(u)} starts: {', '.join(plain(x, 4) for x in u)}): "
+            f"{'recovers' if imp > 0 else 'changes'} {plain(imp, sign=True)}{share_txt}; t-test over the starts' "
+            f"means p={p:.2g}: " + ("a cause" if outcome == "cause" else "undecided"))
+    return Decision(outcome=outcome, improvement=imp, share=share, share_ci=share_ci, share_se=share_se,
+                    improvement_se=se, df=df, p=p, n_changed=len(c), n_reference=len(u), text=text, rule="")
 
 
 # ---------------------------------------------------------------- the reproduce step

@@ -149,3 +149,38 @@ def test_a_later_control_starts_from_the_runs_an_earlier_control_measured(tmp_pa
     out, runs = control(tmp_path, [28.45, 28.55], earlier)
     assert runs >= 2 and out.control[0] == 28.5 and earlier[1:] == out.control[1:]
     assert "beats the restarted server" in out.text
+
+
+def test_a_restart_that_recovers_a_part_by_itself_asks_for_a_second_start(tmp_path):
+    # 27.0 is a fifth of the way back to the change's 26: less than half (the change keeps its result), but a restart
+    # alone recovered a part, so the server's speed may change at restarts and the change is made again (Lab.run)
+    lab_out, _ = control(tmp_path, [30.0])
+    assert lab_out.control == [30.0] and "the restart alone does not explain it" not in lab_out.text
+
+
+def test_over_starts_a_server_that_comes_up_in_two_modes_is_never_a_cause():
+    # the H200 lab's healthy case: as found slow, the previous commit's start fast, the control between, then the
+    # change's second start slow and the control's fast: the starts differ far beyond their runs' noise
+    from debugagent.agent.stats import across_restarts, starts_differ
+    changed = [[1934.0, 1941.0], [1433.0, 1440.0]]
+    unchanged = [[1455.0, 1470.0, 1466.0], [1542.0], [1911.0]]
+    assert starts_differ(changed, unchanged) < 0.01
+    d = across_restarts(changed, unchanged, 500.0, False)
+    assert d.outcome == "more" and "each start is one sample" in d.text, d.text
+
+
+def test_over_starts_a_real_cause_on_starts_that_agree_is_decided_on_all_runs():
+    from debugagent.agent.stats import across_restarts, starts_differ
+    changed = [[1931.0, 1925.0], [1958.0, 1950.0]]
+    unchanged = [[1009.0, 1012.0, 1005.0], [1020.0], [1013.0]]
+    assert starts_differ(changed, unchanged) >= 0.01
+    d = across_restarts(changed, unchanged, 940.0, False)
+    assert d.outcome == "cause" and "all runs together" in d.text and 0.9 < d.share < 1.05, d.text
+
+
+def test_over_starts_a_real_cause_on_starts_that_differ_is_decided_on_their_means():
+    from debugagent.agent.stats import across_restarts
+    changed = [[1931.0, 1925.0, 1928.0], [1958.0, 1950.0, 1955.0]]
+    unchanged = [[1009.0, 1012.0, 1005.0], [1134.0], [1023.0]]
+    d = across_restarts(changed, unchanged, 940.0, False)
+    assert d.outcome == "cause" and "each start is one sample" in d.text, d.text

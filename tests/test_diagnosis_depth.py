@@ -1,12 +1,12 @@
 """Deeper diagnosis on hosts written from public reports (tests/scenarios/, each citing its thread): a performance
 flag no list names (`--dtype float32`), speculative decoding left on for a throughput job, two and three causes at
 once (each confirmed, then reverted together: the joint share), a healthy bimodal server against one good reading
-(never blamed), and an offline script whose own `--batch-size` is its workload (never removed). Each is run once,
+(never blamed), a server whose speed changes at restarts, healthy and with a cause (a restart experiment judged
+over two starts of each state), and an offline script whose own `--batch-size` is its workload (never removed). Each is run once,
 with numbers only; the two-cause host also with a snapshot of its good state."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -15,12 +15,13 @@ from debugagent.tools.registry import Runner
 from debugagent.tools.sim import SimTransport, parse_scenario
 from debugagent.tools.snapshot import collect, dump
 
+from debugagent_testing import event_lines
 from tests.test_agent import check
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent / "scenarios"
 NAMES = ["dtype-float32", "speculative-throughput", "env-and-dtype", "three-causes", "bimodal-one-reading",
-         "offline-batch-size"]
+         "offline-batch-size", "restart-modes-healthy", "restart-modes-real-cause"]
 
 
 def scenario(name: str):
@@ -36,6 +37,10 @@ def test_scenario_with_numbers(name, tmp_path):
     check(sc, out)
     if sc.expect.also:   # two or more causes: measured together too
         assert out.get("joint"), out.get("root_causes")
+    if sc.bench.modes:   # a server whose speed changes at restarts: a restart experiment is judged over two starts
+        events = event_lines(tmp_path / "run" / "events.jsonl")
+        texts = [e.get("text", "") for e in events if e.get("event") == "experiment" and e.get("phase") == "result"]
+        assert any("made again" in t and "the server as found restarted again" in t for t in texts), texts
 
 
 def test_two_causes_with_a_baseline_snapshot_report_what_reverting_both_recovers(tmp_path):
@@ -56,7 +61,7 @@ def test_causes_that_compound_are_measured_together_before_any_further_suspect(t
     out = investigate(RunOptions(host=f"sim:{path}", symptom=sc.symptom, baseline=sc.baseline, as_json=True,
                                  out=str(tmp_path / "run"), bench=sc.bench.command()))
     check(sc, out)
-    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    events = event_lines(tmp_path / "run" / "events.jsonl")
     started = [e["spec"] for e in events if e.get("event") == "experiment" and e.get("phase") == "start"]
     assert [bool(sp.get("joint")) for sp in started] == [False, False, True], [sp.get("title") for sp in started]
     assert out["joint"]["share_ci"][1] >= 1.0, out["joint"]

@@ -5,6 +5,7 @@ change's effect."""
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from debugagent.tools.probes.text import plural
@@ -12,7 +13,7 @@ from debugagent.tools.registry import Runner
 from debugagent.tools.units import plain
 
 from ..results import ExperimentResult
-from ..stats import CONTROL_LEVEL, CONTROL_RUNS, RESTART_PART, control
+from ..stats import CONTROL_LEVEL, CONTROL_RUNS, RESTART_PART, across_restarts, control, restart_shift
 
 if TYPE_CHECKING:
     from .lab import Lab
@@ -67,6 +68,9 @@ def restart_control(lab: Lab, r: Runner, result: ExperimentResult, bad: list[flo
     said = (f"control: the server as found, restarted, gives mean {plain(statistics.fmean(ctrl), 4)} ({runs}): "
             f"a plain restart recovers {c.part:.0%} of what the change did ({2 * CONTROL_LEVEL - 1:.0%} CI "
             f"{c.low:.0%} to {c.high:.0%})")
+    lab.shifted = c if restart_shift(c) else None
+    if lab.shifted is not None:   # decided over the starts of the server (``restart_again``)
+        return result.model_copy(update={"control": ctrl, "text": f"{result.text}; {said}"})
     if c.outcome == "change":
         return result.model_copy(update={"control": ctrl, "text": f"{result.text}; {said}, so the restart alone "
                                          "does not explain it"})
@@ -95,3 +99,59 @@ def restart_control(lab: Lab, r: Runner, result: ExperimentResult, bad: list[flo
     return result.model_copy(update={"control": ctrl, "significant": False, "outcome": d.outcome,
                                      "share": round(d.share, 3), "share_ci": None, "decision": why,
                                      "text": f"{result.text}; {said}, {why}"})
+
+
+def restart_again(lab: Lab, r: Runner, result: ExperimentResult, bad: list[float], regression: float | None,
+                  again: Callable[[], ExperimentResult]) -> ExperimentResult:
+    """A plain restart recovered part of the regression by itself (``stats.restart_shift``): the server's speed
+    changes at restarts (a server that comes up in one of two modes), which the runs of one start do not show, so
+    one start with the change and one without cannot tell the change from the restart. The change is made again
+    (``again``: the kind's apply and undo, no bisection) and the server as found, restarted by that undo, measured
+    again; the change is then judged over the starts' means (``stats.across_restarts``): the starts with the change
+    against the server as found before it and after each undo. Undecided there, it is no cause."""
+    c = lab.shifted
+    assert c is not None
+    lab.shifted = None
+    b = lab.measuring
+    cap = b.spec.max_runs or 0
+    warm = 1 if b.warmth.needed is not False else 0   # each restart's warm-up run counts toward --max-runs
+    left = cap - (b.bench_runs - b.runs_at_start) if cap else None
+    why = ("the server's speed may change at restarts, which the runs of one start do not show, and one start "
+           "with the change cannot be told from that")
+    if left is not None and left < 3 + 2 * warm:   # two runs with the change, one of the server as found
+        return _undecided(lab, result, f"{result.text}, so {why}; --max-runs {cap} left no runs to make the change "
+                                       "again")
+    lab.emit("experiment", phase="plan", text=(
+        f"a plain restart alone recovered {c.part:.0%} of what the change did ({2 * CONTROL_LEVEL - 1:.0%} CI "
+        f"{c.low:.0%} to {c.high:.0%}), so {why}: the change is made again, the server as found restarted again "
+        "after it, and the change is judged over the starts' means"))
+    saved = b.spec.max_runs
+    if left is not None:
+        b.spec.max_runs = left - 1 - warm   # the second start's control run (and its warm-up) are kept for
+    try:
+        second = again()
+    finally:
+        b.spec.max_runs = saved
+    lab.server.started = lab.server.found_again   # the server the undo started, as the first control measured it
+    ctrl = [b.measured(r, b.spec.cwd, "control: the server as found, restarted again")]
+    lab.found_restarted.extend(ctrl)
+    d = across_restarts([result.samples, second.samples], [bad, result.control, ctrl], regression, b.lower,
+                        b.spec.regression_se)
+    b.last_decision = d
+    text = (f"{result.text}, so {why}; made again: mean {plain(statistics.fmean(second.samples), 4)} "
+            f"({plural(len(second.samples), 'run')}), the server as found restarted again: "
+            f"{plain(ctrl[0], 4)}; {d.text}")
+    if d.outcome == "cause":
+        return result.model_copy(update={"share": round(d.share, 3), "share_ci": d.share_ci, "share_se": d.share_se,
+                                         "decision": d.text, "text": text, "outcome": "cause", "significant": True,
+                                         "improvement": d.improvement, "control": [*result.control, *ctrl]})
+    return _undecided(lab, result.model_copy(update={"control": [*result.control, *ctrl]}), text, d.text)
+
+
+def _undecided(lab: Lab, result: ExperimentResult, text: str, decision: str | None = None) -> ExperimentResult:
+    d = lab.measuring.last_decision
+    if d is not None:
+        lab.measuring.last_decision = d.model_copy(update={"outcome": "more"})
+    return result.model_copy(update={"significant": False, "outcome": "more", "share_ci": None,
+                                     "decision": decision or "undecided: the server's speed may change at restarts",
+                                     "text": text})

@@ -16,7 +16,7 @@ from debugagent.tools.registry import Runner
 
 from ..journal import Journal
 from ..results import ExperimentResult
-from .control import restart_control
+from .control import restart_again, restart_control
 from .errors import ConnectionLost, ExperimentError
 from .measure import Bench, Measure
 from .registry import KINDS
@@ -27,6 +27,7 @@ from .undo import Undo
 if TYPE_CHECKING:
     from ..context import Warmth
     from ..facts import LabFacts
+    from ..stats import Control
 
 
 @dataclass
@@ -64,6 +65,8 @@ class Lab:
         self.noise = noise
         self.setup = setup or LabSetup()
         self.found_restarted = found_restarted if found_restarted is not None else []
+        # a control that showed the server's speed change at a restart (``stats.restart_shift``): judged again
+        self.shifted: Control | None = None
         self.peer = peer   # ``--peer``: read only (a package's build, by ``kinds.package``)
         self._reconnects = 0
         self._r: Runner | None = None
@@ -159,6 +162,7 @@ class Lab:
         self.server.started = None
         self.server.found_again = None
         self.measuring.changed_cmd = None
+        self.shifted = None
         if self.shadow is not None:
             self.shadow.copies = {}
         self.measuring.runs_at_start = self.measuring.bench_runs
@@ -169,15 +173,36 @@ class Lab:
             # a knob of the host itself (a power limit, a governor, locked clocks) is never a copy's own
             raise ExperimentError(f"a shadow run changes nothing the production server uses, and \"{spec.get('title')}\" "
                                   "acts on the host itself, not on a copy: run it without --shadow-gpus, with consent")
+        if kind.fresh and kind.fresh_first:
+            self._restoring(r, lambda: self.reference(bad))
+        typed = self._restoring(r, lambda: self._typed(kind, spec))
+        result = self._apply(r, kind, typed, facts, bad, regression)
+        if self.shadow is not None and self.server.started is not None:
+            # the unchanged copy, started the same way at the same time and measured in turn, is the control
+            return result.model_copy(update={"text": f"{self.shadow.describe()}: {result.text}"})
+        # the causes reverted together were each controlled alone already
+        # (an offline workload restarted nothing: its runs before the change are the unchanged state's)
+        if self.server.started is not None and self.server.workload is None and result.significant \
+                and not spec.get("joint"):
+            result = self.control(r, result, bad, regression)
+            if self.shifted is not None:
+                once = typed.model_copy(update={"bisect": False}) if "bisect" in type(typed).model_fields else typed
+                result = restart_again(self, r, result, bad, regression,
+                                       lambda: self._apply(r, kind, once, facts, bad, regression))
+        return result
+
+    @staticmethod
+    def _typed(kind: Any, spec: dict[str, Any]) -> Any:
         try:
-            if kind.fresh and kind.fresh_first:
-                self.reference(bad)
-            try:
-                typed = kind.spec.model_validate({k: v for k, v in spec.items() if k in kind.spec.model_fields})
-                result = kind().apply(self, r, typed, facts, bad, regression)
-            except (ValueError, TypeError, KeyError, StopIteration) as exc:   # a rendered field that does not fit
-                raise ExperimentError(f"the experiment's fields do not fit this host ({type(exc).__name__}: {exc}); "
-                                      f"check them with `debugagent playbook validate`") from exc
+            return kind.spec.model_validate({k: v for k, v in spec.items() if k in kind.spec.model_fields})
+        except (ValueError, TypeError, KeyError, StopIteration) as exc:   # a rendered field that does not fit
+            raise ExperimentError(f"the experiment's fields do not fit this host ({type(exc).__name__}: {exc}); "
+                                  f"check them with `debugagent playbook validate`") from exc
+
+    def _restoring(self, r: Runner, step: Callable[[], Any]) -> Any:
+        """``step``, and on any failure the host restored before the failure goes on."""
+        try:
+            return step()
         except BaseException as exc:
             self.measuring.changed_cmd = None
             try:
@@ -189,17 +214,20 @@ class Lab:
                 raise RestoreError(f"the experiment failed ({exc}) and the host could not be fully restored; "
                                    f"left: {'; '.join(left)}", left=left) from exc
             raise
+
+    def _apply(self, r: Runner, kind: Any, typed: Any, facts: LabFacts, bad: list[float],
+               regression: float | None) -> ExperimentResult:
+        """The change made and measured by its kind, then undone (the server as found restarted where it was)."""
+        def apply() -> ExperimentResult:
+            try:
+                return kind().apply(self, r, typed, facts, bad, regression)
+            except (ValueError, TypeError, KeyError, StopIteration) as exc:   # a rendered field that does not fit
+                raise ExperimentError(f"the experiment's fields do not fit this host ({type(exc).__name__}: "
+                                      f"{exc}); check them with `debugagent playbook validate`") from exc
+        result = self._restoring(r, apply)
         self.measuring.changed_cmd = None   # the workload as found again
         left = self.do_undo(r)
         if left:
             raise RestoreError(f"the host could not be fully restored after the experiment; left: {'; '.join(left)}",
                                left=left)
-        if self.shadow is not None and self.server.started is not None:
-            # the unchanged copy, started the same way at the same time and measured in turn, is the control
-            return result.model_copy(update={"text": f"{self.shadow.describe()}: {result.text}"})
-        # the causes reverted together were each controlled alone already
-        # (an offline workload restarted nothing: its runs before the change are the unchanged state's)
-        if self.server.started is not None and self.server.workload is None and result.significant \
-                and not spec.get("joint"):
-            result = self.control(r, result, bad, regression)
         return result

@@ -48,6 +48,7 @@ class Proc:
     code: int
     builds: dict[str, str]
     seq: int = 0  # the order of registration (1, 2, …)
+    start: int = 0  # the order of registration among the processes of its role (a server's first start: 1)
     started: float = field(default_factory=time.monotonic)
 
     def argv(self, strip: str = "") -> list[str]:
@@ -91,6 +92,7 @@ class Controller:
         self.count = 0
         self.connect_wait_s = 20.0
         self.registered = 0
+        self.starts: dict[str, int] = {}
         # a host's service manager asks for a unit's process to show its cgroup (``supervised.show_cgroup``)
         self.on_cgroup: Callable[[int, str], str] | None = None
         self.cv = threading.Condition()
@@ -193,6 +195,7 @@ class Controller:
         with self.cv:
             self.registered += 1
             p.seq = self.registered
+            self.starts[p.role] = p.start = self.starts.get(p.role, 0) + 1
             self.procs.append(p)
             self.cv.notify_all()
         try:
@@ -301,6 +304,8 @@ class Controller:
         for f, o in zip(self.scenario.factors, on, strict=True):
             if o and all(p in bad for p in f.with_):   # an interaction holds while its partners are bad too
                 value += f.effect
+        if spec.modes and srv.start:   # the mode this start of the server came up in
+            value *= spec.modes[(srv.start - 1) % len(spec.modes)]
         with self.cv:
             self.count += 1
             n = self.count

@@ -294,6 +294,9 @@ class BenchSpec(Strict):
     unit: str
     base: float
     noise_pct: float = 2.0
+    # the server's speed at each of its starts in turn (a factor on the value; cycled): a server whose speed
+    # changes at restarts, as one that picks a mode at start (empty: the same at every start)
+    modes: list[float] = Field(default_factory=list)
     cmd: str = "gpu-bench"
     seconds: float = 0.15
     args: dict[str, Scalar] = Field(default_factory=dict)  # the client's workload flags, in the host profile's command

@@ -13,6 +13,9 @@ from debugagent.agent.transcript import Transcript, read_events
 from debugagent.tools.errors import RecordingError
 
 ROOT = Path(__file__).resolve().parents[1]
+# the H200 lab's env case as recorded on 2026-12-02 (schema 1, before the server_view probe): kept as it was, since
+# transcripts/h200 holds the newer recordings
+OLD_ENV = ROOT / "tests" / "vectors" / "recordings" / "h200-2026-12-02" / "env" / "events.jsonl"
 
 
 def test_a_bad_event_fails_loudly_and_writes_nothing(tmp_path):
@@ -50,7 +53,7 @@ def test_written_events_read_back_as_models(tmp_path):
 
 def test_version_1_recordings_are_migrated_as_read():
     """A kept recording of schema 1 reads with every tool call's purpose, its file left as it is."""
-    run = ROOT / "transcripts" / "h200" / "code" / "events.jsonl"
+    run = OLD_ENV   # the H200 lab's env case as recorded on 2026-12-02, schema 1
     assert json.loads(run.read_text().splitlines()[0])["schema_version"] == 1
     calls = [e for e in read_events(run) if isinstance(e, ToolCall)]
     purposes = {e.purpose for e in calls}
@@ -93,7 +96,7 @@ def test_an_edited_field_names_its_line(tmp_path):
 
 def test_process_table_names_the_server_the_run_found():
     """transcript.md finds the server with the run's own --server-pattern (recorded in run_started), as the run did."""
-    events = read_events(ROOT / "transcripts" / "h200" / "env" / "events.jsonl")
+    events = read_events(OLD_ENV)
     assert events[0].inputs.server_pattern
     md = render(events)
     assert "no process whose command line looks like an inference server" not in md

@@ -171,7 +171,8 @@ def test_default_changed_against_the_baseline_and_from_knowledge():
 
 def test_a_replay_of_a_recording_made_before_the_probe_leaves_it_out():
     """Replaying a kept recording (no server_view call in it) plans no server_view call; a live host gets one."""
-    events = read_events(ROOT / "transcripts" / "h200" / "env" / "events.jsonl")   # recorded 2026-12-02, before it
+    # the H200 lab's env case as recorded on 2026-12-02, before the probe (transcripts/h200 was recorded again since)
+    events = read_events(ROOT / "tests" / "vectors" / "recordings" / "h200-2026-12-02" / "env" / "events.jsonl")
     replay = ReplayTransport(events)
     assert replay.recorded_tools is not None and "server_view" not in replay.recorded_tools
     assert "python_packages" in replay.recorded_tools

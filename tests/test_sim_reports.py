@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -202,7 +203,9 @@ def test_an_unsealed_host_shows_only_its_own_container_marks(tmp_path):
     def probe(runtime: str | None) -> tuple[str | None, str | None]:
         p = tmp_path / f"{runtime}.yaml"
         p.write_text(text if runtime is None else text.replace("\n  server:\n", f"\n  container: {{runtime: {runtime}}}\n  server:\n", 1))
-        h = SimHost(load_scenario(str(p)), root=str(tmp_path / f"h-{runtime}"), sealed=False)
+        # a short folder: the host's service socket lies under it, and a unix socket's path holds 107 bytes (pytest's
+        # tmp_path under xdist is deep enough to pass that)
+        h = SimHost(load_scenario(str(p)), root=tempfile.mkdtemp(prefix="um-"), sealed=False)
         try:
             host = parse_host_id(h.exec(HOST_ID_COMMAND).stdout)
             pid = int(h.exec("for p in /proc/[0-9]*; do grep -q launch_server $p/cmdline && echo ${p#/proc/}; done").stdout.split()[0])

@@ -3,8 +3,9 @@
 
 A recording holds the baseline snapshot it was given (`run_started.baseline_snapshot_data`) and the outputs of the
 probes it ran on the bad host; the bad snapshot is made again by the same probes answered from the recording.
-The cases whose run had a number for a baseline (env, code, healthy) hold no snapshot of the good state, so no
-scenario can be made from snapshots for them: the test checks that too."""
+The cases whose run had a number for a baseline (env, code, healthy, two) hold no snapshot of the good state, so no
+scenario can be made from snapshots for them: the test checks that too. The shadow run's case (shadow-flag) holds
+one; on the simulated host it is diagnosed by a restart, as a run without --shadow-gpus makes it."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def real_cause(case: str) -> str | None:
     return (end.get("root_cause") or {}).get("hypothesis")
 
 
-@pytest.mark.parametrize("case", ["flag", "package"])
+@pytest.mark.parametrize("case", ["flag", "package", "shadow-flag"])
 def test_an_h200_recording_round_trips(tmp_path, case):
     cause = real_cause(case)
     assert cause == SUMMARY[case]["expect"]   # what the real host's run concluded, and was right
@@ -55,7 +56,8 @@ def test_an_h200_recording_round_trips(tmp_path, case):
     sc = parse_scenario(out.read_text(), str(out))
     # factors from the snapshots' diff (the one difference of each case), effects from the numbers
     paths = [f.path for f in sc.factors]
-    assert paths == {"flag": ["server.args.dtype"], "package": ["packages.labkern.build"]}[case], paths
+    assert paths == {"flag": ["server.args.dtype"], "shadow-flag": ["server.args.dtype"],
+                     "package": ["packages.labkern.build"]}[case], paths
     assert sc.factors[0].effect < 0 and abs(sc.bench.base + sc.factors[0].effect - sum(bad.bench["samples"]) /
                                             len(bad.bench["samples"])) < 1
     assert sc.host.server.cmd.endswith("-m labserve.server") and sc.host.python.startswith("/opt/gpu-lab-")
@@ -69,7 +71,7 @@ def test_an_h200_recording_round_trips(tmp_path, case):
     assert res["exit_code"] == 0 and rc and rc["hypothesis"] == cause and rc["how"] == "experiment", res["summary"]
 
 
-@pytest.mark.parametrize("case", ["env", "code", "healthy"])
+@pytest.mark.parametrize("case", ["env", "code", "healthy", "two"])
 def test_a_recording_with_a_number_for_baseline_has_no_good_snapshot(case):
     good, bad = snapshots_from_recording(recording(case))
     assert good is None and bad.server is not None

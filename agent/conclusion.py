@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 
 from .results import Regression
 from .stats import more_runs_advice
+from .stats import pct as _pct  # half up, as the experiment's own sentence: never "explains 96%" beside "97%"
 from .verdicts import Hyp, NotJudged
 
 SCHEMA = 2
@@ -69,10 +70,6 @@ class Conclusion(BaseModel):
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)
-
-
-def _pct(x: float) -> str:
-    return f"{x:.0%}"
 
 
 def cause_of(hid: str, h: Hyp) -> Cause:

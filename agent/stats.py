@@ -155,7 +155,7 @@ class Decision(BaseModel):
         return self.outcome != "more"
 
 
-def _pct(x: float) -> str:
+def pct(x: float) -> str:
     """A share as a whole percent, as every output prints it: runfacts.pct of the share as the results keep it
     (3 decimals), so this sentence and the conclusion never round one share two ways."""
     return f"{math.floor(round(x, 3) * 100 + 0.5):.0f}%"
@@ -217,7 +217,7 @@ def decide(reference: list[float], changed: list[float], regression: float | Non
         outcome = "more"
     mc, mr = statistics.fmean(changed), statistics.fmean(reference)
     how = {"cause": "a cause", "not_cause": "not a cause", "more": "undecided" + (" at the run budget" if final else "")}
-    share_txt = (f", {_pct(share)} of the regression (95% CI {_pct(share_ci[0])} to {_pct(share_ci[1])})"
+    share_txt = (f", {pct(share)} of the regression (95% CI {pct(share_ci[0])} to {pct(share_ci[1])})"
                  if share_ci is not None and share is not None else "")
     test = "t-test" if e.normal else "t-test and Mann-Whitney U (the noise is not normal)"
     of = "of the regression" if reg is not None else "of a 5% change of the reference mean (no regression was measured)"
@@ -383,7 +383,7 @@ def across_restarts(changed: list[list[float]], unchanged: list[list[float]], re
         share, lo, hi = share_interval(imp, se, df, reg, regression_se)
         share_ci, share_se = (lo, hi), (hi - share) / t_quantile(0.975, df)
     outcome: Outcome = "cause" if p < ALPHA_RESTARTS and imp >= MIN_SHARE * relevant else "more"
-    share_txt = (f", {_pct(share)} of the regression (95% CI {_pct(share_ci[0])} to {_pct(share_ci[1])})"
+    share_txt = (f", {pct(share)} of the regression (95% CI {pct(share_ci[0])} to {pct(share_ci[1])})"
                  if share_ci is not None else "")
     text = (f"the starts differ by more than their runs' noise (F-test p={p_starts:.2g}), so each start is one "
             f"sample: mean {plain(mc, 4)} with the change ({len(c)} starts: {', '.join(plain(x, 4) for x in c)}) vs "

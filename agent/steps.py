@@ -25,7 +25,7 @@ from .lab.lab import PeerReader
 from .lab.shadow import server_bench
 from .results import ExperimentResult, Regression
 from .state import Current, RunState
-from .stats import Reproduction, fresh_reference_runs, more_runs_advice, reproduce, share_interval
+from .stats import Reproduction, fresh_reference_runs, more_runs_advice, pct, reproduce, share_interval
 
 REPRODUCE_FIRST = 3
 RETRIES = 2   # an experiment whose connection was lost runs again, this many times
@@ -310,8 +310,8 @@ def add_groups(ctx: Ctx, s: RunState, hyps: dict[str, vd.Hyp]) -> bool:
     added = vd.add_groups(hyps, nj, ctx.playbook.group_targets())
     total, ci = vd.explained(hyps)
     why = ("no confirmed cause explains the regression" if ci is None else
-           f"the confirmed causes explain {total:.0%} of the regression (95% CI {ci[0]:.0%} to {ci[1]:.0%}), "
-           f"{max(0.0, 1 - total):.0%} unexplained")
+           f"the confirmed causes explain {pct(total)} of the regression (95% CI {pct(ci[0])} to {pct(ci[1])}), "
+           f"{pct(max(0.0, 1 - total))} unexplained")
     for hid, items in added:
         workload = (f" The workload's own flags are never removed (removing one changes the work measured, not how "
                     f"it runs): {', '.join('--' + f for f in nj.workload)}."
@@ -340,8 +340,8 @@ def choose(ctx: Ctx, s: RunState) -> dict[str, Any]:
         rest = [c for c in cands if c[1].get("group") and hyps[c[0]].status == "confirmed"]
         if not rest:
             lo, hi = j["share_ci"]
-            ctx.say(f"Together the confirmed causes recover {j['share']:.0%} of the regression (95% CI {lo:.0%} to "
-                    f"{hi:.0%}): the interval reaches 100%, so what is left may be nothing; no further suspect is "
+            ctx.say(f"Together the confirmed causes recover {pct(j['share'])} of the regression (95% CI {pct(lo)} to "
+                    f"{pct(hi)}): the interval reaches 100%, so what is left may be nothing; no further suspect is "
                     "tested.")
             return {"current": None, "hyps": hyps}
         cands = rest
@@ -372,8 +372,8 @@ def joint_words(j: dict[str, Any]) -> str:
         return (f"Reverted together ({', '.join(j['causes'])}), the causes could not be measured: "
                 f"{j.get('error') or j.get('text')}.")
     lo, hi = j["share_ci"]
-    return (f"Together {', '.join(j['causes'])} recover {j['share']:.0%} of the regression (95% CI {lo:.0%} to "
-            f"{hi:.0%}; one at a time their shares add to {j['sum_alone']:.0%}); {j['unexplained']:.0%} unexplained.")
+    return (f"Together {', '.join(j['causes'])} recover {pct(j['share'])} of the regression (95% CI {pct(lo)} to "
+            f"{pct(hi)}; one at a time their shares add to {pct(j['sum_alone'])}); {pct(j['unexplained'])} unexplained.")
 
 
 def resolve_restore(ctx: Ctx, s: RunState, spec: dict[str, Any]) -> dict[str, Any]:
@@ -415,7 +415,7 @@ def joint_or_stop(ctx: Ctx, s: RunState, hyps: dict[str, vd.Hyp], first: bool = 
     if spec is None:
         total, _ = vd.explained(hyps)
         ctx.say(f"{len(hids)} causes are confirmed ({', '.join(hids)}), but they are not measured together: {why}; "
-                f"their shares measured one at a time add to {total:.0%}.")
+                f"their shares measured one at a time add to {pct(total)}.")
         return {"current": None, "hyps": hyps}
     ctx.say(f"{len(hids)} causes are confirmed ({', '.join(hids)}), each measured alone; reverting them together "
             "measures what they recover jointly (causes can overlap or compound) and what is left unexplained"

@@ -166,3 +166,15 @@ def test_the_state_round_trips_through_its_saved_form():
     assert back == s and back.hyps["serving_config"].because == ["b", "recovers"]
     assert back.hyps["serving_config"].results[0].outcome == "cause" and back.regression.size == 10.0
     assert back.regression.to_json() == REG.to_json()
+
+
+def test_the_headline_rounds_a_share_as_the_experiment_sentence_does():
+    """A share of 0.965 is "97%" in the experiment's own sentence (half up); the conclusion's headline once said "96%"
+    (Python's format rounds the binary 0.965 down) beside it."""
+    from debugagent.agent.stats import pct
+    h = vd.Hyp(status="suspect", because=["flags differ"], experiments=[GROUP])
+    h = vd.after_experiment("serving_config", h, GROUP, res("cause", "both flags off: recovers 97%", share=0.965,
+                                                              share_ci=(0.885, 1.045), share_se=0.04))
+    c = conclude({**ruled_out(), "serving_config": h})
+    assert pct(0.965) == "97%" and pct(0.885) == "89%"
+    assert "explains 97%, 95% CI 89% to 105%" in c.summary, c.summary

@@ -55,8 +55,10 @@ class CommandResult(BaseModel):
         return self.exit_code == 0 and not self.timed_out
 
     def tail(self, n: int = 5) -> str:
-        text = (self.stdout + ("\n" + self.stderr if self.stderr else "")).strip()
-        return "\n".join(text.splitlines()[-n:])
+        """The last ``n`` lines that say something, of stdout then stderr (a blank line never takes the place of
+        the line that says why a command failed)."""
+        text = self.stdout + ("\n" + self.stderr if self.stderr else "")
+        return "\n".join([ln for ln in text.splitlines() if ln.strip()][-n:])
 
 
 EventSink = Callable[[str, str], None]

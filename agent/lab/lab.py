@@ -175,7 +175,8 @@ class Lab:
                                   "acts on the host itself, not on a copy: run it without --shadow-gpus, with consent")
         if kind.fresh and kind.fresh_first:
             self._restoring(r, lambda: self.reference(bad))
-        typed = self._restoring(r, lambda: self._typed(kind, spec))
+        typed = self._restoring(r, lambda: self._fitting(
+            lambda: kind.spec.model_validate({k: v for k, v in spec.items() if k in kind.spec.model_fields})))
         result = self._apply(r, kind, typed, facts, bad, regression)
         if self.shadow is not None and self.server.started is not None:
             # the unchanged copy, started the same way at the same time and measured in turn, is the control
@@ -192,10 +193,11 @@ class Lab:
         return result
 
     @staticmethod
-    def _typed(kind: Any, spec: dict[str, Any]) -> Any:
+    def _fitting(step: Callable[[], Any]) -> Any:
+        """``step``; a rendered field that does not fit the host is an ExperimentError that says how to check it."""
         try:
-            return kind.spec.model_validate({k: v for k, v in spec.items() if k in kind.spec.model_fields})
-        except (ValueError, TypeError, KeyError, StopIteration) as exc:   # a rendered field that does not fit
+            return step()
+        except (ValueError, TypeError, KeyError, StopIteration) as exc:
             raise ExperimentError(f"the experiment's fields do not fit this host ({type(exc).__name__}: {exc}); "
                                   f"check them with `debugagent playbook validate`") from exc
 
@@ -218,13 +220,7 @@ class Lab:
     def _apply(self, r: Runner, kind: Any, typed: Any, facts: LabFacts, bad: list[float],
                regression: float | None) -> ExperimentResult:
         """The change made and measured by its kind, then undone (the server as found restarted where it was)."""
-        def apply() -> ExperimentResult:
-            try:
-                return kind().apply(self, r, typed, facts, bad, regression)
-            except (ValueError, TypeError, KeyError, StopIteration) as exc:   # a rendered field that does not fit
-                raise ExperimentError(f"the experiment's fields do not fit this host ({type(exc).__name__}: "
-                                      f"{exc}); check them with `debugagent playbook validate`") from exc
-        result = self._restoring(r, apply)
+        result = self._restoring(r, lambda: self._fitting(lambda: kind().apply(self, r, typed, facts, bad, regression)))
         self.measuring.changed_cmd = None   # the workload as found again
         left = self.do_undo(r)
         if left:

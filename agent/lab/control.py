@@ -128,6 +128,7 @@ def restart_again(lab: Lab, r: Runner, result: ExperimentResult, bad: list[float
     saved = b.spec.max_runs
     if left is not None:
         b.spec.max_runs = left - 1 - warm   # the second start's control run (and its warm-up) are kept for
+    lab.server.started = lab.server.found_again = None   # as each experiment starts: no server of its own yet
     try:
         second = again()
     finally:

@@ -42,6 +42,9 @@ ALPHA_REPRODUCE = 0.002
 ALPHA_ONE_READING = 0.01
 SD_UPPER = 0.50   # the budget's look uses this bound of the SD (its median: the estimate, corrected for its skew)
 NO_DROP_RUNS = 3        # runs after which a mean on the better side of a number baseline stops the reproduce step
+# Against a number, the reproduce step also stops (not shown) once even the budget's runs could not take the shift
+# outside one reading's noise with the drop at this upper bound and the SD at this lower bound (both one-sided).
+FUTILE_Q = 0.80
 RELEVANT_PCT = 1.0      # a regression must be at least this percent of the baseline to be reported
 MIN_BUDGET = 4         # an experiment may stop earlier once decided, but never gives up before this
 AUTO_CAP = 24           # the most runs of the changed state when no --max-runs is given
@@ -434,7 +437,8 @@ def reproduce(samples: list[float], baseline: float, lower_is_better: bool, clai
     (one-sided p < ALPHA_ONE_READING, t with the runs' degrees of freedom). A shift that stays inside it, and that
     even ``most`` runs (the budget) could not take outside it at the SD's SD_UPPER upper bound, is ``noise``: not
     shown to be a regression. So is a mean on the better side of a number after NO_DROP_RUNS runs (no drop at all
-    is shown; the runs would only go on to bound one).
+    is shown; the runs would only go on to bound one), and a shift that the budget's runs could not take outside one
+    reading's noise even at the drop's FUTILE_Q upper bound and the SD's lower bound (futile: stop at NO_DROP_RUNS).
 
     regression: significantly worse (one-sided p < ALPHA_REPRODUCE) by at least RELEVANT_PCT.
     better: significantly better (symptom and baseline swapped, or the problem is gone).
@@ -462,6 +466,7 @@ def reproduce(samples: list[float], baseline: float, lower_is_better: bool, clai
     else:
         outcome = "more"
     one = not bs and not exact_baseline and len(samples) >= 2
+    futile = False
     # against a number: after NO_DROP_RUNS runs whose mean is on the better side of it, no drop at all is shown,
     # and more runs would only bound a drop the runs do not show: stop, "not shown to be a regression"
     no_drop = not bs and outcome == "more" and delta <= 0 and len(samples) >= NO_DROP_RUNS
@@ -474,6 +479,18 @@ def reproduce(samples: list[float], baseline: float, lower_is_better: bool, clai
         sd_up = sd * math.sqrt((n - 1) / float(_sps().chi2.ppf(1 - SD_UPPER, n - 1)))
         hopeless = final or one_reading_p(delta, sd_up, max(most or n, n)) >= ALPHA_ONE_READING
         outcome = "noise" if hopeless else "more"
+    elif one and delta > 0 and outcome == "more" and most and len(samples) >= NO_DROP_RUNS:
+        # futile: a drop as large as the runs allow (FUTILE_Q upper bound) against noise as small as they allow (its
+        # lower bound) would still be inside one reading's noise after the budget's runs; more runs only narrow it
+        n = len(samples)
+        sd_lo = sd * math.sqrt((n - 1) / float(_sps().chi2.ppf(FUTILE_Q, n - 1)))
+        most = max(most, n)
+        # ... and "none" (the drop's bound below half the claim) out of reach too: the runs would not rule it out
+        none_near = delta - t_quantile(FUTILE_Q, df) * se + t_quantile(0.95, most - 1) * sd_lo / math.sqrt(most) \
+            < max(relevant, 0.5 * claim if claim else relevant)
+        futile = not none_near and one_reading_p(delta + t_quantile(FUTILE_Q, df) * se, sd_lo, most) >= ALPHA_ONE_READING
+        if futile:
+            outcome = "noise"
     pct = abs(delta) / abs(baseline) if baseline else 0.0
     text = (f"measured {plain(m, 4)} ± {plain(sd, 2)} over {len(samples)} runs against a baseline of {plain(baseline, 4)}: "
             f"{'worse' if delta > 0 else 'better'} by {plain(abs(delta))} ({pct:.1%}); one-sided p={p_worse:.2g}")
@@ -483,6 +500,10 @@ def reproduce(samples: list[float], baseline: float, lower_is_better: bool, clai
     if no_drop:
         text += (f"; after {len(samples)} runs the mean is on the better side of the baseline's number: no drop at all "
                  f"is shown; {NOT_SHOWN}")
+    elif futile:
+        text += (f", not below {ALPHA_ONE_READING:g}: the shift ({abs(delta) / sd:.1f} SD) is inside the noise one reading "
+                 f"carries, and {most} runs could not take it outside even with the drop at its {FUTILE_Q:.0%} upper "
+                 f"bound and the noise SD at its {FUTILE_Q:.0%} lower bound; {NOT_SHOWN}")
     elif outcome == "noise":
         text += (f", not below {ALPHA_ONE_READING:g}: the shift ({abs(delta) / sd:.1f} SD) is inside the noise one reading "
                  f"carries; {NOT_SHOWN}")

@@ -242,3 +242,28 @@ def test_a_number_baseline_the_runs_are_not_even_below_stops_after_three_runs():
     assert reproduce(healthy, 1924.0, False, 22.4, baseline_samples=[1924.0, 2300.0, 1700.0]).outcome == "more"
     # a time (lower is better) measured below the number: the same
     assert reproduce([19.0, 19.5, 21.0], 20.0, True, 1.0, most=12).outcome == "noise"
+
+
+def test_a_number_baseline_stops_when_the_budget_could_not_show_the_shift():
+    """The H200 healthy case (recorded 2026-12-03): 1388, 1715 and 2300 tok/s against the user's one reading of 2289.
+    Even with the drop at its 80% upper bound and the noise at its lower bound, 12 runs could not take the shift
+    outside the noise one reading carries: "not shown to be a regression" after 3 runs, not after 12 as before.
+    Where a drop of half the claim could still be ruled out ("none") or the claim shown, the runs go on; a snapshot's
+    runs as the baseline are tested as before."""
+    from debugagent.agent.stats import FUTILE_Q, NOT_SHOWN, reproduce
+    h200 = [1388.39, 1714.66, 2299.52]
+    r = reproduce(h200, 2288.6, False, 249.7, most=12)
+    assert r.outcome == "noise" and NOT_SHOWN in r.text and f"{FUTILE_Q:.0%} upper bound" in r.text, r.text
+    # even 200 runs could not: the shift (1.1 SD) is below what any number of runs shows against one reading
+    assert reproduce(h200, 2288.6, False, 249.7, most=200).outcome == "noise"
+    # the budget decides: 89 -> 85 ± 2 could be shown by 12 runs at its bounds, not by 4
+    assert reproduce([83.0, 87.0, 85.0], 89.0, False, 7.0, most=12).outcome == "more"
+    assert reproduce([83.0, 87.0, 85.0], 89.0, False, 7.0, most=4).outcome == "noise"
+    # against an exact mean or a snapshot's runs, no one-reading noise: more runs
+    assert reproduce(h200, 2288.6, False, 249.7, most=12, exact_baseline=True).outcome == "more"
+    assert reproduce(h200, 2288.6, False, 249.7, baseline_samples=[2288.6, 2100.0, 2400.0], most=12).outcome == "more"
+    # a healthy server whose runs could still rule out a drop of half the claim (89 -> 82 claimed, SD ~1.5): more runs
+    assert reproduce([86.0, 89.0, 88.0], 89.0, False, 7.0, most=12).outcome == "more"
+    assert reproduce([86.0, 89.0, 88.0], 89.0, False, 0.5, most=12).outcome == "noise"   # no "none" to reach
+    # a real regression of ~5 SDs is never stopped as futile: shown after 3 runs
+    assert reproduce([71.0, 72.5, 69.8], 89.0, False, 17.0, most=12).outcome == "regression"

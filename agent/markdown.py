@@ -33,6 +33,7 @@ from pydantic import BaseModel, Field
 from .answer import headline
 from .events import Cause, Event, ToolCall, ToolResult, Verdict
 from .fixes import Fix, fixes_for
+from .results import LEAD
 from .runfacts import Pair, RunFacts, gather, pct
 
 STATUS_WORD = {"confirmed": "CONFIRMED", "ruled_out": "ruled out", "suspect": "suspect", "inconclusive": "inconclusive",
@@ -392,7 +393,9 @@ def render_conclusion(doc: Doc, f: RunFacts) -> None:
     if not causes:
         reg = f.regression
         if reg.measured and not reg.real:
-            doc.add(f"**No reproducible regression**: {reg.why}.", "")
+            lead = ("Regression smaller than the noise can show" if reg.outcome == "more"
+                    else LEAD.get(reg.outcome or "none", LEAD["none"]).rstrip(": "))
+            doc.add(f"**{lead}**: {reg.why}.", "")
         else:
             doc.add("**No root cause was confirmed.**", "")
     for s in c.suspects:

@@ -10,6 +10,12 @@ from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_seri
 Outcome = Literal["cause", "not_cause", "more"]
 
 
+# how the reproduce step's outcome opens its sentence (in the run's messages and the transcript's conclusion)
+LEAD = {"regression": "The regression is real: ", "none": "No reproducible regression: ",
+        "noise": "Not shown to be a regression: ",
+        "better": "Better than the baseline, not worse (swapped?): "}
+
+
 class Regression(BaseModel):
     """What reproducing the regression measured. Only the fields set are saved and shown
     (``to_json``): a run without a benchmark has none, one without a baseline number no share."""

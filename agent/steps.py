@@ -23,7 +23,7 @@ from .facts import LabFacts, build_facts
 from .lab import ConnectionLost, ExperimentError, Lab, LabSetup, Measure, kind_of, shadow
 from .lab.lab import PeerReader
 from .lab.shadow import server_bench
-from .results import ExperimentResult, Regression
+from .results import LEAD, ExperimentResult, Regression
 from .state import Current, RunState
 from .stats import Reproduction, fresh_reference_runs, more_runs_advice, pct, reproduce, share_interval
 
@@ -83,11 +83,6 @@ def _baseline_for(ctx: Ctx, unit: str | None) -> tuple[float | None, list[float]
     if bs:
         return statistics.fmean(bs), list(bs), f"the baseline snapshot's {len(bs)} runs"
     return None, [], ""
-
-
-LEAD = {"regression": "The regression is real: ", "none": "No reproducible regression: ",
-        "noise": "Not shown to be a regression: ",
-        "better": "Better than the baseline, not worse (swapped?): "}
 
 
 def reproduce_regression(ctx: Ctx, d: dict[str, Any]) -> tuple[Regression, int]:

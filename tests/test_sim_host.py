@@ -448,3 +448,25 @@ def test_host_ends_with_a_stopped_session():
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def test_a_host_folder_too_deep_for_its_sockets_is_refused_with_a_fix(tmp_path, monkeypatch):
+    """A unix socket's path holds 107 bytes: a host whose folder is deeper is refused before anything is made
+    there, with the bytes it needs and what to shorten ($TMPDIR when the folder is a temporary one), not a bind
+    error later."""
+    from debugagent.tools.errors import UsageError
+    from debugagent.tools.sim import SimHost
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    sc = load_scenario(builtin_names()[0])
+    with pytest.raises(UsageError, match=r"unix socket path of \d+ bytes") as e:
+        SimHost(sc, root=str(deep), sealed=False)
+    assert "shorter" in str(e.value) and not deep.exists()
+    monkeypatch.setenv("TMPDIR", str(deep))
+    deep.mkdir(parents=True)
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    import debugagent.tools.sim.sandbox as sb
+    monkeypatch.setattr(sb, "_scratch", lambda: None)
+    with pytest.raises(UsageError, match=r"\$TMPDIR"):
+        SimHost(sc, sealed=False)
+    assert list(deep.iterdir()) == []   # the temporary folder it made there is gone again

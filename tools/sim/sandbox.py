@@ -43,7 +43,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from ..errors import ScenarioError
+from ..errors import ScenarioError, UsageError
 from ..transport import (
     DEFAULT_MAX_OUTPUT,
     DEFAULT_TIMEOUT_S,
@@ -109,6 +109,23 @@ LEGACY_PACKAGE = ("sglang", "python")  # what a repository held before `repo.pac
 
 def _ts(value: str) -> float:
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+# the longest unix socket a host makes under its folder (its supervisor's, engine's and GPU service's sockets)
+LONGEST_SOCKET = max(("/run/nvidia-gpu/service.sock", "/run/podman/podman.sock", "/var/run/supervisor.sock",
+                      "/run/systemd/private"), key=len)
+SUN_PATH = 107   # bytes a unix socket's path holds (sockaddr_un.sun_path, less its NUL)
+
+
+def _short_enough(sandbox: Path, temporary: bool) -> None:
+    """A host folder too deep for its sockets' paths is refused before anything is made there, naming what to
+    shorten (a socket's bind would fail later with no word of why)."""
+    longest = len(os.fsencode(f"{sandbox}{LONGEST_SOCKET}"))
+    if longest > SUN_PATH:
+        where = "the temporary folder ($TMPDIR)" if temporary else "the host's folder"
+        raise UsageError(f"a simulated host in {sandbox.parent} would need a unix socket path of {longest} bytes "
+                         f"({sandbox}{LONGEST_SOCKET}); a socket's path holds {SUN_PATH}",
+                         fix=f"give {where} a path at least {longest - SUN_PATH} bytes shorter, e.g. under /tmp")
 
 
 def _scratch() -> str | None:
@@ -230,6 +247,12 @@ class SimHost:
         self.state = scenario.state(state)
         self.base = Path(root or tempfile.mkdtemp(prefix="sim-", dir=_scratch()))
         self.sandbox = self.base / "fs"
+        try:
+            _short_enough(self.sandbox, root is None)
+        except UsageError:
+            if root is None:
+                shutil.rmtree(self.base, ignore_errors=True)
+            raise
         self.salt = host_salt(scenario.name)
         self.sealed = seal.available() if sealed is None else sealed
         self.unsealed_reason = "" if self.sealed else seal.why_not()

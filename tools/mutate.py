@@ -62,12 +62,12 @@ def cmdline_match(argv: list[str]) -> str:
 # bash builtins only: the command line of $1 as its arguments joined by \x1f (and one after the last), then
 # compared part by part with the arguments after the pid (see ``cmdline_match``)
 SAME = (
-    "keyof() { local A; mapfile -d '' -t A < /proc/$1/cmdline 2>/dev/null || return 1; [ ${#A[@]} -gt 0 ] || return 1; "
+    "keyof() { local A; mapfile -d '' -t A 2>/dev/null < /proc/$1/cmdline || return 1; [ ${#A[@]} -gt 0 ] || return 1; "
     "local IFS=$'\\037'; c=\"${A[*]}\"$'\\037'; }; "
     "same() { local c; keyof $1 || return 1; shift; if [ $# -eq 1 ]; then [ \"$c\" = \"$1\" ]; return; fi; "
     "[[ $c == \"$1\"* ]] || return 1; c=${c:${#1}}; shift; "
     "while [ $# -gt 1 ]; do [[ $c == ?*\"$1\"* ]] || return 1; c=${c#*?\"$1\"}; shift; done; [[ $c == ?*\"$1\" ]]; }; "
-    "ticks() { local s; read -r s < /proc/$1/stat 2>/dev/null || return 1; s=${s##*) }; set -- $s; echo \"${20}\"; }; "
+    "ticks() { local s; read -r s 2>/dev/null < /proc/$1/stat || return 1; s=${s##*) }; set -- $s; echo \"${20}\"; }; "
 )
 
 
@@ -246,11 +246,11 @@ CG_JOIN = ("cg_join() { local d; d=$(awk -v c=\"$1\" '{ for (i = 7; i <= NF && $
 # the server's whole process tree (an API process and its workers): ``kids PID`` lists every descendant as
 # ``PID:START`` (start ticks: a pid reused meanwhile is never signalled); ``reap PID:START …`` stops those still
 # running (TERM, up to 10 s, then KILL); a zombie is gone already. Workers a SIGTERM'd parent leaves behind would keep its GPU memory and port.
-TREE = ("kids() { local r=$1 all=() s d e q=\" $1 \" n=1; for d in /proc/[0-9]*; do read -r s < $d/stat 2>/dev/null || continue; "
+TREE = ("kids() { local r=$1 all=() s d e q=\" $1 \" n=1; for d in /proc/[0-9]*; do read -r s 2>/dev/null < $d/stat || continue; "
         "s=${s##*) }; set -- $s; all+=(\"${d#/proc/} $2\"); done; while [ $n = 1 ]; do n=0; for e in \"${all[@]}\"; do "
         "[[ $q == *\" ${e#* } \"* && $q != *\" ${e% *} \"* ]] && { q=\"$q${e% *} \"; n=1; }; done; done; "
         "for e in ${q# $r }; do echo \"$e:$(ticks $e)\"; done; }; "
-        "alive() { local e l= s; for e in \"$@\"; do read -r s < /proc/${e%%:*}/stat 2>/dev/null || continue; s=${s##*) }; "
+        "alive() { local e l= s; for e in \"$@\"; do read -r s 2>/dev/null < /proc/${e%%:*}/stat || continue; s=${s##*) }; "
         "[ \"${s%% *}\" != Z ] && [ \"$(ticks ${e%%:*})\" = \"${e#*:}\" ] && l=\"$l ${e%%:*}\"; done; echo $l; }; "
         "reap() { local k i; [ $# -gt 0 ] || return 0; for k in $(alive \"$@\"); do kill $k 2>/dev/null; done; "
         "for i in $(seq 1 100); do [ -z \"$(alive \"$@\")\" ] && return 0; sleep 0.1; done; "
@@ -271,7 +271,7 @@ def port_check(ports: list[int], wait_s: float) -> str:
             "no second server is started beside what holds it\"; exit 1; }; done; : ports; ")
 
 
-NICE = "nic() { local s; read -r s < /proc/$1/stat 2>/dev/null || return 1; s=${s##*) }; set -- $s; echo \"${17}\"; }; "
+NICE = "nic() { local s; read -r s 2>/dev/null < /proc/$1/stat || return 1; s=${s##*) }; set -- $s; echo \"${17}\"; }; "
 
 
 class RestartServer(BaseModel):
@@ -396,7 +396,7 @@ class RestartServer(BaseModel):
                 f"W=; if [ -s {af} ]; then mapfile -d '' -t WA < {af}; OIFS=$IFS; IFS=$'\\037'; W=\"${{WA[*]}}\"$'\\037'; "
                 f"IFS=$OIFS; fi; mapfile -d '' -t SE < {q(self.env_file)}; "
                 # the environment compared entry by entry (cmp would trust /proc's size of 0)
-                "envis() { local A i; mapfile -d '' -t A < /proc/$1/environ 2>/dev/null || return 1; "
+                "envis() { local A i; mapfile -d '' -t A 2>/dev/null < /proc/$1/environ || return 1; "
                 "[ ${#A[@]} = ${#SE[@]} ] || return 1; for i in \"${!A[@]}\"; do [ \"${A[$i]}\" = \"${SE[$i]}\" ] || return 1; "
                 "done; }; F=0; for d in /proc/[0-9]*; do f=${d#/proc/}; "
                 f"[ \"$f\" = $$ ] && continue; if [ -n \"$W\" ]; then keyof $f || continue; [ \"$c\" = \"$W\" ] || continue; "
@@ -498,8 +498,8 @@ class ServerControl(BaseModel):
             f"p={p}; [ -r $p/cmdline ] || {{ echo 'no such process'; exit 1; }}; "
             "echo '== cgroup'; cat $p/cgroup 2>/dev/null; echo '== self_cgroup'; cat /proc/self/cgroup 2>/dev/null; "
             "echo '== parent'; pp=$(awk '{print $4}' $p/stat 2>/dev/null); echo \"$pp\"; cat /proc/$pp/comm 2>/dev/null; "
-            "tr '\\0' ' ' < /proc/$pp/cmdline 2>/dev/null; echo; "
-            "echo '== container_env'; tr '\\0' '\\n' < $p/environ 2>/dev/null | grep -E '^container=' ; "
+            "tr '\\0' ' ' 2>/dev/null < /proc/$pp/cmdline; echo; "
+            "echo '== container_env'; tr '\\0' '\\n' 2>/dev/null < $p/environ | grep -E '^container=' ; "
             "echo '== stdout'; readlink $p/fd/1 2>/dev/null; " + CONTROL_IDENTITY + "echo '== end'"
         )
 

@@ -42,15 +42,23 @@ _LEGACY = [
 
 
 _PORTS = re.compile(r"for pt in [0-9 ]+; do h=.*?: ports; ", re.S)
+# a read of /proc/PID/FILE silenced before its redirect (bash applies `<` first: a gone process's "No such file" went
+# to stderr), as recorded before: the redirect first
+_PROC_READ = re.compile(r"2>/dev/null < ((?:/proc/|\$[pd]/)[^\s;|)]+)")
+
+
+def _old_reads(text: str) -> str:
+    return _PROC_READ.sub(r"< \1 2>/dev/null", text)
 
 
 def legacy_command(command: str) -> str:
     """A command as recordings made before it changed hold it: the restart script before its byte-wise matching,
     ``server_control`` before it read who the server runs as, the server's interpreter (``python_packages``,
     ``import_roots``) before it ran as the server's user, git reads before they took no optional lock, worktrees
-    before they ran no hook; any other command as it is."""
+    before they ran no hook, a read of ``/proc`` silenced after its redirect; any other command as it is."""
     from .host import AS_OWNER_END, GIT_READ
     from .mutate import CONTROL_IDENTITY, NO_HOOKS
+    command = _old_reads(command)
     if command.startswith(GIT_READ) and command[len(GIT_READ):].startswith(("cd ", "git -C ")):   # no optional lock
         return command[len(GIT_READ):]
     if command.startswith(f"git {NO_HOOKS}-C "):   # a worktree added or moved without the repository's hooks
@@ -66,13 +74,13 @@ def legacy_command(command: str) -> str:
     except (ValueError, IndexError):
         return command
     from .mutate import SAME
-    head = _RESTART + "export LC_ALL=C; " + SAME
+    head = _RESTART + "export LC_ALL=C; " + _old_reads(SAME)
     if not inner.startswith(head):
         return command
     body = inner[len(head):]
     from .mutate import KIDS, REAP, TREE
     # before the whole process tree was stopped and its ports checked free
-    body = _PORTS.sub("", body.removeprefix(TREE).replace(KIDS, "", 1).replace(REAP, "", 1))
+    body = _PORTS.sub("", body.removeprefix(_old_reads(TREE)).replace(KIDS, "", 1).replace(REAP, "", 1))
     for pattern, repl in _LEGACY:
         body = pattern.sub(repl, body)
     return f"bash -c {q(_RESTART + _OLD_SAME + body)}"

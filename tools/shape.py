@@ -112,13 +112,13 @@ class ServerShapeInput(BaseModel):
             "echo '== marks'; for f in /.dockerenv /run/.containerenv; do [ -e $p/root$f ] && echo $f; done; "
             "[ \"$(readlink $p/ns/mnt 2>/dev/null)\" = \"$(readlink /proc/self/ns/mnt 2>/dev/null)\" ] && echo same-mnt-ns; "
             "echo '== self_cgroup'; cat /proc/self/cgroup 2>/dev/null; "
-            "echo '== supervisor_env'; tr '\\0' '\\n' < $p/environ 2>/dev/null | grep -E '^SUPERVISOR_(PROCESS_NAME|GROUP_NAME|ENABLED)=' ; "
+            "echo '== supervisor_env'; tr '\\0' '\\n' 2>/dev/null < $p/environ | grep -E '^SUPERVISOR_(PROCESS_NAME|GROUP_NAME|ENABLED)=' ; "
             "echo '== tree'; " + SAME_TICKS + TREE + f"for e in $(kids {int(self.pid)}); do k=${{e%%:*}}; "
             "s=$(cat /proc/$k/stat 2>/dev/null) || continue; s=${s##*) }; set -- $s; printf '%s\\t%s\\t' \"$k\" \"$2\"; "
-            "tr '\\0' '\\037' < /proc/$k/cmdline 2>/dev/null | head -c 300; echo; done; "
+            "tr '\\0' '\\037' 2>/dev/null < /proc/$k/cmdline | head -c 300; echo; done; "
             "echo '== ancestors'; a=$(awk '{print $4}' $p/stat 2>/dev/null); "
             "while [ -n \"$a\" ] && [ \"$a\" -gt 0 ] 2>/dev/null; do printf '%s\\t%s\\t' \"$a\" \"$(cat /proc/$a/comm 2>/dev/null)\"; "
-            "tr '\\0' '\\037' < /proc/$a/cmdline 2>/dev/null | head -c 300; echo; [ \"$a\" = 1 ] && break; "
+            "tr '\\0' '\\037' 2>/dev/null < /proc/$a/cmdline | head -c 300; echo; [ \"$a\" = 1 ] && break; "
             "a=$(s=$(cat /proc/$a/stat 2>/dev/null) && s=${s##*) } && set -- $s && echo $2); done; "
         )
         if not self.python:

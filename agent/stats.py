@@ -44,7 +44,7 @@ SD_UPPER = 0.50   # the budget's look uses this bound of the SD (its median: the
 NO_DROP_RUNS = 3        # runs after which a mean on the better side of a number baseline stops the reproduce step
 # Against a number, the reproduce step also stops (not shown) once even the budget's runs could not take the shift
 # outside one reading's noise with the drop at this upper bound and the SD at this lower bound (both one-sided).
-FUTILE_Q = 0.80
+FUTILE_Q = 0.80   # 0: no futile stop (bench/stats measures the step both ways)
 RELEVANT_PCT = 1.0      # a regression must be at least this percent of the baseline to be reported
 MIN_BUDGET = 4         # an experiment may stop earlier once decided, but never gives up before this
 AUTO_CAP = 24           # the most runs of the changed state when no --max-runs is given
@@ -479,7 +479,7 @@ def reproduce(samples: list[float], baseline: float, lower_is_better: bool, clai
         sd_up = sd * math.sqrt((n - 1) / float(_sps().chi2.ppf(1 - SD_UPPER, n - 1)))
         hopeless = final or one_reading_p(delta, sd_up, max(most or n, n)) >= ALPHA_ONE_READING
         outcome = "noise" if hopeless else "more"
-    elif one and delta > 0 and outcome == "more" and most and len(samples) >= NO_DROP_RUNS:
+    elif FUTILE_Q and one and delta > 0 and outcome == "more" and most and len(samples) >= NO_DROP_RUNS:
         # futile: a drop as large as the runs allow (FUTILE_Q upper bound) against noise as small as they allow (its
         # lower bound) would still be inside one reading's noise after the budget's runs; more runs only narrow it
         n = len(samples)

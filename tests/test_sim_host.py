@@ -451,7 +451,7 @@ def test_host_ends_with_a_stopped_session():
 
 
 def test_a_host_folder_too_deep_for_its_sockets_is_refused_with_a_fix(tmp_path, monkeypatch):
-    """A unix socket's path holds 107 bytes: a host whose folder is deeper is refused before anything is made
+    """A unix socket's path holds 108 bytes: a host whose folder is deeper is refused before anything is made
     there, with the bytes it needs and what to shorten ($TMPDIR when the folder is a temporary one), not a bind
     error later."""
     from debugagent.tools.errors import UsageError

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from debugagent.tools.probes.text import clip_words
+from debugagent.tools.units import whole_pct
 
 from .conclusion import not_judged_words
 from .verdicts import NotJudged
@@ -22,8 +23,6 @@ HEADLINE_MAX = 160
 ITEM_MAX = 220
 
 
-def _pct(share: float) -> str:
-    return f"{math.floor(share * 100 + 0.5):.0f}%"   # as runfacts.pct: half up
 
 
 def clip(text: str, n: int) -> str:
@@ -34,8 +33,8 @@ def _share(c: Mapping[str, Any]) -> str:
     if c.get("explains") is None:
         return f"{c['hypothesis']} (share not measured)"
     ci = c.get("explains_ci")
-    return f"{c['hypothesis']} (explains {_pct(c['explains'])})" + (
-        f", 95% CI {_pct(ci[0])} to {_pct(ci[1])}" if ci else "")
+    return f"{c['hypothesis']} (explains {whole_pct(c['explains'])})" + (
+        f", 95% CI {whole_pct(ci[0])} to {whole_pct(ci[1])}" if ci else "")
 
 
 def _what(c: Mapping[str, Any]) -> str:
@@ -62,7 +61,7 @@ def together(joint: Mapping[str, Any] | None) -> str:
     lo, hi = j["share_ci"]
     shown = math.floor(j["share"] * 100 + 0.5)
     # what is left is 100 less the share as shown, so the two always add up (0.875 and 0.125, each rounded, did not)
-    return (f"together they recover {shown:.0f}% (95% CI {_pct(lo)} to {_pct(hi)}); "
+    return (f"together they recover {shown:.0f}% (95% CI {whole_pct(lo)} to {whole_pct(hi)}); "
             f"{max(0, 100 - shown):.0f}% unexplained")
 
 
@@ -82,7 +81,7 @@ def headline(c: Mapping[str, Any]) -> str:
         joint = c.get("joint") or {}
         if together(joint):
             both = "; " + together(joint)
-            names = "Root causes: " + ", ".join(str(x["hypothesis"]) + (f" (explains {_pct(x['explains'])})" if x.get(
+            names = "Root causes: " + ", ".join(str(x["hypothesis"]) + (f" (explains {whole_pct(x['explains'])})" if x.get(
                 "explains") is not None else "") for x in causes)
             if len(names + both) > HEADLINE_MAX:   # the joint numbers first: they are the answer's point
                 names = "Root causes: " + ", ".join(str(x["hypothesis"]) for x in causes)
@@ -118,7 +117,7 @@ def evidence_lines(o: Mapping[str, Any]) -> list[str]:
             out.append(f"- {c['hypothesis']}: {clip(e, ITEM_MAX)}")
         if c.get("culprit"):
             cul = c["culprit"]
-            conf = f" (confidence {_pct(cul['confidence'])})" if isinstance(cul.get("confidence"), int | float) else ""
+            conf = f" (confidence {whole_pct(cul['confidence'])})" if isinstance(cul.get("confidence"), int | float) else ""
             subject = f' "{cul["subject"]}"' if cul.get("subject") else ""
             out.append(f"- first bad commit: {clip(str(cul.get('short') or cul.get('sha') or '?') + subject, ITEM_MAX)}{conf}")
         if c.get("fix"):

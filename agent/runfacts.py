@@ -5,14 +5,13 @@ changes over time. Pure: a list of events in, a ``RunFacts`` out.
 
 from __future__ import annotations
 
-import math
 import re
 import statistics
 from collections import Counter
 from typing import Any
 
 from debugagent.tools.probes import stands_for
-from debugagent.tools.units import plain
+from debugagent.tools.units import plain, whole_pct
 from pydantic import BaseModel, Field
 
 from .events import (
@@ -39,9 +38,7 @@ ACCEPT = re.compile(r"accept(?:ed)?[_ -]?len(?:gth)?\s*[=:]\s*([0-9]+(?:\.[0-9]+
 
 
 # ---------------------------------------------------------------- the numbers, formatted once for every output
-def pct(share: float) -> str:
-    """A share as a whole percent, half up (the engine's own sentences round the unrounded share the same way)."""
-    return f"{math.floor(share * 100 + 0.5):.0f}%"
+pct = whole_pct   # a share as a whole percent, half up (the engine's own sentences round the same way)
 
 
 def runs_text(values: list[float], unit: str = "") -> str:

@@ -20,7 +20,7 @@ import statistics
 from functools import cache, lru_cache
 from typing import Literal
 
-from debugagent.tools.units import plain
+from debugagent.tools.units import plain, whole_pct
 from pydantic import BaseModel
 
 # One-sided error rate of a "cause" call at each look. Looks are correlated (each adds a run
@@ -161,7 +161,7 @@ class Decision(BaseModel):
 def pct(x: float) -> str:
     """A share as a whole percent, as every output prints it: runfacts.pct of the share as the results keep it
     (3 decimals), so this sentence and the conclusion never round one share two ways."""
-    return f"{math.floor(round(x, 3) * 100 + 0.5):.0f}%"
+    return whole_pct(round(x, 3))
 
 
 def share_interval(improvement: float, se: float, df: int, regression: float, regression_se: float = 0.0,

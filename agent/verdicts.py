@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
+from debugagent.tools.units import whole_pct
 from pydantic import BaseModel, Field
 
 from .lab.registry import kind_of
@@ -309,8 +310,7 @@ def not_run(h: Hyp, spec: dict[str, Any], title: str) -> Hyp:
 
 def enough_words(hyps: dict[str, Hyp], suspects: list[str] | None = None) -> str:
     total, ci = explained(hyps)
-    def pct(x: float) -> str:   # half up, as every output rounds a share (runfacts.pct)
-        return f"{math.floor(x * 100 + 0.5):.0f}%"
+    pct = whole_pct
     said = f"The confirmed causes explain {pct(total)} of the regression" + (f" (95% CI {pct(ci[0])} to {pct(ci[1])})" if ci else "")
     if suspects:
         return (f"{said}: it may be all of it, but that is not measured, and the evidence still points at "

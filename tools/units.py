@@ -7,6 +7,7 @@ rate of its own family, never seconds.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Literal
 
@@ -73,6 +74,12 @@ def convert(value: float, unit: str | None, to: str | None) -> float | None:
         return None
     fa, fb = unit_family(unit), unit_family(to)
     return value if fa is None or fb is None else value * fa[1] / fb[1]
+
+
+def whole_pct(share: float) -> str:
+    """A share as a whole percent, rounded half up, as every output prints one (Python's format rounds half to
+    even, and a binary 0.965 down)."""
+    return f"{math.floor(share * 100 + 0.5):.0f}%"
 
 
 def plain(value: float, digits: int = 3, sign: bool = False) -> str:

@@ -1,8 +1,8 @@
 """Deeper diagnosis on hosts written from public reports (tests/scenarios/, each citing its thread): a performance
 flag no list names (`--dtype float32`), speculative decoding left on for a throughput job, two and three causes at
 once (each confirmed, then reverted together: the joint share), a healthy bimodal server against one good reading
-(never blamed), a server whose speed changes at restarts, healthy and with a cause (a restart experiment judged
-over two starts of each state), and an offline script whose own `--batch-size` is its workload (never removed). Each is run once,
+(never blamed), a server whose speed changes at restarts, healthy and with a cause, a flag or a commit (a restart
+experiment judged over two starts of each state, the previous commit started from its worktree both times), and an offline script whose own `--batch-size` is its workload (never removed). Each is run once,
 with numbers only; the two-cause host also with a snapshot of its good state."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from tests.test_agent import check
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent / "scenarios"
 NAMES = ["dtype-float32", "speculative-throughput", "env-and-dtype", "three-causes", "bimodal-one-reading",
-         "offline-batch-size", "restart-modes-healthy", "restart-modes-real-cause"]
+         "offline-batch-size", "restart-modes-healthy", "restart-modes-real-cause", "restart-modes-code"]
 
 
 def scenario(name: str):
@@ -41,6 +41,10 @@ def test_scenario_with_numbers(name, tmp_path):
         events = event_lines(tmp_path / "run" / "events.jsonl")
         texts = [e.get("text", "") for e in events if e.get("event") == "experiment" and e.get("phase") == "result"]
         assert any("made again" in t and "the server as found restarted again" in t for t in texts), texts
+        if sc.expect.root_cause == "code_change":   # each start of the previous commit runs the worktree's code
+            starts = [e["input"] for e in events if e.get("event") == "tool_call" and e.get("tool") == "restart_server"
+                      and e["input"].get("pid_file")]
+            assert len(starts) >= 2 and all(i["cwd"].startswith("/tmp/debugagent-wt-") for i in starts), starts
 
 
 def test_two_causes_with_a_baseline_snapshot_report_what_reverting_both_recovers(tmp_path):

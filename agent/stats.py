@@ -486,9 +486,10 @@ def reproduce(samples: list[float], baseline: float, lower_is_better: bool, clai
         sd_lo = sd * math.sqrt((n - 1) / float(_sps().chi2.ppf(FUTILE_Q, n - 1)))
         most = max(most, n)
         # ... and "none" (the drop's bound below half the claim) out of reach too: the runs would not rule it out
-        none_near = delta - t_quantile(FUTILE_Q, df) * se + t_quantile(0.95, most - 1) * sd_lo / math.sqrt(most) \
+        reach = t_quantile(FUTILE_Q, df) * se
+        none_near = delta - reach + t_quantile(0.95, most - 1) * sd_lo / math.sqrt(most) \
             < max(relevant, 0.5 * claim if claim else relevant)
-        futile = not none_near and one_reading_p(delta + t_quantile(FUTILE_Q, df) * se, sd_lo, most) >= ALPHA_ONE_READING
+        futile = not none_near and one_reading_p(delta + reach, sd_lo, most) >= ALPHA_ONE_READING
         if futile:
             outcome = "noise"
     pct = abs(delta) / abs(baseline) if baseline else 0.0
@@ -500,13 +501,11 @@ def reproduce(samples: list[float], baseline: float, lower_is_better: bool, clai
     if no_drop:
         text += (f"; after {len(samples)} runs the mean is on the better side of the baseline's number: no drop at all "
                  f"is shown; {NOT_SHOWN}")
-    elif futile:
-        text += (f", not below {ALPHA_ONE_READING:g}: the shift ({abs(delta) / sd:.1f} SD) is inside the noise one reading "
-                 f"carries, and {most} runs could not take it outside even with the drop at its {FUTILE_Q:.0%} upper "
-                 f"bound and the noise SD at its {FUTILE_Q:.0%} lower bound; {NOT_SHOWN}")
     elif outcome == "noise":
         text += (f", not below {ALPHA_ONE_READING:g}: the shift ({abs(delta) / sd:.1f} SD) is inside the noise one reading "
-                 f"carries; {NOT_SHOWN}")
+                 "carries" + (f", and {most} runs could not take it outside even with the drop at its {FUTILE_Q:.0%} "
+                              f"upper bound and the noise SD at its {FUTILE_Q:.0%} lower bound" if futile else "")
+                 + f"; {NOT_SHOWN}")
     need = None
     if outcome == "more":
         target = claim or max(abs(delta), relevant)

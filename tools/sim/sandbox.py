@@ -112,7 +112,7 @@ def _ts(value: str) -> float:
 
 
 # the longest unix socket a host makes under its folder (its supervisor's, engine's and GPU service's sockets)
-LONGEST_SOCKET = max(("/run/nvidia-gpu/service.sock", "/run/podman/podman.sock", "/var/run/supervisor.sock",
+LONGEST_SOCKET = max((f"{SERVICE_DIR}/service.sock", supervised.SOCKET, *supervised.ENGINE_SOCKET.values(),
                       "/run/systemd/private"), key=len)
 SUN_PATH = 108   # bytes a unix socket's path holds (sockaddr_un.sun_path; Linux and Python take it without a NUL)
 

@@ -44,7 +44,7 @@ SD_UPPER = 0.50   # the budget's look uses this bound of the SD (its median: the
 NO_DROP_RUNS = 3        # runs after which a mean on the better side of a number baseline stops the reproduce step
 # Against a number, the reproduce step also stops (not shown) once even the budget's runs could not take the shift
 # outside one reading's noise with the drop at this upper bound and the SD at this lower bound (both one-sided).
-FUTILE_Q = 0.80   # 0: no futile stop (bench/stats measures the step both ways)
+FUTILE_Q = 0.80
 RELEVANT_PCT = 1.0      # a regression must be at least this percent of the baseline to be reported
 MIN_BUDGET = 4         # an experiment may stop earlier once decided, but never gives up before this
 AUTO_CAP = 24           # the most runs of the changed state when no --max-runs is given
@@ -429,7 +429,7 @@ def one_reading_p(delta: float, sd: float, n: int) -> float:
 
 def reproduce(samples: list[float], baseline: float, lower_is_better: bool, claimed: float | None, *,
               baseline_samples: list[float] | None = None, final: bool = False, most: int | None = None,
-              exact_baseline: bool = False) -> Reproduction:
+              exact_baseline: bool = False, futile_stop: bool = True) -> Reproduction:
     """Is the host worse than ``baseline`` beyond its noise?
 
     A baseline given as a number (no ``baseline_samples``, not ``exact_baseline``) is one measurement of unknown
@@ -438,7 +438,8 @@ def reproduce(samples: list[float], baseline: float, lower_is_better: bool, clai
     even ``most`` runs (the budget) could not take outside it at the SD's SD_UPPER upper bound, is ``noise``: not
     shown to be a regression. So is a mean on the better side of a number after NO_DROP_RUNS runs (no drop at all
     is shown; the runs would only go on to bound one), and a shift that the budget's runs could not take outside one
-    reading's noise even at the drop's FUTILE_Q upper bound and the SD's lower bound (futile: stop at NO_DROP_RUNS).
+    reading's noise even at the drop's FUTILE_Q upper bound and the SD's lower bound (futile: stop at NO_DROP_RUNS;
+    ``futile_stop=False`` leaves that stop out, as bench/stats measures the step both ways).
 
     regression: significantly worse (one-sided p < ALPHA_REPRODUCE) by at least RELEVANT_PCT.
     better: significantly better (symptom and baseline swapped, or the problem is gone).
@@ -479,7 +480,7 @@ def reproduce(samples: list[float], baseline: float, lower_is_better: bool, clai
         sd_up = sd * math.sqrt((n - 1) / float(_sps().chi2.ppf(1 - SD_UPPER, n - 1)))
         hopeless = final or one_reading_p(delta, sd_up, max(most or n, n)) >= ALPHA_ONE_READING
         outcome = "noise" if hopeless else "more"
-    elif FUTILE_Q and one and delta > 0 and outcome == "more" and most and len(samples) >= NO_DROP_RUNS:
+    elif futile_stop and one and delta > 0 and outcome == "more" and most and len(samples) >= NO_DROP_RUNS:
         # futile: a drop as large as the runs allow (FUTILE_Q upper bound) against noise as small as they allow (its
         # lower bound) would still be inside one reading's noise after the budget's runs; more runs only narrow it
         n = len(samples)

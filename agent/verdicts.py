@@ -310,8 +310,8 @@ def not_run(h: Hyp, spec: dict[str, Any], title: str) -> Hyp:
 
 def enough_words(hyps: dict[str, Hyp], suspects: list[str] | None = None) -> str:
     total, ci = explained(hyps)
-    pct = whole_pct
-    said = f"The confirmed causes explain {pct(total)} of the regression" + (f" (95% CI {pct(ci[0])} to {pct(ci[1])})" if ci else "")
+    said = (f"The confirmed causes explain {whole_pct(total)} of the regression"
+            + (f" (95% CI {whole_pct(ci[0])} to {whole_pct(ci[1])})" if ci else ""))
     if suspects:
         return (f"{said}: it may be all of it, but that is not measured, and the evidence still points at "
                 f"{', '.join(suspects)}; testing {'it' if len(suspects) == 1 else 'them'} too.")

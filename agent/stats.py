@@ -40,6 +40,7 @@ ALPHA_REPRODUCE = 0.002
 # A baseline given as one number is one measurement of unknown noise: the current state's noise is assumed for it,
 # and the shift must also lie beyond what one run of the current state gives this often (one-sided).
 ALPHA_ONE_READING = 0.01
+ALPHA_WARM = 0.05       # one-sided level of "the first run after a restart is slower than the runs after it"
 SD_UPPER = 0.50   # the budget's look uses this bound of the SD (its median: the estimate, corrected for its skew)
 NO_DROP_RUNS = 3        # runs after which a mean on the better side of a number baseline stops the reproduce step
 # Against a number, the reproduce step also stops (not shown) once even the budget's runs could not take the shift
@@ -421,10 +422,11 @@ class Reproduction(BaseModel):
     runs_needed: int | None = None   # runs that would show the claimed regression, when undecided
 
 
-def one_reading_p(delta: float, sd: float, n: int) -> float:
+def one_reading_p(delta: float, sd: float, n: int, df: int | None = None) -> float:
     """One-sided p of a shift ``delta`` between ``n`` runs and one reading of the same noise ``sd`` (the reading's
-    own noise assumed equal to the runs')."""
-    return float(_sps().t.sf(delta / (sd * math.sqrt(1 + 1 / n)), max(n - 1, 1)))
+    own noise assumed equal to the runs'); t with ``df`` degrees of freedom (those of ``sd``; the runs' own, n - 1,
+    by default)."""
+    return float(_sps().t.sf(delta / (sd * math.sqrt(1 + 1 / n)), max(df if df is not None else n - 1, 1)))
 
 
 def reproduce(samples: list[float], baseline: float, lower_is_better: bool, claimed: float | None, *,

@@ -136,6 +136,37 @@ def test_a_warm_up_faster_than_the_runs_after_it_is_said_so(tmp_path):
     assert "no slower than the runs after it" in said[0] and "within the noise" not in said[0]
 
 
+@pytest.mark.parametrize(("warm", "after", "reference", "lower", "needed"), [
+    # an H200 lab server (higher is better): its first run after a restart read 1356 where the 2 runs after it read
+    # 1432 and 1395, the reference state's 3 runs 617.5, 586 and 573.9: 2.4 SDs of those few runs, but one run of a
+    # noise known that little lands there about 7% of the time
+    (1356.0, [1432.0, 1395.0], [617.5, 586.0, 573.9], False, False),
+    # a simulated host with no cold start at all: 1.2 SDs slower than the 2 runs after it, by chance
+    (81.9, [82.2, 83.16], [68.8, 69.4, 69.1], False, False),
+    # a cold server: the first run far outside the runs after it (lower is better)
+    (45.0, [31.05, 30.95], [31.0, 31.1, 30.9, 31.0], True, True),
+    # 3.9 SDs slower, with the noise known from 9 runs: cold
+    (1450.0, [1980.0, 2050.0, 2010.0, 1900.0, 2100.0], [1500.0, 1600.0, 1550.0, 1480.0], False, True),
+])
+def test_a_warm_up_is_needed_only_when_one_run_of_that_noise_would_rarely_be_so_slow(tmp_path, warm, after,
+                                                                                     reference, lower, needed):
+    """The first warm-up is compared with the runs after it as one reading against a mean (one-sided t, the SD pooled
+    with the reference state's runs and its degrees of freedom): one SD slower over 2 runs happens by chance about
+    one time in five, and a diagnosis that takes it for a cold server warms up every later restart for nothing."""
+    events: list[dict] = []
+    t = FakeTransport(lambda command: "tpot=1 ms\n")
+    lab = Lab(lambda h: Runner(t), lambda ev, **kw: events.append(kw), Journal(tmp_path / "journal.json", "r1", "fake"),
+              Measure("gpu-bench", "tpot", None, max_runs=0), "r1", lower)
+    b = lab.measuring
+    b._warm_value = warm
+    b.judge_warm_up(after, reference)
+    said = [e["text"] for e in events if e.get("phase") == "warm_up"]
+    assert lab.warmth.needed is needed and len(said) == 1
+    assert "one-sided p=" in said[0]
+    assert ("every restart is warmed up" in said[0]) is needed
+    assert ("within the noise of one run" in said[0]) is not needed
+
+
 def test_a_later_control_starts_from_the_runs_an_earlier_control_measured(tmp_path):
     """What a plain restart of the server as found gives is a property of the server, not of the change: a second
     restart experiment in the same run is controlled by the runs the first one's control measured, and measures

@@ -13,7 +13,7 @@ from debugagent.tools.registry import Runner
 from debugagent.tools.units import plain
 
 from ..config import READY_TIMEOUT_S
-from ..stats import AUTO_CAP, PROMISING, decide, noise_sd, pooled_sd, run_budget
+from ..stats import ALPHA_WARM, AUTO_CAP, PROMISING, decide, noise_sd, one_reading_p, pooled_sd, run_budget
 from .errors import ExperimentError
 
 if TYPE_CHECKING:
@@ -120,22 +120,28 @@ class Bench:
         self._warm_value = None
 
     def judge_warm_up(self, following: list[float], reference: list[float]) -> None:
-        """Was the first warm-up run of this diagnosis slower than the runs of the same state after it? By more
-        than the noise (one SD, pooled with the reference state's runs): the server is cold after a restart and
-        every restart is warmed up. Not: it needs no warm-up, and later restarts go without one. Judged once."""
+        """Was the first warm-up run of this diagnosis slower than the runs of the same state after it, by more than
+        one run's noise allows (one-sided p < ALPHA_WARM; the SD pooled with the reference state's runs, t with their
+        degrees of freedom)? Then the server is cold after a restart and every restart is warmed up. Not: it is not
+        shown to need a warm-up, and later restarts go without one. Judged once."""
         w, self._warm_value = self._warm_value, None
         if w is None or self.warmth.needed is not None or not following or len(following) + len(reference) < 3:
             return
         m = statistics.fmean(following)
-        sd = max(pooled_sd(following, reference)[0], 1e-9 * abs(m))
+        pooled, df = pooled_sd(following, reference)
+        sd = max(pooled, 1e-9 * abs(m))
         worse = (w - m) if self.lower else (m - w)
-        self.warmth.needed = worse > sd
+        p = one_reading_p(worse, sd, len(following), df)
+        self.warmth.needed = worse > 0 and p < ALPHA_WARM
+        test = f"one-sided p={p:.2g}, {'below' if self.warmth.needed else 'not below'} {ALPHA_WARM:g}"
         self.emit("experiment", phase="warm_up", needed=self.warmth.needed, text=(
             f"the warm-up run read {plain(w, 4)} against {plain(m, 4)} ± {plain(sd, 2)} over the {len(following)} runs after it: "
-            + (f"worse by {plain(worse)}, more than the noise, so this server is slow on its first run after a restart "
-               f"and every restart is warmed up" if self.warmth.needed else
-               ("within the noise" if worse > 0 else "no slower than the runs after it")
-               + ", so this server is not slow on its first run after a restart, and later restarts are not warmed up")))
+            + (f"worse by {plain(worse)}, more than one run's noise allows ({test}), so this server is slow on its "
+               "first run after a restart and every restart is warmed up" if self.warmth.needed else
+               (f"worse by {plain(worse)}, within the noise of one run ({test})" if worse > 0
+                else "no slower than the runs after it")
+               + ", so it is not shown to be slow on its first run after a restart, and later restarts are not "
+                 "warmed up")))
 
     # ------------------------------------------------------------ the reference, re-measured
     def reference(self, r: Runner, bad: list[float]) -> None:

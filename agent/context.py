@@ -34,6 +34,7 @@ class Overrides(BaseModel):
     server_pattern: str | None = None
     bench_regex: str | None = None
     reproduce_runs: int | None = None
+    min_reproduce_runs: int | None = None
     max_runs: int | None = None
     code_root: str | None = None
     wheelhouse: str | None = None
@@ -45,7 +46,7 @@ class Overrides(BaseModel):
 
     @property
     def most_reproduce_runs(self) -> int:
-        return max(2, int(self.reproduce_runs or REPRODUCE_RUNS))
+        return max(2, int(self.reproduce_runs or REPRODUCE_RUNS), int(self.min_reproduce_runs or 0))
 
     @property
     def ready_timeout(self) -> float:

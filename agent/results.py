@@ -75,6 +75,7 @@ class ExperimentResult(BaseModel):
     rule: str | None = None            # the bound that decided "not a cause", in words
     outcome: Outcome | None = None
     improvement: float | None = None
+    reference_runs: int | None = None  # the reference state's runs the decision compared with
     group: list[str] | None = None     # the not-judged flags or variables it removed together
     # what it found, by kind
     commit: str | None = None

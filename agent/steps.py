@@ -100,8 +100,9 @@ def reproduce_regression(ctx: Ctx, d: dict[str, Any]) -> tuple[Regression, int]:
             return reproduce_with_peer(ctx, d, first, most)
         finally:
             ctx.peer.close()
-    # the baseline snapshot's runs (two or more) are the baseline: they estimate the noise too, so one run fewer
-    looks = min(REPRODUCE_FIRST - len(baseline_noise(ctx)), most)
+    # the baseline snapshot's runs (two or more) are the baseline: they estimate the noise too, so one run fewer;
+    # --min-reproduce-runs more (they are the reference state of every experiment that restarts the server)
+    looks = min(max(REPRODUCE_FIRST - len(baseline_noise(ctx)), ctx.overrides.min_reproduce_runs or 0), most)
     ctx.say(f"Reproducing first: {looks} runs of the benchmark as the host is now"
             + (" (the check's run is the first)" if first else "") + f", more while the answer is not clear (at most {most}).")
     vals: list[float] = [first["value"]] if first else []
@@ -145,8 +146,9 @@ def reproduce_with_peer(ctx: Ctx, d: dict[str, Any], first: dict[str, Any] | Non
     peer_vals: list[float] = []
     unit, runs, rep, order = (first["unit"] if first else None), len(vals), None, (["host"] if first else [])
     peer_failed = 0
+    least = max(PEER_LEAST, ctx.overrides.min_reproduce_runs or 0)
     while True:
-        if len(peer_vals) >= PEER_LEAST and len(vals) >= PEER_LEAST:
+        if len(peer_vals) >= PEER_LEAST and len(vals) >= least:
             base = statistics.fmean(peer_vals)
             claimed = ctx.symptom.worse(ctx.symptom.in_unit(unit or ctx.symptom.unit), base)
             rep = reproduce(vals, base, ctx.symptom.direction == "lower", claimed, baseline_samples=peer_vals,
@@ -566,7 +568,8 @@ def decided(result: ExperimentResult, d: Any, reg: Regression) -> ExperimentResu
     """The three-way outcome and the share's interval (with the regression's own uncertainty)."""
     if d is None:
         return result
-    out: dict[str, Any] = {"outcome": d.outcome, "improvement": d.improvement, "share_ci": None, "share_se": None}
+    out: dict[str, Any] = {"outcome": d.outcome, "improvement": d.improvement, "share_ci": None, "share_se": None,
+                           "reference_runs": d.n_reference}
     if reg.size:
         share, lo, hi = share_interval(d.improvement, d.improvement_se, d.df, reg.size, reg.delta_se or 0.0)
         out.update(share=round(share, 3), share_ci=(round(lo, 3), round(hi, 3)), share_se=(hi - share) / 1.96)

@@ -14,9 +14,11 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
+from debugagent.tools.probes.text import plural
 from debugagent.tools.units import whole_pct
 from pydantic import BaseModel, Field
 
+from .config import REPRODUCE_RUNS
 from .lab.registry import kind_of
 from .playbook import Finding, Playbook, evaluate
 from .results import ExperimentResult
@@ -117,8 +119,22 @@ def apply_result(h: Hyp, spec: dict[str, Any], res: ExperimentResult, max_runs_h
         if h.status == "suspect" and nothing_left:
             h.status, h.how = "inconclusive", None
         if h.status != "confirmed":
-            h.next = f"repeat \"{title}\" with more runs (--max-runs {hint}): {runs} runs could not decide it"
+            h.next = more_runs_next(title, runs, None if res.control else res.reference_runs, hint)
     return h
+
+
+def more_runs_next(title: str, runs: int, reference: int | None, hint: int) -> str:
+    """What would decide an experiment left undecided by ``runs`` runs of the changed state against ``reference``
+    runs of the reference state (None: a control's or the starts', not the reproduce step's). Where the changed
+    state has twice the reference's runs or more, the reference carries two thirds or more of the variance of the
+    difference of means, and more changed runs would not narrow it: more runs of the host as found would."""
+    if reference and runs >= 2 * reference:
+        part = runs / (runs + reference)
+        want = max(reference + 2, min(runs, REPRODUCE_RUNS))
+        return (f"repeat \"{title}\" with more runs of the host as found (--min-reproduce-runs {want}): against the "
+                f"reference state's {plural(reference, 'run')} its {runs} runs could not decide it, and more of them "
+                f"would not: the reference's runs carry {part:.0%} of the variance of the difference of the means")
+    return f"repeat \"{title}\" with more runs (--max-runs {hint}): {runs} runs could not decide it"
 
 
 def after_experiment(hid: str, h: Hyp, spec: dict[str, Any], res: ExperimentResult) -> Hyp:

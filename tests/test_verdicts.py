@@ -60,6 +60,26 @@ def test_undecided_experiment_is_inconclusive_never_ruled_out():
     assert h.status == "inconclusive" and "--max-runs" in h.next
 
 
+def test_undecided_against_too_few_reference_runs_names_more_of_them_not_more_changed_runs():
+    """An H200 lab's package experiment ran 24 runs of the good build against the reproduce step's 2 runs of the
+    slow one and was undecided: 92% of the variance of the difference of the means was the reference's, so
+    --max-runs 48 would not have decided it; more runs of the host as found would."""
+    def undecided(runs: int, reference: int, **more) -> str | None:
+        res = ExperimentResult(kind="server_restart", title="t", samples=[1.0] * runs, outcome="more",
+                               text="undecided", reference_runs=reference, **more)
+        return vd.apply_result(vd.Hyp(status="suspect", experiments=[SPEC]), SPEC, res).next
+    said = undecided(24, 2)
+    assert said is not None and "--min-reproduce-runs 12" in said and "--max-runs" not in said
+    assert "reference state's 2 runs" in said and "92%" in said
+    assert "--min-reproduce-runs 8" in (undecided(8, 3) or "")
+    # balanced enough: more changed runs still narrow it
+    assert "--max-runs 16" in (undecided(8, 6) or "")
+    # compared with a control's runs (the server as found, restarted), not the reproduce step's: not this advice
+    assert "--max-runs" in (undecided(24, 2, control=[1.0, 1.0]) or "")
+    # a result from before the field (a recording): the advice as it was
+    assert "--max-runs" in (undecided(24, 0) or "")
+
+
 def test_a_failed_experiment_keeps_its_suspect_when_a_later_one_finds_nothing():
     """On a real H200 the known-cost flag's experiment failed (the server would not start with `--dtype auto`) and
     the group of other flags tested next recovered nothing: the flag was never measured, so the hypothesis stays a
@@ -193,6 +213,28 @@ def test_snapshot_without_numbers_measures_no_share(tmp_path):
     assert out["root_cause"]["hypothesis"] == "env_var" and out["exit_code"] == 0
     assert out["root_cause"]["explains"] is None and out["root_cause"]["explains_ci"] is None
     assert "share not measured" in out["summary"]
+
+
+def test_min_reproduce_runs_takes_that_many_runs_of_the_host_as_found(tmp_path):
+    """--min-reproduce-runs N: the reproduce step runs N times even where 2 decide it (a baseline snapshot's runs
+    estimate the noise), and every experiment compares with those N; it is recorded, so a replay asks the same."""
+    from debugagent.agent.run import RunOptions, investigate
+    from debugagent.tools.registry import Runner
+    from debugagent.tools.sim import SimTransport
+    from debugagent.tools.snapshot import collect, dump
+    snap = tmp_path / "good.json"
+    with SimTransport("sim:launch-blocking@good") as t:
+        snap.write_text(dump(collect(Runner(t), bench_runs=3)))
+    runs = {}
+    for least in (None, 5):
+        out = investigate(RunOptions(host="sim:launch-blocking", symptom="verify 30ms", baseline_snapshot=str(snap),
+                                     min_reproduce_runs=least, read_only=True, as_json=True,
+                                     out=str(tmp_path / f"run-{least}")))
+        runs[least] = out["regression"]["runs"]
+        inputs = next(e for e in event_lines(tmp_path / f"run-{least}" / "events.jsonl")
+                      if e["event"] == "run_started")["inputs"]
+        assert inputs.get("min_reproduce_runs") == least
+    assert runs[None] == 2 and runs[5] == 5
 
 
 def _gpu_facts_against_the_h200_baseline(**gpu_changes):

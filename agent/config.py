@@ -124,8 +124,8 @@ class RunConfig(BaseModel):
     min_reproduce_runs: Annotated[int | None, flag("--min-reproduce-runs", metavar="N", recorded=when_given)] = Field(
         default=None, ge=2, description="fewest benchmark runs of the host as found, even once the answer is clear: "
                                 "every experiment compares with them, one that restarts the server with them alone "
-                                "(default 3, or 2 with a baseline snapshot; an experiment left undecided by too few of "
-                                "them names the N that would do)")
+                                "(default 3, or 2 with a baseline snapshot; raises --reproduce-runs to N where that is "
+                                "lower; an experiment left undecided by too few of them names the N that would do)")
     max_runs: Annotated[int | None, flag("--max-runs", metavar="N", recorded=True)] = Field(
         default=None, ge=3, description="most benchmark runs per experiment (default: a budget from the noise and the "
                                 "regression)")

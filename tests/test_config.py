@@ -67,7 +67,7 @@ RUN = ("run", "--host", "sim:power-capped", "--symptom", "decode 74 tok/s", "--b
 @pytest.mark.parametrize("flag,value,shown", [
     ("--reproduce-runs", "1", "greater than or equal to 2"), ("--max-runs", "2", "greater than or equal to 3"),
     ("--ready-timeout", "0.5", "greater than or equal to 1"), ("--connect-timeout", "0", "more than 0"),
-    ("--reproduce-runs", "many", "integer"),
+    ("--reproduce-runs", "many", "integer"), ("--min-reproduce-runs", "1", "greater than or equal to 2"),
 ])
 def test_out_of_range_values_exit_2_naming_the_flag_and_the_range(capsys, tmp_path, flag, value, shown):
     """A value out of its field's bounds (or of no number) is exit 2 naming the flag and the range; nothing is
@@ -133,3 +133,12 @@ def test_the_header_inputs_are_the_recorded_fields():
     live = overrides_of(c.recorded_inputs())
     replayed = inputs_from_recording(json.loads(json.dumps(h)), None, "events.jsonl").overrides
     assert live == replayed and live.ready_timeout == 30 and live.bench == "b"
+
+
+def test_min_reproduce_runs_raises_the_most_where_that_is_lower():
+    """--min-reproduce-runs 8 with --reproduce-runs 4: at least 8 runs is what was asked for; the most is raised to
+    it, as the flag's help says, rather than a step that could never reach its fewest."""
+    from debugagent.agent.context import Overrides
+    assert Overrides(reproduce_runs=4, min_reproduce_runs=8).most_reproduce_runs == 8
+    assert Overrides(reproduce_runs=12, min_reproduce_runs=5).most_reproduce_runs == 12
+    assert Overrides().most_reproduce_runs == 12

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import stat
 import subprocess
 import sys
@@ -61,7 +62,10 @@ def test_bundle_of_the_snapshot_recording_through_the_cli(tmp_path: Path):
     assert ", ".join(f"{v:g}" for v in good) in text["benchmarks.md"]
     assert ", ".join(f"{v:g}" for v in now) in text["benchmarks.md"]
     assert "sglang.launch_server" in text["launch.txt"]
-    assert "| 0 | 5 | 1980 / 1980 / 1980 (of 1980)" in text["clocks.md"]
+    # the samples taken with the GPUs busy (how many fell under load is the recording's own), each at full clocks
+    busy = re.search(r"(\d+) with the GPUs busy", text["clocks.md"])
+    assert busy and int(busy[1]) >= 3
+    assert f"| 0 | {busy[1]} | 1980 / 1980 / 1980 (of 1980)" in text["clocks.md"]
     assert "The kernel log was read: no NVIDIA Xid line." in text["xid.txt"]   # the simulated kernel log has none
 
 

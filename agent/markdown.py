@@ -403,6 +403,13 @@ def render_conclusion(doc: Doc, f: RunFacts) -> None:
         doc.add(f"- suspect **{s.hypothesis}**: {clip_words(s.because, 300)}" + (f" ({extra})" if extra else ""))
     if c.suspects:
         doc.add("")
+    # an experiment left undecided: what would decide it (more runs of the changed state, or of the host as found)
+    undecided = [(h.id, h.next) for h in c.table if h.status == "inconclusive" and h.next and h.id in f.hyps
+                 and "undecided" in next((x.result for x in reversed(f.hyps[h.id].experiments) if x.samples), "")]
+    for hid, nxt in undecided:
+        doc.add(f"- inconclusive **{hid}**, its experiment undecided: {clip_words(nxt, 400)}")
+    if undecided:
+        doc.add("")
     rows = []
     for h in c.table:
         evidence = clip_words("; ".join(h.because), 240)

@@ -51,6 +51,29 @@ def test_kept_transcript_replays_to_its_conclusion(run, tmp_path):
         assert "CONFIRMED" not in m.group(2) or m.group(2).startswith("still **CONFIRMED**, by the experiment above"), m[0]
 
 
+UNDECIDED = ROOT / "tests" / "vectors" / "recordings" / "h200-2026-12-04" / "package-undecided" / "events.jsonl"
+
+
+def test_an_experiment_the_reference_leaves_open_names_more_runs_of_the_host_as_found(tmp_path):
+    """A real H200 run (2026-12-04, kept as a vector): the good build's start read 1450 to 2134 over 24 runs against
+    the reproduce step's 2 runs of the slow build, undecided at the budget. Replayed with this code, the same
+    conclusion, and what would decide it says more runs of the host as found (--min-reproduce-runs 12), not
+    --max-runs 48: the reference's 2 runs carry 92% of the variance of the difference, which no changed run narrows.
+    transcript.md says it in the conclusion, where a person reads what is left to do."""
+    res = replay_events(read_events(UNDECIDED), playbook=None, out=tmp_path / "replay")
+    assert res["same"], "\n".join(res["diff"])
+    assert res["unused_results"] == 0
+    md = (tmp_path / "replay" / "transcript.md").read_text()
+    said = [ln for ln in md.splitlines() if ln.startswith("- inconclusive **")]
+    assert len(said) == 1 and said[0].startswith("- inconclusive **compiled_dependency**, its experiment undecided")
+    assert "--min-reproduce-runs 12" in said[0] and "--max-runs" not in said[0]
+    assert "reference state's 2 runs its 24 runs could not decide it" in said[0] and "92%" in said[0]
+    assert md.index("- inconclusive **") < md.index("| hypothesis | verdict |") < md.index("## What to do now")
+    conc = [e for e in read_events(tmp_path / "replay" / "events.jsonl") if e["event"] == "conclusion"][-1]
+    row = next(h for h in conc["inconclusive"] if h["hypothesis"] == "compiled_dependency")
+    assert "--min-reproduce-runs 12" in row["next"]
+
+
 def test_recording_header_and_redaction():
     """The header names schema, version, playbook and its hash, and the inputs; no secret is recorded."""
     for run in KEPT:

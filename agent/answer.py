@@ -17,7 +17,7 @@ from debugagent.tools.probes.text import clip_words
 from debugagent.tools.units import whole_pct
 
 from .conclusion import not_judged_words
-from .verdicts import NotJudged
+from .verdicts import REPEAT, NotJudged
 
 HEADLINE_MAX = 160
 ITEM_MAX = 220
@@ -104,7 +104,8 @@ def _names(rows: Sequence[Mapping[str, Any]]) -> str:
 
 def evidence_lines(o: Mapping[str, Any]) -> list[str]:
     """The evidence under the headline, one short item a line: each cause's evidence and fix, each suspect with
-    what would decide it, the undecided and ruled out by name (the transcript has the why of each)."""
+    what would decide it, the undecided and ruled out by name (the transcript has the why of each), and under the
+    undecided the runs that would decide an experiment left undecided at its budget."""
     out: list[str] = []
     causes = o.get("root_causes") or []
     for c in causes:
@@ -134,6 +135,9 @@ def evidence_lines(o: Mapping[str, Any]) -> list[str]:
             out.append(f"  to decide it: {clip(s['next'], ITEM_MAX)}")
     if o.get("inconclusive"):
         out.append(f"- not decided: {_names(o['inconclusive'])}")
+        for h in o["inconclusive"]:   # an experiment undecided at its budget: the runs that would decide it
+            if str(h.get("next") or "").startswith(REPEAT):
+                out.append(f"  to decide {h['hypothesis']}: {clip(h['next'], ITEM_MAX)}")
     if o.get("ruled_out"):
         out.append(f"- ruled out: {_names(o['ruled_out'])}")
     untested, removed = not_judged_words(NotJudged.model_validate(o.get("not_judged") or {}))

@@ -123,6 +123,9 @@ def apply_result(h: Hyp, spec: dict[str, Any], res: ExperimentResult, max_runs_h
     return h
 
 
+REPEAT = "repeat \""   # how the next step of an experiment left undecided at its budget begins (``more_runs_next``)
+
+
 def more_runs_next(title: str, runs: int, reference: int | None, hint: int) -> str:
     """What would decide an experiment left undecided by ``runs`` runs of the changed state against ``reference``
     runs of the reference state (None: a control's or the starts', not the reproduce step's). Where the changed
@@ -131,10 +134,10 @@ def more_runs_next(title: str, runs: int, reference: int | None, hint: int) -> s
     if reference and runs >= 2 * reference:
         part = runs / (runs + reference)
         want = max(reference + 2, min(runs, REPRODUCE_RUNS))
-        return (f"repeat \"{title}\" with more runs of the host as found (--min-reproduce-runs {want}): against the "
+        return (f"{REPEAT}{title}\" with more runs of the host as found (--min-reproduce-runs {want}): against the "
                 f"reference state's {plural(reference, 'run')} its {runs} runs could not decide it, and more of them "
                 f"would not: the reference's runs carry {part:.0%} of the variance of the difference of the means")
-    return f"repeat \"{title}\" with more runs (--max-runs {hint}): {runs} runs could not decide it"
+    return f"{REPEAT}{title}\" with more runs (--max-runs {hint}): {runs} runs could not decide it"
 
 
 def after_experiment(hid: str, h: Hyp, spec: dict[str, Any], res: ExperimentResult) -> Hyp:

@@ -45,7 +45,7 @@ def test_headline_is_short_and_says_cause_share_and_how(run):
     lines = evidence_lines(c)
     assert h not in lines                     # said once
     for ln in lines:
-        assert ln.startswith(("- ", "  to decide it: "))
+        assert ln.startswith(("- ", "  to decide it: ", "  to decide "))
         assert ln.startswith("- fix: ") or len(ln) <= ITEM_MAX + 60, ln
 
 

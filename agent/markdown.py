@@ -405,7 +405,7 @@ def render_conclusion(doc: Doc, f: RunFacts) -> None:
         doc.add("")
     # an experiment left undecided: what would decide it (more runs of the changed state, or of the host as found)
     undecided = [(h.id, h.next) for h in c.table if h.status == "inconclusive" and h.next and h.id in f.hyps
-                 and "undecided" in next((x.result for x in reversed(f.hyps[h.id].experiments) if x.samples), "")]
+                 and f.hyps[h.id].to_decide]
     for hid, nxt in undecided:
         doc.add(f"- inconclusive **{hid}**, its experiment undecided: {clip_words(nxt, 400)}")
     if undecided:

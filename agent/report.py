@@ -131,7 +131,8 @@ def context(f: RunFacts) -> dict[str, Any]:
                          # a plot only where the experiment measured something
                          "plot": strip_plot(f.reproduce, x.samples, f.regression.baseline, f.unit, "after") if x.samples else None})
         hyps.append({"id": hid, "title": h.title, "status": h.status, "how": last.how if last else None,
-                     "because": clip_words(last.because if last else "not reached", 400), "experiments": exps})
+                     "because": clip_words(last.because if last else "not reached", 400), "experiments": exps,
+                     "to_decide": h.to_decide})
     return {"f": f, "c": f.conclusion, "css": Markup(template_text("report.css")), "fixes": fixes_for(f), "hyps": hyps,
             "regression_word": "real" if f.regression.real is not False else "not reproduced",
             "regression_text": regression_text(f),

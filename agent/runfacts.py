@@ -101,6 +101,14 @@ class HypothesisView(BaseModel):
     def status(self) -> str:
         return self.verdicts[-1].status if self.verdicts else "pending"
 
+    @property
+    def to_decide(self) -> str | None:
+        """What would decide it, where it is inconclusive because its last experiment that measured anything stayed
+        undecided (at its budget, or against the control): the runs its verdict names; None otherwise."""
+        last = self.verdicts[-1] if self.verdicts else None
+        result = next((x.result for x in reversed(self.experiments) if x.samples), "")
+        return last.next if last is not None and last.status == "inconclusive" and "undecided" in result else None
+
 
 class RunFacts(BaseModel):
     run_id: str = ""

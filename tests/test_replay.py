@@ -72,6 +72,10 @@ def test_an_experiment_the_reference_leaves_open_names_more_runs_of_the_host_as_
     conc = [e for e in read_events(tmp_path / "replay" / "events.jsonl") if e["event"] == "conclusion"][-1]
     row = next(h for h in conc["inconclusive"] if h["hypothesis"] == "compiled_dependency")
     assert "--min-reproduce-runs 12" in row["next"]
+    # in report.html, under the hypothesis
+    from debugagent.agent.report import render_html
+    page = render_html(read_events(tmp_path / "replay" / "events.jsonl"))
+    assert "Its experiment stayed undecided; to decide it: " in page and "--min-reproduce-runs 12" in page
     # and on the console, under the answer
     from debugagent.agent.answer import evidence_lines
     lines = evidence_lines(conc.model_dump(mode="json", by_alias=True))

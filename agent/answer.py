@@ -17,7 +17,8 @@ from debugagent.tools.probes.text import clip_words
 from debugagent.tools.units import whole_pct
 
 from .conclusion import not_judged_words
-from .verdicts import REPEAT, NotJudged
+from .results import undecided_next
+from .verdicts import NotJudged
 
 HEADLINE_MAX = 160
 ITEM_MAX = 220
@@ -136,7 +137,7 @@ def evidence_lines(o: Mapping[str, Any]) -> list[str]:
     if o.get("inconclusive"):
         out.append(f"- not decided: {_names(o['inconclusive'])}")
         for h in o["inconclusive"]:   # an experiment undecided at its budget: the runs that would decide it
-            if str(h.get("next") or "").startswith(REPEAT):
+            if undecided_next(h.get("next")):
                 out.append(f"  to decide {h['hypothesis']}: {clip(h['next'], ITEM_MAX)}")
     if o.get("ruled_out"):
         out.append(f"- ruled out: {_names(o['ruled_out'])}")

@@ -57,6 +57,14 @@ class Regression(BaseModel):
         return self.delta if self.measured and (self.delta or 0) > 0 else None
 
 
+REPEAT = "repeat \""   # how the next step of an experiment left undecided begins (``verdicts.more_runs_next``)
+
+
+def undecided_next(next_step: str | None) -> bool:
+    """Is ``next_step`` what an experiment left undecided names: the runs that would decide it?"""
+    return bool(next_step) and str(next_step).startswith(REPEAT)
+
+
 class ExperimentResult(BaseModel):
     """One experiment's answer: what it measured, how ``stats.decide`` judged it, and what it found
     (a culprit commit, a fix). ``error`` set: nothing was measured (the host was restored)."""

@@ -31,6 +31,7 @@ from .events import (
     ToolResult,
     Verdict,
 )
+from .results import undecided_next
 
 Pair = tuple[ToolCall, ToolResult]
 STANDS_FOR = stands_for()
@@ -103,11 +104,10 @@ class HypothesisView(BaseModel):
 
     @property
     def to_decide(self) -> str | None:
-        """What would decide it, where it is inconclusive because its last experiment that measured anything stayed
-        undecided (at its budget, or against the control): the runs its verdict names; None otherwise."""
+        """What would decide it, where it is inconclusive because its experiment stayed undecided (at its budget, or
+        against the control): the runs its verdict names (``verdicts.more_runs_next``); None otherwise."""
         last = self.verdicts[-1] if self.verdicts else None
-        result = next((x.result for x in reversed(self.experiments) if x.samples), "")
-        return last.next if last is not None and last.status == "inconclusive" and "undecided" in result else None
+        return last.next if last is not None and last.status == "inconclusive" and undecided_next(last.next) else None
 
 
 class RunFacts(BaseModel):

@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 from .config import REPRODUCE_RUNS
 from .lab.registry import kind_of
 from .playbook import Finding, Playbook, evaluate
-from .results import ExperimentResult
+from .results import REPEAT, ExperimentResult
 
 Status = Literal["pending", "suspect", "confirmed", "ruled_out", "inconclusive"]
 EXPLAINED_ENOUGH = 0.9
@@ -121,9 +121,6 @@ def apply_result(h: Hyp, spec: dict[str, Any], res: ExperimentResult, max_runs_h
         if h.status != "confirmed":
             h.next = more_runs_next(title, runs, None if res.control else res.reference_runs, hint)
     return h
-
-
-REPEAT = "repeat \""   # how the next step of an experiment left undecided at its budget begins (``more_runs_next``)
 
 
 def more_runs_next(title: str, runs: int, reference: int | None, hint: int) -> str:

@@ -33,7 +33,7 @@ from pydantic import BaseModel, Field
 from .answer import headline
 from .events import Cause, Event, ToolCall, ToolResult, Verdict
 from .fixes import Fix, fixes_for
-from .results import LEAD, undecided_next
+from .results import LEAD
 from .runfacts import Pair, RunFacts, gather, pct
 
 STATUS_WORD = {"confirmed": "CONFIRMED", "ruled_out": "ruled out", "suspect": "suspect", "inconclusive": "inconclusive",
@@ -404,7 +404,7 @@ def render_conclusion(doc: Doc, f: RunFacts) -> None:
     if c.suspects:
         doc.add("")
     # an experiment left undecided: what would decide it (more runs of the changed state, or of the host as found)
-    undecided = [(h.id, h.next) for h in c.table if h.status == "inconclusive" and h.next and undecided_next(h.next)]
+    undecided = [(h.id, nxt) for h in c.table if h.id in f.hyps and (nxt := f.hyps[h.id].to_decide)]
     for hid, nxt in undecided:
         doc.add(f"- inconclusive **{hid}**, its experiment undecided: {clip_words(nxt, 400)}")
     if undecided:

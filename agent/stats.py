@@ -258,6 +258,31 @@ def run_budget(sd: float, regression: float | None, n_reference: int, cap: int |
     return most
 
 
+def changed_runs_futile(reference: list[float], changed: list[float], regression: float | None,
+                        lower_is_better: bool, most: int, noise: tuple[list[float], ...] = ()) -> bool:
+    """Could more runs of the changed state alone (up to ``most`` in all), against the reference state's runs as they
+    are, still decide the experiment? Not when the reference's few runs keep the standard error of the difference of
+    the means too wide, even with the noise SD at its FUTILE_Q lower bound: with the improvement at its FUTILE_Q upper
+    bound, ``most`` runs could not make it a cause
+    (one-sided ALPHA_CAUSE), and with it at its FUTILE_Q lower bound, they could not rule it out (the ALPHA_NOT upper
+    bound below NOT_CAUSE_SHARE of the regression). Asked only once the changed state has more runs than the reference
+    (which then carries most of the variance): more runs of the reference state would decide it; more of the changed
+    state would not. (The H200 lab's slow build: 24 runs of the good build against the reproduce step's 2
+    left it at p=0.07, and 5 of them already showed that 24 could not.)"""
+    if len(changed) >= most or len(changed) <= len(reference):   # the changed state's own runs still narrow it most
+        return False
+    e = effect(reference, changed, lower_is_better, noise)
+    reach = t_quantile(FUTILE_Q, e.df) * e.se
+    df_most = e.df + most - len(changed)
+    sd_lo = e.sd * math.sqrt(e.df / float(_sps().chi2.ppf(FUTILE_Q, e.df)))   # the noise as small as the runs allow
+    se_most = sd_lo * math.sqrt(1 / len(reference) + 1 / most)
+    reg = regression if regression and regression > 0 else None
+    relevant = reg if reg is not None else 0.05 * abs(statistics.fmean(reference))
+    no_cause = e.improvement + reach < t_quantile(1 - ALPHA_CAUSE, df_most) * se_most
+    no_ruling_out = e.improvement - reach + t_quantile(1 - ALPHA_NOT, df_most) * se_most >= NOT_CAUSE_SHARE * relevant
+    return no_cause and no_ruling_out
+
+
 def fresh_reference_runs(sd: float | None, delta: float | None) -> int:
     """Reference runs to take just before a change: 2 when the regression (``delta``) is within 4 noise
     SDs (where a biased reproduce sample could decide), else 1."""

@@ -215,3 +215,93 @@ def test_over_starts_a_real_cause_on_starts_that_differ_is_decided_on_their_mean
     unchanged = [[1009.0, 1012.0, 1005.0], [1134.0], [1023.0]]
     d = across_restarts(changed, unchanged, 940.0, False)
     assert d.outcome == "cause" and "each start is one sample" in d.text, d.text
+
+
+# ---------------------------------------------------------------- the reference's few runs, measured again
+# A real H200 run (2026-12-04, tests/vectors/recordings/h200-2026-12-04/package-undecided): the good build of a
+# rebuilt package, after its restart, against the reproduce step's 2 runs of the slow build (tok/s, higher is
+# better); the lab measured the slow build 29% slower. Its benchmark runs in order: 2 reproduce runs, the warm-up of
+# the restarted server, then 24 runs of the good build.
+def _h200_runs() -> list[float]:
+    import json
+    from pathlib import Path
+    path = Path(__file__).parent / "vectors" / "recordings" / "h200-2026-12-04" / "package-undecided" / "events.jsonl"
+    events = [json.loads(ln) for ln in path.read_text().splitlines()]
+    return [float(e["stdout"].split("decode=")[1].split()[0]) for e in events
+            if e.get("event") == "tool_result" and e.get("tool") == "bench" and "decode=" in (e.get("stdout") or "")]
+
+
+H200_RUNS = _h200_runs()
+H200_BAD, H200_GOOD = H200_RUNS[:2], H200_RUNS[3:]
+
+
+def test_more_runs_of_the_changed_state_are_futile_when_the_reference_bounds_them():
+    """On the H200 the good build ran 24 times against 2 reference runs and ended at p=0.07: after 5 runs, even 24
+    could not have decided it (with what it recovers and the noise at their 80% bounds); more runs of the reference
+    would. Where the changed state has no more runs than the reference, or the change is clearly large or clearly
+    nothing, more of its runs still decide, so they are not futile."""
+    from debugagent.agent.stats import changed_runs_futile
+    assert len(H200_GOOD) == 24 and H200_BAD == [1484.35, 1383.15]
+    reg = 2123.0 - 1434.0
+    futile = [n for n in range(2, 24) if changed_runs_futile(H200_BAD, H200_GOOD[:n], reg, False, 24)]
+    assert futile and futile[0] == 5, futile
+    # as many reference runs as changed ones: the changed state's runs still narrow it
+    assert not changed_runs_futile(H200_BAD * 3, H200_GOOD[:5], reg, False, 24)
+    # a change that recovers it all, far outside the noise: more runs decide it
+    assert not changed_runs_futile([1400.0, 1420.0], [2100.0, 2080.0, 2120.0, 2090.0, 2110.0], reg, False, 24)
+    # a change that recovers nothing, in quiet noise: more runs rule it out
+    assert not changed_runs_futile([1400.0, 1420.0], [1405.0, 1415.0, 1410.0, 1412.0, 1408.0], reg, False, 24)
+
+
+def reference_again(tmp_path, changed: list[float], found: list[float], *, bad: list[float] = H200_BAD,
+                    regression: float = 2123.0 - 1434.0) -> tuple[ExperimentResult, list[str], list[dict]]:
+    """``Lab.run``'s path for an experiment the reference's runs left open: the restarted server as found, measured
+    (``found``, in turn) and joined to the reference; tok/s, higher is better."""
+    values = iter(found)
+    seen: list[str] = []
+    events: list[dict] = []
+
+    def host(command: str) -> str:
+        seen.append(command)
+        return f"decode={next(values)} tok/s\n"
+    t = FakeTransport(host)
+    lab = Lab(lambda h: Runner(t), lambda ev, **kw: events.append({"event": ev, **kw}),
+              Journal(tmp_path / "journal.json", "r1", "fake"), Measure("gpu-bench", "decode", None, max_runs=0),
+              "r1", False)
+    lab.measuring.warmth.needed = False   # judged already: this server is not slow on its first run
+    result = ExperimentResult(kind="package_restore", title="restart with the baseline build", text="with the build",
+                              samples=changed, mean=sum(changed) / len(changed), share=0.2, outcome="more")
+    return lab.reference_restarted(Runner(t), result, list(bad), regression), seen, events
+
+
+def test_an_experiment_the_reference_left_open_is_decided_on_the_server_as_found_restarted(tmp_path):
+    """The restarted server as found reads like the reproduce step's runs (a start that agrees with theirs), so its
+    runs join the reference, and the good build's 5 runs are a cause against all of them."""
+    out, seen, events = reference_again(tmp_path, H200_GOOD[:5], [1402.0, 1451.0, 1390.0, 1437.0, 1419.0, 1445.0,
+                                                                   1398.0, 1431.0])
+    assert out.outcome == "cause" and out.significant, out.text
+    assert "the starts agree" in out.text and len(out.control) == len(seen) >= 2
+    assert f"all {2 + len(seen)} runs of the reference state together" in out.text
+    plan = [e for e in events if e.get("phase") == "plan"]
+    assert plan and "could not decide it against the reference state's 2 runs" in plan[0]["text"]
+    assert all("the reference state again" in e.get("why", "the reference state again") for e in events
+               if e["event"] == "tool_call")
+
+
+def test_an_experiment_the_reference_left_open_stays_open_when_the_starts_differ(tmp_path):
+    """The restarted server as found reads far from the reproduce step's runs: the server's speed changes at
+    restarts, so one start with the change decides nothing, whatever the pooled runs say (``Lab.run`` then makes the
+    change again: ``restart_again``)."""
+    out, seen, _ = reference_again(tmp_path, H200_GOOD[:5], [1900.0, 1910.0, 1890.0, 1905.0, 1895.0, 1902.0,
+                                                               1898.0, 1904.0])
+    assert out.outcome == "more" and not out.significant
+    assert "the two starts of the server as found differ by more than their runs' noise" in out.text
+    assert len(seen) >= 2 and out.control == [1900.0, 1910.0, 1890.0, 1905.0, 1895.0, 1902.0, 1898.0, 1904.0][:len(seen)]
+
+
+def test_an_experiment_the_reference_left_open_is_ruled_out_when_the_change_gave_nothing(tmp_path):
+    """The change's runs read like the server as found, restarted: not a cause, with the bound that decided it."""
+    out, _, _ = reference_again(tmp_path, [1420.0, 1440.0, 1410.0, 1430.0, 1425.0],
+                                [1432.0, 1418.0, 1441.0, 1409.0, 1428.0, 1436.0, 1415.0, 1422.0],
+                                bad=[1427.0, 1433.0])
+    assert out.outcome == "not_cause" and out.rule and "upper bound" in out.rule, out.text

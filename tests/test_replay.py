@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from debugagent.agent.playbook import load_playbook
 from debugagent.agent.replay import replay_events, replay_run
-from debugagent.agent.transcript import read_events
+from debugagent.agent.transcript import read_events, render_markdown
 from debugagent.tools.errors import RecordingError, ReplayMiss, UnknownCommand
 from debugagent.tools.replay import ReplayTransport
 
@@ -54,32 +54,28 @@ def test_kept_transcript_replays_to_its_conclusion(run, tmp_path):
 UNDECIDED = ROOT / "tests" / "vectors" / "recordings" / "h200-2026-12-04" / "package-undecided" / "events.jsonl"
 
 
-def test_an_experiment_the_reference_leaves_open_names_more_runs_of_the_host_as_found(tmp_path):
+def test_an_undecided_experiment_shows_what_would_decide_it_where_a_person_reads(tmp_path):
     """A real H200 run (2026-12-04, kept as a vector): the good build's start read 1450 to 2134 over 24 runs against
-    the reproduce step's 2 runs of the slow build, undecided at the budget. Replayed with this code, the same
-    conclusion, and what would decide it says more runs of the host as found (--min-reproduce-runs 12), not
-    --max-runs 48: the reference's 2 runs carry 92% of the variance of the difference, which no changed run narrows.
-    transcript.md says it in the conclusion, where a person reads what is left to do."""
-    res = replay_events(read_events(UNDECIDED), playbook=None, out=tmp_path / "replay")
-    assert res["same"], "\n".join(res["diff"])
-    assert res["unused_results"] == 0
-    md = (tmp_path / "replay" / "transcript.md").read_text()
+    the reproduce step's 2 runs of the slow build, undecided at the budget. (This code stops such an experiment after
+    5 runs and measures the server as found again: tests/test_control.py reads its runs from this vector.) What
+    would decide it, as recorded, is shown where a person reads: transcript.md's conclusion (above the table),
+    report.html under the hypothesis, and the console answer."""
+    events = read_events(UNDECIDED)
+    conc = [e for e in events if e["event"] == "conclusion"][-1]
+    row = next(h for h in conc["inconclusive"] if h["hypothesis"] == "compiled_dependency")
+    advice = row["next"]
+    assert advice.startswith('repeat "') and "could not decide it" in advice
+    md = render_markdown(events)
     said = [ln for ln in md.splitlines() if ln.startswith("- inconclusive **")]
     assert len(said) == 1 and said[0].startswith("- inconclusive **compiled_dependency**, its experiment undecided")
-    assert "--min-reproduce-runs 12" in said[0] and "--max-runs" not in said[0]
-    assert "reference state's 2 runs its 24 runs could not decide it" in said[0] and "92%" in said[0]
+    assert advice in said[0]
     assert md.index("- inconclusive **") < md.index("| hypothesis | verdict |") < md.index("## What to do now")
-    conc = [e for e in read_events(tmp_path / "replay" / "events.jsonl") if e["event"] == "conclusion"][-1]
-    row = next(h for h in conc["inconclusive"] if h["hypothesis"] == "compiled_dependency")
-    assert "--min-reproduce-runs 12" in row["next"]
-    # in report.html, under the hypothesis
     from debugagent.agent.report import render_html
-    page = render_html(read_events(tmp_path / "replay" / "events.jsonl"))
-    assert "Its experiment stayed undecided; to decide it: " in page and "--min-reproduce-runs 12" in page
-    # and on the console, under the answer
+    page = render_html(events)
+    assert "Its experiment stayed undecided; to decide it: " in page and "could not decide it" in page
     from debugagent.agent.answer import evidence_lines
     lines = evidence_lines(conc.model_dump(mode="json", by_alias=True))
-    assert any(ln.startswith("  to decide compiled_dependency: ") and "--min-reproduce-runs 12" in ln for ln in lines)
+    assert any(ln.startswith("  to decide compiled_dependency: ") and "could not decide it" in ln for ln in lines)
 
 
 def test_recording_header_and_redaction():

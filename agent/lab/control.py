@@ -13,7 +13,17 @@ from debugagent.tools.registry import Runner
 from debugagent.tools.units import plain
 
 from ..results import ExperimentResult
-from ..stats import CONTROL_LEVEL, CONTROL_RUNS, RESTART_PART, across_restarts, control, restart_shift
+from ..stats import (
+    ALPHA_STARTS,
+    CONTROL_LEVEL,
+    CONTROL_RUNS,
+    RESTART_PART,
+    across_restarts,
+    control,
+    decide,
+    restart_shift,
+    starts_differ,
+)
 
 if TYPE_CHECKING:
     from .lab import Lab
@@ -102,16 +112,21 @@ def restart_control(lab: Lab, r: Runner, result: ExperimentResult, bad: list[flo
 
 
 def restart_again(lab: Lab, r: Runner, result: ExperimentResult, bad: list[float], regression: float | None,
-                  again: Callable[[], ExperimentResult]) -> ExperimentResult:
+                  again: Callable[[], ExperimentResult], seen: str | None = None) -> ExperimentResult:
     """A plain restart recovered part of the regression by itself (``stats.restart_shift``): the server's speed
     changes at restarts (a server that comes up in one of two modes), which the runs of one start do not show, so
     one start with the change and one without cannot tell the change from the restart. The change is made again
     (``again``: the kind's apply and undo, no bisection) and the server as found, restarted by that undo, measured
     again; the change is then judged over the starts' means (``stats.across_restarts``): the starts with the change
-    against the server as found before it and after each undo. Undecided there, it is no cause."""
+    against the server as found before it and after each undo. Undecided there, it is no cause. ``seen``: what showed
+    the speed change, where it was not the control's part (``reference_restarted``: the starts of the server as
+    found differ)."""
     c = lab.shifted
-    assert c is not None
     lab.shifted = None
+    if seen is None:
+        assert c is not None
+        seen = (f"a plain restart alone recovered {c.part:.0%} of what the change did ({2 * CONTROL_LEVEL - 1:.0%} CI "
+                f"{c.low:.0%} to {c.high:.0%})")
     b = lab.measuring
     cap = b.spec.max_runs or 0
     warm = 1 if b.warmth.needed is not False else 0   # each restart's warm-up run counts toward --max-runs
@@ -122,9 +137,8 @@ def restart_again(lab: Lab, r: Runner, result: ExperimentResult, bad: list[float
         return _undecided(lab, result, f"{result.text}, so {why}; --max-runs {cap} left no runs to make the change "
                                        "again")
     lab.emit("experiment", phase="plan", text=(
-        f"a plain restart alone recovered {c.part:.0%} of what the change did ({2 * CONTROL_LEVEL - 1:.0%} CI "
-        f"{c.low:.0%} to {c.high:.0%}), so {why}: the change is made again, the server as found restarted again "
-        "after it, and the change is judged over the starts' means"))
+        f"{seen}, so {why}: the change is made again, the server as found restarted again after it, and the change "
+        "is judged over the starts' means"))
     saved = b.spec.max_runs
     if left is not None:
         b.spec.max_runs = left - 1 - warm   # the second start's control run (and its warm-up) are kept for
@@ -156,3 +170,64 @@ def _undecided(lab: Lab, result: ExperimentResult, text: str, decision: str | No
     return result.model_copy(update={"significant": False, "outcome": "more", "share_ci": None,
                                      "decision": decision or "undecided: the server's speed may change at restarts",
                                      "text": text})
+
+
+def reference_restarted(lab: Lab, r: Runner, result: ExperimentResult, bad: list[float],
+                        regression: float | None) -> ExperimentResult:
+    """A restart experiment left undecided by the reference state's few runs (``stats.changed_runs_futile``: the
+    reproduce step's runs against a snapshot, 2 by default): the server as found, restarted by the undo just now, is
+    measured as the restart control measures it (2 to CONTROL_RUNS[1] runs, sequentially), and these runs join the
+    reference. They are a start of the server as found of their own, so they join only while that start and the
+    reproduce step's do not differ by more than their runs' noise (``stats.starts_differ``, as ``across_restarts``
+    tests them); where they differ, the server's speed changes at restarts and one start each way decides nothing:
+    ``lab.starts_seen`` says so, and the caller makes the change again (``restart_again``)."""
+    b = lab.measuring
+    cap = b.spec.max_runs or 0
+    left = cap - (b.bench_runs - b.runs_at_start) if cap else CONTROL_RUNS[1]
+    if cap and b.warmth.due:
+        left -= 1
+    earlier = list(lab.found_restarted)
+    most = min(CONTROL_RUNS[1], len(earlier) + left)
+    n = max(2, len(earlier))
+    if most < 2:
+        return result
+    vals = result.samples
+    lab.emit("experiment", phase="plan", text=(
+        f"more runs of this state could not decide it against the reference state's {plural(len(bad), 'run')}, so the "
+        f"reference state is measured again: the server as found, restarted by the undo, {n} to {most} runs in all"
+        + (f" ({plural(len(earlier), 'run')} of them measured after an earlier experiment's undo)" if earlier else "")
+        + "; they join the reference while that start and the reproduce step's agree"))
+    lab.server.started = lab.server.found_again
+    ctrl: list[float] = list(earlier)
+    while True:
+        while len(ctrl) < n:
+            ctrl.append(b.measured(r, b.spec.cwd, f"the reference state again: the server as found, restarted "
+                                                  f"(run {len(ctrl) + 1})"))
+            lab.found_restarted.append(ctrl[-1])
+        d = decide([*bad, *ctrl], vals, regression, b.lower, final=n >= most, noise=b.noise,
+                   regression_se=b.spec.regression_se)
+        if d.decided or n >= most:
+            break
+        n += 1
+    # asked once, of the runs as they ended (at each look, the chance alone would add up)
+    p_starts = starts_differ([bad, ctrl])
+    if p_starts < ALPHA_STARTS:
+        d = None
+    b.judge_warm_up(ctrl[len(earlier):], bad)
+    said = (f"the server as found, restarted: mean {plain(statistics.fmean(ctrl), 4)} ({plural(len(ctrl), 'run')}) "
+            f"against the reproduce step's {plain(statistics.fmean(bad), 4)}")
+    if d is None:   # the caller makes the change again (``restart_again``), where the budget allows
+        lab.starts_seen = (f"the two starts of the server as found differ by more than their runs' noise (F-test "
+                           f"p={p_starts:.2g})")
+        why = f"{said}: {lab.starts_seen}"
+        d0 = b.last_decision
+        if d0 is not None:
+            b.last_decision = d0.model_copy(update={"outcome": "more"})
+        return result.model_copy(update={"control": ctrl, "significant": False, "outcome": "more",
+                                         "decision": why, "text": f"{result.text}; {why}"})
+    b.last_decision = d
+    text = (f"{result.text}; {said} (the starts agree, F-test p={p_starts:.2g}), so all "
+            f"{len(bad) + len(ctrl)} runs of the reference state together: {d.text}")
+    return result.model_copy(update={"control": ctrl, "significant": d.significant, "outcome": d.outcome,
+                                     "share": round(d.share, 3), "share_ci": None, "decision": d.text,
+                                     "rule": d.rule or None, "text": text, "improvement": d.improvement})

@@ -16,7 +16,7 @@ from debugagent.tools.registry import Runner
 
 from ..journal import Journal
 from ..results import ExperimentResult
-from .control import restart_again, restart_control
+from .control import reference_restarted, restart_again, restart_control
 from .errors import ConnectionLost, ExperimentError
 from .measure import Bench, Measure
 from .registry import KINDS
@@ -67,6 +67,9 @@ class Lab:
         self.found_restarted = found_restarted if found_restarted is not None else []
         # a control that showed the server's speed change at a restart (``stats.restart_shift``): judged again
         self.shifted: Control | None = None
+        # the reference's runs re-measured after an undecided experiment's undo showed the server as found start at
+        # another speed (``reference_restarted``): what showed it, and the change is made again
+        self.starts_seen: str | None = None
         self.peer = peer   # ``--peer``: read only (a package's build, by ``kinds.package``)
         self._reconnects = 0
         self._r: Runner | None = None
@@ -153,6 +156,10 @@ class Lab:
     def control(self, r: Runner, result: ExperimentResult, bad: list[float], regression: float | None) -> ExperimentResult:
         return restart_control(self, r, result, bad, regression)
 
+    def reference_restarted(self, r: Runner, result: ExperimentResult, bad: list[float],
+                            regression: float | None) -> ExperimentResult:
+        return reference_restarted(self, r, result, bad, regression)
+
     # ------------------------------------------------------------ one experiment
     def run(self, hyp: str, spec: dict[str, Any], facts: LabFacts, bad: list[float],
             regression: float | None) -> ExperimentResult:
@@ -162,7 +169,9 @@ class Lab:
         self.server.started = None
         self.server.found_again = None
         self.measuring.changed_cmd = None
+        self.measuring.reference_bound = False
         self.shifted = None
+        self.starts_seen = None
         if self.shadow is not None:
             self.shadow.copies = {}
         self.measuring.runs_at_start = self.measuring.bench_runs
@@ -183,6 +192,15 @@ class Lab:
             return result.model_copy(update={"text": f"{self.shadow.describe()}: {result.text}"})
         # the causes reverted together were each controlled alone already
         # (an offline workload restarted nothing: its runs before the change are the unchanged state's)
+        if self.server.started is not None and self.server.workload is None and not result.significant \
+                and self.measuring.reference_bound and not result.error and result.samples:
+            # the reference's few runs left it open: the server as found, restarted by the undo, measured again
+            result = self.reference_restarted(r, result, bad, regression)
+            if self.starts_seen is not None:
+                once = typed.model_copy(update={"bisect": False}) if "bisect" in type(typed).model_fields else typed
+                result = restart_again(self, r, result, bad, regression,
+                                       lambda: self._apply(r, kind, once, facts, bad, regression), self.starts_seen)
+            return result
         if self.server.started is not None and self.server.workload is None and result.significant \
                 and not spec.get("joint"):
             result = self.control(r, result, bad, regression)

@@ -13,7 +13,19 @@ from debugagent.tools.registry import Runner
 from debugagent.tools.units import plain
 
 from ..config import READY_TIMEOUT_S
-from ..stats import ALPHA_WARM, AUTO_CAP, PROMISING, decide, noise_sd, one_reading_p, pooled_sd, run_budget
+from ..stats import (
+    ALPHA_WARM,
+    AUTO_CAP,
+    FUTILE_Q,
+    MIN_BUDGET,
+    PROMISING,
+    changed_runs_futile,
+    decide,
+    noise_sd,
+    one_reading_p,
+    pooled_sd,
+    run_budget,
+)
 from .errors import ExperimentError
 
 if TYPE_CHECKING:
@@ -62,6 +74,9 @@ class Bench:
         self.remeasured = False
         self.runs_at_start = 0
         self.last_decision: Any = None   # the experiment's decision (``stats.Decision``), as the control leaves it
+        # the last ``sample`` stopped because more runs of the changed state could not decide it against the
+        # reference state's few runs (``stats.changed_runs_futile``): more runs of the reference state would
+        self.reference_bound = False
         # an offline workload run with an experiment's change (``Server.start``): the changed state's command
         self.changed_cmd: str | None = None
 
@@ -172,6 +187,7 @@ class Bench:
         cap = self.spec.max_runs or 0
         ref, vals = list(bad), []
         runs, d = 0, None
+        self.reference_bound = False
         if not self.warmth.cold:   # a warm-up taken before this state (the reference's) is not judged by its runs
             self._warm_value = None
         fresh = self.fresh_runs if self.remeasured else 0   # the last runs of ``bad`` were measured just before the change
@@ -196,6 +212,18 @@ class Bench:
             final = len(vals) >= most or capped
             d = decide(ref, vals, regression, self.lower, final=final, fresh=fresh, noise=self.noise,
                        regression_se=self.spec.regression_se)
+            if not d.decided and not interleave and not capped and len(vals) >= MIN_BUDGET \
+                    and changed_runs_futile(ref, vals, regression, self.lower, limit or AUTO_CAP, self.noise):
+                # the reference's runs (not interleaved: fixed) bound it; runs of this state would be spent for nothing
+                d = decide(ref, vals, regression, self.lower, final=True, fresh=fresh, noise=self.noise,
+                           regression_se=self.spec.regression_se)
+                d = d.model_copy(update={"text": d.text.replace(
+                    "undecided at the run budget",
+                    f"undecided, and more runs of this state could not decide it against the reference state's "
+                    f"{len(ref)} (with what it recovers at either end of its {FUTILE_Q:.0%} interval, "
+                    f"{limit or AUTO_CAP} runs could neither show it a cause nor rule it out)")})
+                self.reference_bound = True
+                break
             if final and not d.decided and not capped and not extended and d.p < PROMISING \
                     and len(vals) < (limit or AUTO_CAP):
                 extended = True

@@ -69,3 +69,62 @@ def test_causes_that_compound_are_measured_together_before_any_further_suspect(t
     started = [e["spec"] for e in events if e.get("event") == "experiment" and e.get("phase") == "start"]
     assert [bool(sp.get("joint")) for sp in started] == [False, False, True], [sp.get("title") for sp in started]
     assert out["joint"]["share_ci"][1] >= 1.0, out["joint"]
+
+
+NOISY_TWO = """
+version: 1
+name: noisy-two-9
+story: >
+  A noisy server (10% run to run) with two causes against a snapshot of its good state: CUDA_LAUNCH_BLOCKING=1
+  (two thirds of the regression) and `--dtype float16` (a third, within the noise of a few runs).
+symptom: decode 1300 tok/s
+baseline: decode 2000 tok/s
+expect: {root_cause: env_var, mentions: CUDA_LAUNCH_BLOCKING}
+host:
+  hostname: gpu-lab-3
+  driver: {version: 580.159.04, cuda: "13.0"}
+  gpus:
+    - {}
+  python: /root/ml-env/bin/python3
+  packages:
+    torch: {version: 2.9.1+cu130}
+  server:
+    cmd: /root/ml-env/bin/python3 -m labserve.server
+    args: {model-path: lab/random-weights, dtype: float16}
+    env: {CUDA_LAUNCH_BLOCKING: "1"}
+  cpu: {governor: performance, cores: 16}
+bench: {metric: decode, unit: tok/s, base: 2000.0, noise_pct: 10}
+factors:
+  - {path: server.args.dtype, good: bfloat16, bad: float16, effect: -250.0}
+  - {path: server.env.CUDA_LAUNCH_BLOCKING, good: null, bad: "1", effect: -500.0}
+"""
+
+
+def test_an_experiment_its_reference_leaves_open_measures_the_server_as_found_again(tmp_path):
+    """Against a snapshot the reference is the reproduce step's 3 runs; the dtype flag's 6 runs after its restart
+    could not be decided against them, and more of its runs would not have (``stats.changed_runs_futile``). So the
+    server as found, restarted by the undo, is measured as more runs of the reference (its start agrees with the
+    reproduce step's), the flag is judged on all of them (undecided still: a third of the regression in 10% noise,
+    never ruled out), and the next experiment's control starts from those runs instead of measuring them again."""
+    path = tmp_path / "noisy-two-9.yaml"
+    path.write_text(NOISY_TWO)
+    sc = parse_scenario(NOISY_TWO, str(path))
+    snap = tmp_path / "good.json"
+    with SimTransport(f"sim:{path}@good") as t:
+        snap.write_text(dump(collect(Runner(t), bench_runs=3)))
+    out = investigate(RunOptions(host=f"sim:{path}", symptom=sc.symptom, baseline_snapshot=str(snap), as_json=True,
+                                 out=str(tmp_path / "run")))
+    check(sc, out)
+    events = event_lines(tmp_path / "run" / "events.jsonl")
+    plans = [e["text"] for e in events if e.get("event") == "experiment" and e.get("phase") == "plan"]
+    assert any("could not decide it against the reference state's 3 runs" in p for p in plans), plans
+    again = [e for e in events if e.get("event") == "tool_call" and e.get("tool") == "bench"
+             and "the reference state again: the server as found, restarted" in (e.get("why") or "")]
+    assert 2 <= len(again) <= 8
+    flag = next(e["text"] for e in events if e.get("event") == "experiment" and e.get("phase") == "result"
+                and "--dtype" in e["text"])
+    assert "the starts agree" in flag and f"all {3 + len(again)} runs of the reference state together" in flag
+    assert "serving_config" not in {r["hypothesis"] for r in out["ruled_out"]}
+    env = next(e["text"] for e in events if e.get("event") == "experiment" and e.get("phase") == "result"
+               and "CUDA_LAUNCH_BLOCKING" in e["text"])
+    assert "measured after an earlier experiment's undo" in env

@@ -174,8 +174,9 @@ def _undecided(lab: Lab, result: ExperimentResult, text: str, decision: str | No
 
 def reference_restarted(lab: Lab, r: Runner, result: ExperimentResult, bad: list[float],
                         regression: float | None) -> ExperimentResult:
-    """A restart experiment left undecided by the reference state's few runs (``stats.changed_runs_futile``: the
-    reproduce step's runs against a snapshot, 2 by default): the server as found, restarted by the undo just now, is
+    """A restart experiment left undecided by the reference state's few runs (``stats.changed_runs_futile``, or at
+    its budget with twice the reference's runs or more; the reproduce step's runs against a snapshot are 2 by
+    default): the server as found, restarted by the undo just now, is
     measured as the restart control measures it (2 to CONTROL_RUNS[1] runs, sequentially), and these runs join the
     reference. They are a start of the server as found of their own, so they join only while that start and the
     reproduce step's do not differ by more than their runs' noise (``stats.starts_differ``, as ``across_restarts``
@@ -193,8 +194,10 @@ def reference_restarted(lab: Lab, r: Runner, result: ExperimentResult, bad: list
         return result
     vals = result.samples
     lab.emit("experiment", phase="plan", text=(
-        f"more runs of this state could not decide it against the reference state's {plural(len(bad), 'run')}, so the "
-        f"reference state is measured again: the server as found, restarted by the undo, {n} to {most} runs in all"
+        f"its {len(vals)} runs could not decide it against the reference state's {plural(len(bad), 'run')}, which carry "
+        f"{len(vals) / (len(vals) + len(bad)):.0%} of the variance of the difference of the means, and more of its runs "
+        f"would not narrow that, so the reference state is measured again: the server as found, restarted by the undo, "
+        f"{n} to {most} runs in all"
         + (f" ({plural(len(earlier), 'run')} of them measured after an earlier experiment's undo)" if earlier else "")
         + "; they join the reference while that start and the reproduce step's agree"))
     lab.server.started = lab.server.found_again

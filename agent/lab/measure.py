@@ -229,6 +229,10 @@ class Bench:
                 extended = True
                 continue
             if d.decided or final:
+                # at the budget, with the reference's runs half the changed state's or fewer, they carry two thirds
+                # or more of the difference's variance: more runs of the reference are what would decide it
+                if not d.decided and not interleave and len(vals) >= 2 * len(ref):
+                    self.reference_bound = True
                 break
         self.judge_warm_up(vals, bad)
         self.last_decision = d

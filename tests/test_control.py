@@ -53,6 +53,8 @@ def test_a_restart_that_recovers_half_keeps_the_cause_by_what_the_change_adds(tm
     out, runs = control(tmp_path, [28.45, 28.55, 28.5])
     assert out.significant and out.outcome == "cause"
     assert "beats the restarted server" in out.text
+    # decided at the control's level (0.01), and said so: never "undecided ..., so it is a cause"
+    assert "below the control's level of 0.01" in out.text and "undecided" not in out.text
     assert runs == 3              # the change beats a plain restart from the third control run
     assert out.share == pytest.approx(2.5 / REGRESSION, abs=0.02)   # what the change adds, not all 5 ms
 

@@ -14,6 +14,7 @@ from debugagent.tools.units import plain
 
 from ..results import ExperimentResult
 from ..stats import (
+    ALPHA_CONTROL,
     ALPHA_STARTS,
     CONTROL_LEVEL,
     CONTROL_RUNS,
@@ -87,7 +88,9 @@ def restart_control(lab: Lab, r: Runner, result: ExperimentResult, bad: list[flo
     d = c.decision
     assert d is not None
     if c.outcome == "beyond":   # part of it may be the restart's, but the change does better than a plain restart
-        d = d.model_copy(update={"outcome": "cause"})
+        # decided at the control's own level, not decide's cause level: its words say which
+        d = d.model_copy(update={"outcome": "cause", "text": d.text.rsplit(": ", 1)[0]
+                                 + f": below the control's level of {ALPHA_CONTROL}"})
         b.last_decision = d   # the share is the change's over the restarted server as found
         return result.model_copy(update={"control": ctrl, "share": round(d.share, 3), "share_ci": None,
                                          "decision": d.text, "text": f"{result.text}; {said}, and the change "

@@ -273,7 +273,8 @@ def reference_again(tmp_path, changed: list[float], found: list[float], *, bad: 
     lab.measuring.warmth.needed = False   # judged already: this server is not slow on its first run
     result = ExperimentResult(kind="package_restore", title="restart with the baseline build", text="with the build",
                               samples=changed, mean=sum(changed) / len(changed), share=0.2, outcome="more")
-    return lab.reference_restarted(Runner(t), result, list(bad), regression), seen, events
+    out, _ = lab.reference_restarted(Runner(t), result, list(bad), regression)
+    return out, seen, events
 
 
 def test_an_experiment_the_reference_left_open_is_decided_on_the_server_as_found_restarted(tmp_path):

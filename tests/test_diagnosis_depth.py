@@ -47,14 +47,20 @@ def test_scenario_with_numbers(name, tmp_path):
             assert len(starts) >= 2 and all(i["cwd"].startswith("/tmp/debugagent-wt-") for i in starts), starts
 
 
-def test_two_causes_with_a_baseline_snapshot_report_what_reverting_both_recovers(tmp_path):
-    path, sc = scenario("env-and-dtype")
+def with_snapshot(path: Path, sc, tmp_path: Path) -> dict:
+    """The scenario at ``path`` diagnosed against a snapshot of its good state (3 benchmark runs), checked."""
     snap = tmp_path / "good.json"
     with SimTransport(f"sim:{path}@good") as t:
         snap.write_text(dump(collect(Runner(t), bench_runs=3)))
     out = investigate(RunOptions(host=f"sim:{path}", symptom=sc.symptom, baseline_snapshot=str(snap), as_json=True,
                                  out=str(tmp_path / "run")))
     check(sc, out)
+    return out
+
+
+def test_two_causes_with_a_baseline_snapshot_report_what_reverting_both_recovers(tmp_path):
+    path, sc = scenario("env-and-dtype")
+    out = with_snapshot(path, sc, tmp_path)
     assert len(out["root_causes"]) >= 2 and out.get("joint"), out.get("joint")
 
 
@@ -108,13 +114,7 @@ def test_an_experiment_its_reference_leaves_open_measures_the_server_as_found_ag
     never ruled out), and the next experiment's control starts from those runs instead of measuring them again."""
     path = tmp_path / "noisy-two-9.yaml"
     path.write_text(NOISY_TWO)
-    sc = parse_scenario(NOISY_TWO, str(path))
-    snap = tmp_path / "good.json"
-    with SimTransport(f"sim:{path}@good") as t:
-        snap.write_text(dump(collect(Runner(t), bench_runs=3)))
-    out = investigate(RunOptions(host=f"sim:{path}", symptom=sc.symptom, baseline_snapshot=str(snap), as_json=True,
-                                 out=str(tmp_path / "run")))
-    check(sc, out)
+    out = with_snapshot(path, parse_scenario(NOISY_TWO, str(path)), tmp_path)
     events = event_lines(tmp_path / "run" / "events.jsonl")
     plans = [e["text"] for e in events if e.get("event") == "experiment" and e.get("phase") == "plan"]
     assert any("could not decide it against the reference state's 3 runs" in p for p in plans), plans

@@ -42,10 +42,7 @@ def restart_control(lab: Lab, r: Runner, result: ExperimentResult, bad: list[flo
     b = lab.measuring
     vals = result.samples
     cap = b.spec.max_runs or 0
-    # --max-runs counts every benchmark run of the experiment, the control's included
-    left = cap - (b.bench_runs - b.runs_at_start) if cap else CONTROL_RUNS[1]
-    if cap and b.warmth.due:   # the restarted server's warm-up run comes first, and counts
-        left -= 1
+    left = _runs_left(lab)
     earlier = list(lab.found_restarted)
     n = max(min(CONTROL_RUNS[0], left), len(earlier))
     if n < 1:
@@ -62,9 +59,7 @@ def restart_control(lab: Lab, r: Runner, result: ExperimentResult, bad: list[flo
     lab.server.started = lab.server.found_again
     ctrl: list[float] = list(earlier)
     while True:   # sequential, as the experiment itself: more runs while the restart's part is unclear
-        while len(ctrl) < n:
-            ctrl.append(b.measured(r, b.spec.cwd, f"control: the server as found, restarted (run {len(ctrl) + 1})"))
-            lab.found_restarted.append(ctrl[-1])
+        _measure_found(lab, r, ctrl, n, "control: the server as found, restarted")
         final = n >= most
         c = control(bad, ctrl, vals, regression, b.lower, final=final, noise=b.noise,
                     regression_se=b.spec.regression_se)
@@ -112,6 +107,26 @@ def restart_control(lab: Lab, r: Runner, result: ExperimentResult, bad: list[flo
     return result.model_copy(update={"control": ctrl, "significant": False, "outcome": d.outcome,
                                      "share": round(d.share, 3), "share_ci": None, "decision": why,
                                      "text": f"{result.text}; {said}, {why}"})
+
+
+def _runs_left(lab: Lab) -> int:
+    """Runs of the server as found, restarted, that --max-runs leaves to this experiment (it counts every benchmark
+    run of the experiment, these included); CONTROL_RUNS[1] without a cap."""
+    b = lab.measuring
+    cap = b.spec.max_runs or 0
+    if not cap:
+        return CONTROL_RUNS[1]
+    left = cap - (b.bench_runs - b.runs_at_start)
+    return left - 1 if b.warmth.due else left   # the restarted server's warm-up run comes first, and counts
+
+
+def _measure_found(lab: Lab, r: Runner, ctrl: list[float], n: int, why: str) -> None:
+    """Runs of the server as found, restarted by the undo, added to ``ctrl`` until it holds ``n``; each kept for a
+    later control of the same run (``lab.found_restarted``)."""
+    b = lab.measuring
+    while len(ctrl) < n:
+        ctrl.append(b.measured(r, b.spec.cwd, f"{why} (run {len(ctrl) + 1})"))
+        lab.found_restarted.append(ctrl[-1])
 
 
 def restart_again(lab: Lab, r: Runner, result: ExperimentResult, bad: list[float], regression: float | None,
@@ -176,7 +191,7 @@ def _undecided(lab: Lab, result: ExperimentResult, text: str, decision: str | No
 
 
 def reference_restarted(lab: Lab, r: Runner, result: ExperimentResult, bad: list[float],
-                        regression: float | None) -> ExperimentResult:
+                        regression: float | None) -> tuple[ExperimentResult, str | None]:
     """A restart experiment left undecided by the reference state's few runs (``stats.changed_runs_futile``, or at
     its budget with twice the reference's runs or more; the reproduce step's runs against a snapshot are 2 by
     default): the server as found, restarted by the undo just now, is
@@ -184,17 +199,14 @@ def reference_restarted(lab: Lab, r: Runner, result: ExperimentResult, bad: list
     reference. They are a start of the server as found of their own, so they join only while that start and the
     reproduce step's do not differ by more than their runs' noise (``stats.starts_differ``, as ``across_restarts``
     tests them); where they differ, the server's speed changes at restarts and one start each way decides nothing:
-    ``lab.starts_seen`` says so, and the caller makes the change again (``restart_again``)."""
+    the second value says what showed that (None where the runs joined), and the caller makes the change again
+    (``restart_again``)."""
     b = lab.measuring
-    cap = b.spec.max_runs or 0
-    left = cap - (b.bench_runs - b.runs_at_start) if cap else CONTROL_RUNS[1]
-    if cap and b.warmth.due:
-        left -= 1
     earlier = list(lab.found_restarted)
-    most = min(CONTROL_RUNS[1], len(earlier) + left)
+    most = min(CONTROL_RUNS[1], len(earlier) + _runs_left(lab))
     n = max(2, len(earlier))
     if most < 2:
-        return result
+        return result, None
     vals = result.samples
     lab.emit("experiment", phase="plan", text=(
         f"its {len(vals)} runs could not decide it against the reference state's {plural(len(bad), 'run')}, which carry "
@@ -206,10 +218,7 @@ def reference_restarted(lab: Lab, r: Runner, result: ExperimentResult, bad: list
     lab.server.started = lab.server.found_again
     ctrl: list[float] = list(earlier)
     while True:
-        while len(ctrl) < n:
-            ctrl.append(b.measured(r, b.spec.cwd, f"the reference state again: the server as found, restarted "
-                                                  f"(run {len(ctrl) + 1})"))
-            lab.found_restarted.append(ctrl[-1])
+        _measure_found(lab, r, ctrl, n, "the reference state again: the server as found, restarted")
         d = decide([*bad, *ctrl], vals, regression, b.lower, final=n >= most, noise=b.noise,
                    regression_se=b.spec.regression_se)
         if d.decided or n >= most:
@@ -223,17 +232,16 @@ def reference_restarted(lab: Lab, r: Runner, result: ExperimentResult, bad: list
     said = (f"the server as found, restarted: mean {plain(statistics.fmean(ctrl), 4)} ({plural(len(ctrl), 'run')}) "
             f"against the reproduce step's {plain(statistics.fmean(bad), 4)}")
     if d is None:   # the caller makes the change again (``restart_again``), where the budget allows
-        lab.starts_seen = (f"the two starts of the server as found differ by more than their runs' noise (F-test "
-                           f"p={p_starts:.2g})")
-        why = f"{said}: {lab.starts_seen}"
+        seen = f"the two starts of the server as found differ by more than their runs' noise (F-test p={p_starts:.2g})"
+        why = f"{said}: {seen}"
         d0 = b.last_decision
         if d0 is not None:
             b.last_decision = d0.model_copy(update={"outcome": "more"})
         return result.model_copy(update={"control": ctrl, "significant": False, "outcome": "more",
-                                         "decision": why, "text": f"{result.text}; {why}"})
+                                         "decision": why, "text": f"{result.text}; {why}"}), seen
     b.last_decision = d
     text = (f"{result.text}; {said} (the starts agree, F-test p={p_starts:.2g}), so all "
             f"{len(bad) + len(ctrl)} runs of the reference state together: {d.text}")
     return result.model_copy(update={"control": ctrl, "significant": d.significant, "outcome": d.outcome,
                                      "share": round(d.share, 3), "share_ci": None, "decision": d.text,
-                                     "rule": d.rule or None, "text": text, "improvement": d.improvement})
+                                     "rule": d.rule or None, "text": text, "improvement": d.improvement}), None

@@ -67,9 +67,6 @@ class Lab:
         self.found_restarted = found_restarted if found_restarted is not None else []
         # a control that showed the server's speed change at a restart (``stats.restart_shift``): judged again
         self.shifted: Control | None = None
-        # the reference's runs re-measured after an undecided experiment's undo showed the server as found start at
-        # another speed (``reference_restarted``): what showed it, and the change is made again
-        self.starts_seen: str | None = None
         self.peer = peer   # ``--peer``: read only (a package's build, by ``kinds.package``)
         self._reconnects = 0
         self._r: Runner | None = None
@@ -157,7 +154,7 @@ class Lab:
         return restart_control(self, r, result, bad, regression)
 
     def reference_restarted(self, r: Runner, result: ExperimentResult, bad: list[float],
-                            regression: float | None) -> ExperimentResult:
+                            regression: float | None) -> tuple[ExperimentResult, str | None]:
         return reference_restarted(self, r, result, bad, regression)
 
     # ------------------------------------------------------------ one experiment
@@ -171,7 +168,6 @@ class Lab:
         self.measuring.changed_cmd = None
         self.measuring.reference_bound = False
         self.shifted = None
-        self.starts_seen = None
         if self.shadow is not None:
             self.shadow.copies = {}
         self.measuring.runs_at_start = self.measuring.bench_runs
@@ -190,24 +186,23 @@ class Lab:
         if self.shadow is not None and self.server.started is not None:
             # the unchanged copy, started the same way at the same time and measured in turn, is the control
             return result.model_copy(update={"text": f"{self.shadow.describe()}: {result.text}"})
-        # the causes reverted together were each controlled alone already
+        # a second start with the change, where the speed changes at restarts (no bisection: the change as found)
+        once = typed.model_copy(update={"bisect": False}) if "bisect" in type(typed).model_fields else typed
+
+        def again() -> ExperimentResult:
+            return self._apply(r, kind, once, facts, bad, regression)
         # (an offline workload restarted nothing: its runs before the change are the unchanged state's)
         if self.server.started is not None and self.server.workload is None and not result.significant \
                 and self.measuring.reference_bound and not result.error and result.samples:
             # the reference's few runs left it open: the server as found, restarted by the undo, measured again
-            result = self.reference_restarted(r, result, bad, regression)
-            if self.starts_seen is not None:
-                once = typed.model_copy(update={"bisect": False}) if "bisect" in type(typed).model_fields else typed
-                result = restart_again(self, r, result, bad, regression,
-                                       lambda: self._apply(r, kind, once, facts, bad, regression), self.starts_seen)
-            return result
+            result, seen = self.reference_restarted(r, result, bad, regression)
+            return restart_again(self, r, result, bad, regression, again, seen) if seen is not None else result
+        # the causes reverted together were each controlled alone already
         if self.server.started is not None and self.server.workload is None and result.significant \
                 and not spec.get("joint"):
             result = self.control(r, result, bad, regression)
             if self.shifted is not None:
-                once = typed.model_copy(update={"bisect": False}) if "bisect" in type(typed).model_fields else typed
-                result = restart_again(self, r, result, bad, regression,
-                                       lambda: self._apply(r, kind, once, facts, bad, regression))
+                result = restart_again(self, r, result, bad, regression, again)
         return result
 
     @staticmethod

@@ -215,11 +215,8 @@ class Bench:
             if not d.decided and not interleave and not capped and len(vals) >= MIN_BUDGET \
                     and changed_runs_futile(ref, vals, regression, self.lower, limit or AUTO_CAP, self.noise):
                 # the reference's runs (not interleaved: fixed) bound it; runs of this state would be spent for nothing
-                d = decide(ref, vals, regression, self.lower, final=True, fresh=fresh, noise=self.noise,
-                           regression_se=self.spec.regression_se)
-                d = d.model_copy(update={"text": d.text.replace(
-                    "undecided at the run budget",
-                    f"undecided, and more runs of this state could not decide it against the reference state's "
+                d = d.model_copy(update={"text": d.text.rsplit(": ", 1)[0] + (
+                    f": undecided, and more runs of this state could not decide it against the reference state's "
                     f"{len(ref)} (with what it recovers at either end of its {FUTILE_Q:.0%} interval, "
                     f"{limit or AUTO_CAP} runs could neither show it a cause nor rule it out)")})
                 self.reference_bound = True

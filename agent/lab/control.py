@@ -31,14 +31,16 @@ if TYPE_CHECKING:
 
 
 def restart_control(lab: Lab, r: Runner, result: ExperimentResult, bad: list[float],
-                    regression: float | None) -> ExperimentResult:
+                    regression: float | None) -> tuple[ExperimentResult, str | None]:
     """A restart recovered the regression: was it the change, or the restart itself? A server that slows
     down while it runs (a cache that grows, fragmented memory, a leak) is fast again after any restart, so
     the experiment's server is compared with the server as found, restarted by the undo just now and
     measured the same way: what part of the change's recovery a plain restart also gives, with its interval.
     The change stays a cause when that part is surely below half, is not one when it is surely above half
     (the restart did it), and is undecided in between after the most control runs. These runs are also the
-    reference re-measured after the change (``stats.control``), so none is taken before it."""
+    reference re-measured after the change (``stats.control``), so none is taken before it. Returns the result and,
+    where a plain restart recovered a part by itself (``stats.restart_shift``), the words that say so, for the
+    second start (``restart_again``); else None."""
     b = lab.measuring
     vals = result.samples
     cap = b.spec.max_runs or 0
@@ -47,7 +49,7 @@ def restart_control(lab: Lab, r: Runner, result: ExperimentResult, bad: list[flo
     n = max(min(CONTROL_RUNS[0], left), len(earlier))
     if n < 1:
         return result.model_copy(update={"text": f"{result.text}; not compared with a plain restart of the server "
-                                         f"as found (--max-runs {cap} left no runs for that control)"})
+                                         f"as found (--max-runs {cap} left no runs for that control)"}), None
     most = max(n, min(CONTROL_RUNS[1], len(earlier) + left))
     lab.emit("experiment", phase="plan", text=(
         f"control: the server as found, restarted, as an earlier control measured it ({plural(len(earlier), 'run')}), "
@@ -74,12 +76,13 @@ def restart_control(lab: Lab, r: Runner, result: ExperimentResult, bad: list[flo
     said = (f"control: the server as found, restarted, gives mean {plain(statistics.fmean(ctrl), 4)} ({runs}): "
             f"a plain restart recovers {c.part:.0%} of what the change did ({2 * CONTROL_LEVEL - 1:.0%} CI "
             f"{c.low:.0%} to {c.high:.0%})")
-    lab.shifted = c if restart_shift(c) else None
-    if lab.shifted is not None:   # decided over the starts of the server (``restart_again``)
-        return result.model_copy(update={"control": ctrl, "text": f"{result.text}; {said}"})
+    if restart_shift(c):   # decided over the starts of the server (``restart_again``)
+        seen = (f"a plain restart alone recovered {c.part:.0%} of what the change did ({2 * CONTROL_LEVEL - 1:.0%} CI "
+                f"{c.low:.0%} to {c.high:.0%})")
+        return result.model_copy(update={"control": ctrl, "text": f"{result.text}; {said}"}), seen
     if c.outcome == "change":
         return result.model_copy(update={"control": ctrl, "text": f"{result.text}; {said}, so the restart alone "
-                                         "does not explain it"})
+                                         "does not explain it"}), None
     d = c.decision
     assert d is not None
     if c.outcome == "beyond":   # part of it may be the restart's, but the change does better than a plain restart
@@ -89,7 +92,7 @@ def restart_control(lab: Lab, r: Runner, result: ExperimentResult, bad: list[flo
         b.last_decision = d   # the share is the change's over the restarted server as found
         return result.model_copy(update={"control": ctrl, "share": round(d.share, 3), "share_ci": None,
                                          "decision": d.text, "text": f"{result.text}; {said}, and the change "
-                                         f"beats the restarted server ({d.text}), so it is a cause by that much"})
+                                         f"beats the restarted server ({d.text}), so it is a cause by that much"}), None
     if c.outcome == "restart":
         d = d.model_copy(update={"outcome": "not_cause"})
         why = ("so the restart, not the change, recovered it: the server slows down while it runs, or the "
@@ -99,14 +102,14 @@ def restart_control(lab: Lab, r: Runner, result: ExperimentResult, bad: list[flo
         b.last_decision = d
         return result.model_copy(update={"control": ctrl, "significant": False, "outcome": d.outcome,
                                          "share": round(d.share, 3), "share_ci": None, "decision": why, "rule": rule,
-                                         "text": f"{result.text}; {said}, {why}"})
+                                         "text": f"{result.text}; {said}, {why}"}), None
     else:
         d = d.model_copy(update={"outcome": "more"})
         why = "so what the change adds to a plain restart is undecided"
     b.last_decision = d   # the outcome and the share are the change's over the restarted server as found
     return result.model_copy(update={"control": ctrl, "significant": False, "outcome": d.outcome,
                                      "share": round(d.share, 3), "share_ci": None, "decision": why,
-                                     "text": f"{result.text}; {said}, {why}"})
+                                     "text": f"{result.text}; {said}, {why}"}), None
 
 
 def _runs_left(lab: Lab) -> int:
@@ -130,21 +133,15 @@ def _measure_found(lab: Lab, r: Runner, ctrl: list[float], n: int, why: str) -> 
 
 
 def restart_again(lab: Lab, r: Runner, result: ExperimentResult, bad: list[float], regression: float | None,
-                  again: Callable[[], ExperimentResult], seen: str | None = None) -> ExperimentResult:
+                  again: Callable[[], ExperimentResult], seen: str) -> ExperimentResult:
     """A plain restart recovered part of the regression by itself (``stats.restart_shift``): the server's speed
     changes at restarts (a server that comes up in one of two modes), which the runs of one start do not show, so
     one start with the change and one without cannot tell the change from the restart. The change is made again
     (``again``: the kind's apply and undo, no bisection) and the server as found, restarted by that undo, measured
     again; the change is then judged over the starts' means (``stats.across_restarts``): the starts with the change
     against the server as found before it and after each undo. Undecided there, it is no cause. ``seen``: what showed
-    the speed change, where it was not the control's part (``reference_restarted``: the starts of the server as
-    found differ)."""
-    c = lab.shifted
-    lab.shifted = None
-    if seen is None:
-        assert c is not None
-        seen = (f"a plain restart alone recovered {c.part:.0%} of what the change did ({2 * CONTROL_LEVEL - 1:.0%} CI "
-                f"{c.low:.0%} to {c.high:.0%})")
+    the speed change (``restart_control``: a plain restart's part; ``reference_restarted``: the starts of the server
+    as found differ)."""
     b = lab.measuring
     cap = b.spec.max_runs or 0
     warm = 1 if b.warmth.needed is not False else 0   # each restart's warm-up run counts toward --max-runs

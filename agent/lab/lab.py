@@ -27,7 +27,6 @@ from .undo import Undo
 if TYPE_CHECKING:
     from ..context import Warmth
     from ..facts import LabFacts
-    from ..stats import Control
 
 
 @dataclass
@@ -65,8 +64,6 @@ class Lab:
         self.noise = noise
         self.setup = setup or LabSetup()
         self.found_restarted = found_restarted if found_restarted is not None else []
-        # a control that showed the server's speed change at a restart (``stats.restart_shift``): judged again
-        self.shifted: Control | None = None
         self.peer = peer   # ``--peer``: read only (a package's build, by ``kinds.package``)
         self._reconnects = 0
         self._r: Runner | None = None
@@ -150,7 +147,8 @@ class Lab:
                                 share=round(d.share, 3), significant=d.significant, decision=d.text, text=text,
                                 rule=getattr(d, "rule", None) or None, **extra)
 
-    def control(self, r: Runner, result: ExperimentResult, bad: list[float], regression: float | None) -> ExperimentResult:
+    def control(self, r: Runner, result: ExperimentResult, bad: list[float],
+                regression: float | None) -> tuple[ExperimentResult, str | None]:
         return restart_control(self, r, result, bad, regression)
 
     def reference_restarted(self, r: Runner, result: ExperimentResult, bad: list[float],
@@ -167,7 +165,6 @@ class Lab:
         self.server.found_again = None
         self.measuring.changed_cmd = None
         self.measuring.reference_bound = False
-        self.shifted = None
         if self.shadow is not None:
             self.shadow.copies = {}
         self.measuring.runs_at_start = self.measuring.bench_runs
@@ -200,9 +197,9 @@ class Lab:
         # the causes reverted together were each controlled alone already
         if self.server.started is not None and self.server.workload is None and result.significant \
                 and not spec.get("joint"):
-            result = self.control(r, result, bad, regression)
-            if self.shifted is not None:
-                result = restart_again(self, r, result, bad, regression, again)
+            result, seen = self.control(r, result, bad, regression)
+            if seen is not None:
+                result = restart_again(self, r, result, bad, regression, again, seen)
         return result
 
     @staticmethod

@@ -1,0 +1,70 @@
+"""bench/scenarios --noise X --draws N: each built-in scenario with its benchmark's noise scaled and the simulator's
+draws seeded anew, diagnosed for real; a sweep fails only on a wrong answer (a false blame, the expected cause ruled
+out), never on an honest "undecided"."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from debugagent.tools.sim import load_scenario, parse_scenario
+from debugagent.tools.sim.scenario import builtin_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def bench() -> Any:
+    loader = importlib.machinery.SourceFileLoader("bench_scenarios", str(ROOT / "bench" / "scenarios"))
+    spec = importlib.util.spec_from_loader("bench_scenarios", loader)
+    assert spec is not None
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
+
+
+def test_a_variant_scales_the_noise_and_renames_the_scenario_and_nothing_else(tmp_path):
+    mod = bench()
+    f = mod.variant("launch-blocking", builtin_dir() / "launch-blocking.yaml", 2.5, 3, tmp_path)
+    before, after = load_scenario("launch-blocking"), parse_scenario(f.read_text(), str(f))
+    assert after.name == "launch-blocking-d3" and f.name == "launch-blocking-d3.yaml"
+    assert after.bench.noise_pct == pytest.approx(before.bench.noise_pct * 2.5)
+    assert after.factors == before.factors and after.expect == before.expect
+    assert (after.symptom, after.baseline, after.host) == (before.symptom, before.baseline, before.host)
+    raw = yaml.safe_load(f.read_text())
+    raw["bench"].pop("noise_pct")
+    orig = yaml.safe_load((builtin_dir() / "launch-blocking.yaml").read_text())
+    orig["bench"].pop("noise_pct")
+    assert {k: v for k, v in raw.items() if k != "name"} == {k: v for k, v in orig.items() if k != "name"}
+
+
+def test_a_sweep_diagnoses_each_draw_and_counts_wrong_answers_apart(capsys):
+    mod = bench()
+    argv, sys.argv = sys.argv, ["bench/scenarios", "--mode", "numbers", "--only", "cuda-graph-disabled",
+                                "--noise", "1.5", "--draws", "2"]
+    try:
+        rc = mod.main()
+    finally:
+        sys.argv = argv
+    out = capsys.readouterr().out
+    rows = [x for x in out.splitlines() if x.startswith(("PASS", "FAIL"))]
+    assert [r.split()[1] for r in rows] == ["cuda-graph-disabled-d1", "cuda-graph-disabled-d2"]
+    summary = next(x for x in out.splitlines() if x.startswith("noise x1.5, 2 draw(s) each:"))
+    assert "0 false blame(s), the expected cause ruled out 0 time(s)" in summary, out
+    assert rc == 0
+
+
+def test_against_takes_the_scenarios_as_written(capsys):
+    mod = bench()
+    argv, sys.argv = sys.argv, ["bench/scenarios", "--against", "HEAD", "--noise", "2"]
+    try:
+        with pytest.raises(SystemExit) as exc:
+            mod.main()
+    finally:
+        sys.argv = argv
+    assert exc.value.code == 2
+    assert "--against compares the scenarios as written" in capsys.readouterr().err

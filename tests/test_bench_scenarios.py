@@ -68,3 +68,15 @@ def test_against_takes_the_scenarios_as_written(capsys):
         sys.argv = argv
     assert exc.value.code == 2
     assert "--against compares the scenarios as written" in capsys.readouterr().err
+
+
+def test_a_sweep_counts_an_also_cause_ruled_out_as_wrong():
+    """The two-cause scenario at four times its noise once ruled its second cause (NCCL_PROTO) out: that is a wrong
+    answer, though the root cause was confirmed."""
+    mod = bench()
+    sc = load_scenario("two-causes")
+    assert sc.expect.root_cause == "serving_config" and "env_var" in sc.expect.also
+    assert mod.ruled_out_expected(sc, {"ruled_out": [{"hypothesis": "env_var"}]})
+    assert mod.ruled_out_expected(sc, {"ruled_out": [{"hypothesis": "serving_config"}]})
+    assert not mod.ruled_out_expected(sc, {"ruled_out": [{"hypothesis": "gpu_clocks"}, {"hypothesis": "pcie_link"}]})
+    assert not mod.ruled_out_expected(load_scenario("no-regression"), {"ruled_out": [{"hypothesis": "env_var"}]})

@@ -467,7 +467,7 @@ def lab_for(ctx: Ctx, s: RunState, hid: str) -> Lab:
                ctx.run_id, ctx.symptom.direction == "lower",
                LabSetup.from_inputs(ctx.overrides, (d.get("host_facts") or {}).get("profile")), ctx.warmth,
                ctx.found_restarted, discovery=run_input(ctx.overrides, d["metric"], d.get("server")),
-               noise=baseline_noise(ctx, reg), fresh_runs=fresh, shadow=d.get("shadow"),
+               noise=baseline_noise(ctx, reg) + earlier_states(s), fresh_runs=fresh, shadow=d.get("shadow"),
                workload=d.get("server") if is_workload(d.get("server")) else None,   # how many to run; ``Lab.reference`` keeps how many it had
                peer=peer_reader(ctx, hid))
 
@@ -482,6 +482,15 @@ def peer_reader(ctx: Ctx, hid: str) -> PeerReader | None:
         peer.open_again()
         return ctx.peer_runner(hid)
     return PeerReader(name=peer.name, python=peer.python, open=open_peer, close=peer.close)
+
+
+def earlier_states(s: RunState) -> tuple[list[float], ...]:
+    """The changed states of this run's earlier experiments, each one start's runs around their own mean: the next
+    experiments' tests pool them into their estimate of the noise, as they pool the baseline snapshot's, so that a few
+    quiet runs of two states cannot alone make a small difference look certain (``stats.noise_sd`` never lets them
+    lower the two states' own SD). An offline workload's code experiment compared 2 runs with 3 whose SD came out a
+    tenth of the noise and confirmed a harmless commit at p=0.0004, beside an experiment whose 2 runs showed it."""
+    return tuple(list(res.samples) for h in s.hyps.values() for res in h.results if len(res.samples) >= 2)
 
 
 def baseline_noise(ctx: Ctx, reg: Regression | None = None) -> tuple[list[float], ...]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,11 @@ def test_a_sweep_diagnoses_each_draw_and_counts_wrong_answers_apart(capsys):
     rows = [x for x in out.splitlines() if x.startswith(("PASS", "FAIL"))]
     assert [r.split()[1] for r in rows] == ["cuda-graph-disabled-d1", "cuda-graph-disabled-d2"]
     summary = next(x for x in out.splitlines() if x.startswith("noise x1.5, 2 draw(s) each:"))
+    counts = re.search(r": (\d+) right \(of them (\d+) with a wrong answer beside\), (\d+) neither right nor wrong "
+                       r".*, (\d+) false blame\(s\), the expected cause ruled out (\d+) time", summary)
+    assert counts, summary
+    right, right_and_wrong, neither, blames, ruled = map(int, counts.groups())
+    assert right - right_and_wrong + neither + blames + ruled >= 2 and min(right, neither) >= 0
     assert "0 false blame(s), the expected cause ruled out 0 time(s)" in summary, out
     assert rc == 0
 

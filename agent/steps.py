@@ -489,8 +489,20 @@ def earlier_states(s: RunState) -> tuple[list[float], ...]:
     experiments' tests pool them into their estimate of the noise, as they pool the baseline snapshot's, so that a few
     quiet runs of two states cannot alone make a small difference look certain (``stats.noise_sd`` never lets them
     lower the two states' own SD). An offline workload's code experiment compared 2 runs with 3 whose SD came out a
-    tenth of the noise and confirmed a harmless commit at p=0.0004, beside an experiment whose 2 runs showed it."""
-    return tuple(list(res.samples) for h in s.hyps.values() for res in h.results if len(res.samples) >= 2)
+    tenth of the noise and confirmed a harmless commit at p=0.0004, beside an experiment whose 2 runs showed it.
+    A benchmark's noise grows with its value (a server twice as fast varies twice as much in tok/s), so each state's
+    spread is scaled to the reproduce step's mean: a fast state's runs do not widen the noise of a slow one."""
+    ref = s.regression.mean
+    out = []
+    for h in s.hyps.values():
+        for res in h.results:
+            g = list(res.samples)
+            if len(g) < 2:
+                continue
+            m = statistics.fmean(g)
+            k = abs(ref / m) if ref and m else 1.0
+            out.append([m + (x - m) * k for x in g])
+    return tuple(out)
 
 
 def baseline_noise(ctx: Ctx, reg: Regression | None = None) -> tuple[list[float], ...]:

@@ -7,6 +7,7 @@ with numbers only; the two-cause host also with a snapshot of its good state."""
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import pytest
@@ -138,7 +139,7 @@ def test_a_quiet_pair_of_states_does_not_make_a_harmless_commit_a_cause():
     its runs join the estimate of the noise (``steps.earlier_states``), and the commit is not a cause. (The run is
     not replayed here: the simulator's draws follow the order its benchmark calls arrive in, which the GPU sampler's
     load can change; these are the values that run measured.)"""
-    from debugagent.agent.results import ExperimentResult
+    from debugagent.agent.results import ExperimentResult, Regression
     from debugagent.agent.state import RunState
     from debugagent.agent.stats import decide
     from debugagent.agent.steps import earlier_states
@@ -146,12 +147,15 @@ def test_a_quiet_pair_of_states_does_not_make_a_harmless_commit_a_cause():
     reproduce, commit, env = [13.132, 13.177, 13.237], [13.899, 14.007], [18.759, 19.480]
     regression = 20.1 - 13.4
     assert decide(reproduce, commit, regression, False).outcome == "cause"   # as it was: the two quiet states alone
-    state = RunState(hyps={
+    state = RunState(regression=Regression(mean=19.12), hyps={
         "env_var": Hyp(status="confirmed", results=[ExperimentResult(kind="restore_baseline_env", text="", samples=env,
                                                                      mean=19.12, significant=True)]),
         "gpu_clocks": Hyp(status="ruled_out", results=[ExperimentResult(kind="power_limit", text="", samples=[14.0],
                                                                         mean=14.0)]),   # one run: no noise of its own
         "code_change": Hyp()})
-    assert earlier_states(state) == ([18.759, 19.48],)
+    assert earlier_states(state)[0] == pytest.approx([18.759, 19.48])   # at the mean of these runs: unscaled
+    state.regression.mean = statistics.fmean(reproduce)  # each state's spread at the reproduce step's mean
+    (g,) = earlier_states(state)
+    assert statistics.stdev(g) == pytest.approx(statistics.stdev(env) * statistics.fmean(reproduce) / statistics.fmean(env))
     d = decide(reproduce, commit, regression, False, noise=earlier_states(state))
     assert d.outcome == "not_cause" and "below the 20% a cause must recover" in d.rule

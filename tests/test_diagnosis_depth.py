@@ -137,8 +137,8 @@ def test_a_quiet_pair_of_states_does_not_make_a_harmless_commit_a_cause():
     tenth of the noise) and the previous commit's 2 runs as close, 0.77 above them, so those 5 runs alone made a
     harmless commit a cause at p=0.0004. The variable's experiment before it had shown the noise (18.76 and 19.48):
     its runs join the estimate of the noise (``steps.earlier_states``), and the commit is not a cause. (The run is
-    not replayed here: the simulator's draws follow the order its benchmark calls arrive in, which the GPU sampler's
-    load can change; these are the values that run measured.)"""
+    not replayed here: the simulator numbers its draws by the order the benchmark calls arrive in, and a second run
+    of the same scenario drew differently; these are the values that run measured.)"""
     from debugagent.agent.results import ExperimentResult, Regression
     from debugagent.agent.state import RunState
     from debugagent.agent.stats import decide

@@ -357,6 +357,9 @@ class Host:
         assert r.stdout.strip().startswith("{"), f"exit {r.returncode}; stderr: {r.stderr[-3000:]}"
         o = json.loads(r.stdout)
         o["exit"] = r.returncode
+        # a run that stopped before it made its folder says why in its JSON: shown, not a bare FileNotFoundError
+        assert (out / "run.json").is_file(), f"exit {r.returncode}, no run.json; stdout: {r.stdout[:2000]}; " \
+                                             f"stderr: {r.stderr[-2000:]}"
         o["run_id"] = json.loads((out / "run.json").read_text())["run_id"]
         o["wall"] = time.monotonic() - started
         o["events"] = [json.loads(line) for line in (out / "events.jsonl").read_text().split("\n") if line]  # JSON Lines: "\n" alone ends a line

@@ -293,12 +293,13 @@ def fresh_reference_runs(sd: float | None, delta: float | None) -> int:
 # ---------------------------------------------------------------- the control of a restart
 RESTART_PART = 0.5   # the part of a change's recovery that a plain restart may give before the change is doubted
 CONTROL_LEVEL = 0.90  # one-sided level of the bounds on that part
-ALPHA_CONTROL = 0.01  # one-sided level of "the change beats a plain restart", at each look from 3 control runs
+ALPHA_CONTROL = 0.01  # one-sided level of "the change beats a plain restart", at each look from CONTROL_DECIDES runs
 CONTROL_RUNS = (1, 8)  # the fewest and the most runs of the restarted server as found (one decides when the
 # regression is far outside the noise: a plain restart that reads like the reproduce runs again settles it)
-RESTART_RUNS = 3  # the fewest control runs that say "the restart, not the change": never one, whose own noise is
-# unseen, nor two: two runs of the restarted server that read as fast as the change by luck ruled a real cause out
-# in one simulated diagnosis of 40 at 9% noise, where a third run reads as slow as the server was
+CONTROL_DECIDES = 3  # the fewest control runs that overturn or cut a cause ("beats the restarted server", "the
+# restart, not the change"): never one, whose own noise is unseen, nor two: two runs of the restarted server that
+# read as fast as the change by luck ruled a real cause out in one simulated diagnosis of 40 at 9% noise, where a
+# third run reads as slow as the server was
 ControlOutcome = Literal["change", "restart", "beyond", "undecided", "more"]
 
 
@@ -324,9 +325,9 @@ def control(reference: list[float], ctrl: list[float], changed: list[float], reg
 
     change: a plain restart surely (one-sided CONTROL_LEVEL) gives less than RESTART_PART of the change's
     recovery; the change keeps its result. beyond: the change beats the restarted server (one-sided p <
-    ALPHA_CONTROL from 3 control runs on, by at least MIN_SHARE of the regression): a cause by that much. restart: a plain restart
+    ALPHA_CONTROL from CONTROL_DECIDES control runs on, by at least MIN_SHARE of the regression): a cause by that much. restart: a plain restart
     surely gives more than RESTART_PART and the change does not beat it, so the restart (or the reproduce
-    runs' luck), not the change, recovered it (from RESTART_RUNS control runs on). more: add
+    runs' luck), not the change, recovered it (from CONTROL_DECIDES control runs on). more: add
     a control run; undecided at ``final``. ``noise``: as in ``effect``.
     The experiment itself already decided "a cause" at ALPHA_CAUSE against the reproduce runs; the control
     asks a second question of the same change, at its own level.
@@ -340,9 +341,9 @@ def control(reference: list[float], ctrl: list[float], changed: list[float], reg
         return Control(outcome="change", part=part, low=lo, high=hi, shift_z=z)
     d = decide(ctrl, changed, regression, lower_is_better, final=True, noise=noise, regression_se=regression_se)
     relevant = regression if regression and regression > 0 else 0.05 * abs(statistics.fmean(reference))
-    if len(ctrl) >= 3 and d.p < ALPHA_CONTROL and d.improvement >= MIN_SHARE * relevant:
+    if len(ctrl) >= CONTROL_DECIDES and d.p < ALPHA_CONTROL and d.improvement >= MIN_SHARE * relevant:
         return Control(outcome="beyond", part=part, low=lo, high=hi, decision=d)
-    if lo > RESTART_PART and len(ctrl) >= RESTART_RUNS:
+    if lo > RESTART_PART and len(ctrl) >= CONTROL_DECIDES:
         return Control(outcome="restart", part=part, low=lo, high=hi, decision=d)
     return Control(outcome="undecided" if final else "more", part=part, low=lo, high=hi, decision=d)
 

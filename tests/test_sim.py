@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 
@@ -104,6 +105,38 @@ def test_benchmark_follows_state_and_is_noisy(sim_host):
     vals = [runner.call("bench", {"cmd": "gpu-bench", "metric": "verify"}).output.value for _ in range(3)]
     assert all(16 < v < 24 for v in vals)
     t.run(f"rm -f /tmp/da-{pid}.env")
+
+
+def test_the_hosts_speed_in_streaks_whatever_the_server_does(sim_host, tmp_path):
+    """``bench.streaks``: every run's value is the speed of its streak times the state's; the streaks last runs in
+    runs (seeded, the same for the good state's host), as the H200 lab's virtual CPU did."""
+    from debugagent.tools.sim.scenario import builtin_dir
+    text = (builtin_dir() / "launch-blocking.yaml").read_text().replace(
+        "bench: {metric: verify, unit: ms, base: 20.0, noise_pct: 4}",
+        "bench: {metric: verify, unit: ms, base: 20.0, noise_pct: 0, streaks: {speeds: [1.0, 0.5], runs: 3}}")
+    assert "streaks" in text
+    path = tmp_path / "streaky.yaml"
+    path.write_text(text)
+    sc = parse_scenario(text, str(path))
+    bad = sc.bench.base + sum(f.effect for f in sc.factors)
+
+    def runs(spec: str, n: int) -> list[float]:
+        r = Runner(sim_host(spec))
+        return [r.call("bench", {"cmd": "gpu-bench", "metric": "verify"}).output.value for _ in range(n)]
+
+    vals = runs(f"sim:{path}", 24)
+    speeds = [round(bad / v, 6) for v in vals]   # a time: a slow streak takes longer
+    assert set(speeds) == {1.0, 0.5}, speeds
+    changes = sum(a != b for a, b in zip(speeds, speeds[1:]))
+    assert 3 <= changes <= 20 and speeds == [sc.bench.streaks.speed(sc.name, n) for n in range(1, 25)], speeds
+    assert max(len(list(g)) for _, g in itertools.groupby(speeds)) <= 5
+    # the good state's host meets the same speeds, run for run
+    assert [round(sc.bench.base / v, 6) for v in runs(f"sim:{path}@good", 24)] == speeds
+    for bad_spec, why in (("speeds: [1.0]", "at least 2"), ("speeds: [1.0, 0]", "greater than 0"),
+                          ("speeds: [1.0, 0.5], runs: 0", "greater than or equal to 1")):
+        with pytest.raises(ScenarioError, match="bench.streaks") as e:
+            parse_scenario(text.replace("speeds: [1.0, 0.5], runs: 3", bad_spec), "s.yaml")
+        assert why in str(e.value), str(e.value)
 
 
 def test_old_driver_speaks_throttle_reasons(sim_host):

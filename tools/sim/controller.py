@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..host import parse_flags
+from ..units import unit_kind
 from . import serving
 from .scenario import Factor, Scenario
 from .standin import nvsmi, so_bytes
@@ -311,6 +312,9 @@ class Controller:
             n = self.count
             self.load += 1
         try:
+            if spec.streaks:   # the host's own speed in this run's streak: a slow streak takes longer, does less a second
+                speed = spec.streaks.speed(self.scenario.name, n)
+                value = value / speed if unit_kind(spec.unit) == "time" else value * speed
             rng = random.Random(f"{self.scenario.name}:{n}")
             value = value * (1 + rng.gauss(0, spec.noise_pct / 100.0))
             time.sleep(spec.seconds)

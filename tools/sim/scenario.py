@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
+import random
 import re
 from collections.abc import Callable
 from datetime import datetime
@@ -289,6 +290,22 @@ class Host(Strict):
     container: ContainerSpec | None = None
 
 
+class Streaks(Strict):
+    """The host's speed in streaks, ``speeds`` in turn (cycled), each held for a seeded number of consecutive
+    benchmark runs between 1 and ``2 × runs − 1`` (``runs`` on average): a rate is multiplied by it, a time divided."""
+    speeds: list[Annotated[float, Field(gt=0)]] = Field(min_length=2)
+    runs: int = Field(default=4, ge=1)
+
+    def speed(self, seed: str, n: int) -> float:
+        """The factor for the ``n``-th benchmark run (from 1) of a host seeded by ``seed``."""
+        rng = random.Random(f"{seed}:streaks")
+        end, i = 0, -1
+        while end < n:
+            end += rng.randint(1, 2 * self.runs - 1)
+            i += 1
+        return self.speeds[i % len(self.speeds)]
+
+
 class BenchSpec(Strict):
     metric: str
     unit: str
@@ -297,6 +314,9 @@ class BenchSpec(Strict):
     # the server's speed at each of its starts in turn (a factor on the value; cycled): a server whose speed
     # changes at restarts, as one that picks a mode at start (empty: the same at every start)
     modes: list[float] = Field(default_factory=list)
+    # the host's own speed in streaks of benchmark runs, whatever the server does (as a virtual machine whose CPU
+    # runs at two speeds in streaks of seconds, unseen by the guest, slows a launch-bound server): absent, none
+    streaks: Streaks | None = None
     cmd: str = "gpu-bench"
     seconds: float = 0.15
     args: dict[str, Scalar] = Field(default_factory=dict)  # the client's workload flags, in the host profile's command

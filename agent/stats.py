@@ -363,6 +363,8 @@ def restart_shift(ctrl: Control) -> bool:
 
 
 ALPHA_STARTS = 0.01      # level of "the starts of one state differ by more than their runs' noise" (F-test)
+ALPHA_WORSE = 0.01       # one-sided level of "a restart experiment's changed state reads worse than the reference":
+# below it, "not a cause" waits until the server as found, restarted, is measured again (``reference_restarted``)
 
 
 def starts_differ(*states: list[list[float]]) -> float:

@@ -159,3 +159,22 @@ def test_a_quiet_pair_of_states_does_not_make_a_harmless_commit_a_cause():
     assert statistics.stdev(g) == pytest.approx(statistics.stdev(env) * statistics.fmean(reproduce) / statistics.fmean(env))
     d = decide(reproduce, commit, regression, False, noise=earlier_states(state))
     assert d.outcome == "not_cause" and "below the 20% a cause must recover" in d.rule
+
+
+def test_a_change_that_reads_worse_than_the_reference_is_made_again_before_any_ruling(tmp_path):
+    """The start that removes `--dtype float32` comes up in the server's slow mode, so the flag's removal reads worse
+    than the flag (1070 against 1150 tok/s). "Not a cause: it made things worse" would lose the one real cause: a
+    change that recovers nothing reads worse beyond the noise once in a hundred experiments, a host whose speed moved
+    always. So the server as found is measured again, and, as it agrees with the reproduce step, the change is made
+    again; over the two starts it is undecided (a second start reads 1950), never ruled out, and nothing else is
+    blamed."""
+    path, sc = scenario("restart-modes-slow-change")
+    out = investigate(RunOptions(host=f"sim:{path}", symptom=sc.symptom, baseline=sc.baseline, as_json=True,
+                                 out=str(tmp_path / "run")))
+    assert "serving_config" not in {r["hypothesis"] for r in out.get("ruled_out") or []}, out.get("ruled_out")
+    assert not out.get("root_causes"), out.get("root_causes")
+    events = event_lines(tmp_path / "run" / "events.jsonl")
+    plans = [e["text"] for e in events if e.get("event") == "experiment" and e.get("phase") == "plan"]
+    assert any("read worse than the reference state's" in t and "measured again" in t for t in plans), plans
+    texts = [e.get("text", "") for e in events if e.get("event") == "experiment" and e.get("phase") == "result"]
+    assert any("made again" in t and "the server as found restarted again" in t for t in texts), texts

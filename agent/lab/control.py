@@ -188,7 +188,7 @@ def _undecided(lab: Lab, result: ExperimentResult, text: str, decision: str | No
 
 
 def reference_restarted(lab: Lab, r: Runner, result: ExperimentResult, bad: list[float],
-                        regression: float | None) -> tuple[ExperimentResult, str | None]:
+                        regression: float | None, worse: str | None = None) -> tuple[ExperimentResult, str | None]:
     """A restart experiment left undecided by the reference state's few runs (``stats.changed_runs_futile``, or at
     its budget with twice the reference's runs or more; the reproduce step's runs against a snapshot are 2 by
     default): the server as found, restarted by the undo just now, is
@@ -197,18 +197,29 @@ def reference_restarted(lab: Lab, r: Runner, result: ExperimentResult, bad: list
     reproduce step's do not differ by more than their runs' noise (``stats.starts_differ``, as ``across_restarts``
     tests them); where they differ, the server's speed changes at restarts and one start each way decides nothing:
     the second value says what showed that (None where the runs joined), and the caller makes the change again
-    (``restart_again``)."""
+    (``restart_again``).
+
+    ``worse``: instead, the changed state was ruled out for reading worse than the reference beyond the noise
+    (``Lab._reads_worse``, its words): a change that recovers nothing reads that way seldom, a host whose speed moved
+    since the reproduce step always, so the ruling waits for the same measurement."""
     b = lab.measuring
     earlier = list(lab.found_restarted)
     most = min(CONTROL_RUNS[1], len(earlier) + _runs_left(lab))
     n = max(2, len(earlier))
     if most < 2:
+        if worse:
+            cap = b.spec.max_runs or 0
+            return result.model_copy(update={"text": f"{result.text}; {worse}, and the server as found was not "
+                                             f"measured again (--max-runs {cap} left no runs for it)"}), None
         return result, None
     vals = result.samples
     lab.emit("experiment", phase="plan", text=(
-        f"its {len(vals)} runs could not decide it against the reference state's {plural(len(bad), 'run')}, which carry "
-        f"{len(vals) / (len(vals) + len(bad)):.0%} of the variance of the difference of the means, and more of its runs "
-        f"would not narrow that, so the reference state is measured again: the server as found, restarted by the undo, "
+        (f"{worse}: a change that recovers nothing seldom reads so, a host whose speed moved since the reproduce step "
+         f"always does" if worse else
+         f"its {len(vals)} runs could not decide it against the reference state's {plural(len(bad), 'run')}, which carry "
+         f"{len(vals) / (len(vals) + len(bad)):.0%} of the variance of the difference of the means, and more of its runs "
+         f"would not narrow that")
+        + f", so the reference state is measured again: the server as found, restarted by the undo, "
         f"{n} to {most} runs in all"
         + (f" ({plural(len(earlier), 'run')} of them measured after an earlier experiment's undo)" if earlier else "")
         + "; they join the reference while that start and the reproduce step's agree"))

@@ -12,10 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 from debugagent.tools.discovery import DiscoveryInput
 from debugagent.tools.errors import DebugAgentError, RestoreError
+from debugagent.tools.probes.text import plural
 from debugagent.tools.registry import Runner
 
 from ..journal import Journal
 from ..results import ExperimentResult
+from ..stats import ALPHA_WORSE
 from .control import reference_restarted, restart_again, restart_control
 from .errors import ConnectionLost, ExperimentError
 from .measure import Bench, Measure
@@ -152,8 +154,22 @@ class Lab:
         return restart_control(self, r, result, bad, regression)
 
     def reference_restarted(self, r: Runner, result: ExperimentResult, bad: list[float],
-                            regression: float | None) -> tuple[ExperimentResult, str | None]:
-        return reference_restarted(self, r, result, bad, regression)
+                            regression: float | None, worse: str | None = None) -> tuple[ExperimentResult, str | None]:
+        return reference_restarted(self, r, result, bad, regression, worse)
+
+    def _reads_worse(self, result: ExperimentResult) -> str | None:
+        """Where the changed state was ruled out because it reads worse than the reference beyond the noise
+        (one-sided p below ``stats.ALPHA_WORSE``), the words that say so; else None. A harmless change reads that
+        way once in a hundred experiments; a host whose speed moved since the reproduce step (a virtual CPU's
+        streaks, a server that comes up in another mode) reads that way whatever the change does."""
+        d = self.measuring.last_decision
+        if d is None or d.outcome != "not_cause" or result.significant or d.improvement >= 0:
+            return None
+        p_worse = 1 - d.p
+        if p_worse >= ALPHA_WORSE:
+            return None
+        return (f"its {plural(len(result.samples), 'run')} read worse than the reference state's {d.n_reference} by more "
+                f"than their noise allows (one-sided p={p_worse:.2g})")
 
     # ------------------------------------------------------------ one experiment
     def run(self, hyp: str, spec: dict[str, Any], facts: LabFacts, bad: list[float],
@@ -189,10 +205,17 @@ class Lab:
         def again() -> ExperimentResult:
             return self._apply(r, kind, once, facts, bad, regression)
         # (an offline workload restarted nothing: its runs before the change are the unchanged state's)
+        worse = self._reads_worse(result)
         if self.server.started is not None and self.server.workload is None and not result.significant \
-                and self.measuring.reference_bound and not result.error and result.samples:
-            # the reference's few runs left it open: the server as found, restarted by the undo, measured again
-            result, seen = self.reference_restarted(r, result, bad, regression)
+                and (self.measuring.reference_bound or worse) and not result.error and result.samples:
+            # the reference's few runs left it open, or "not a cause" rests on the changed state reading worse than
+            # the reference beyond the noise (the host's speed may have moved since): the server as found, restarted
+            # by the undo, measured again
+            result, seen = self.reference_restarted(r, result, bad, regression, worse)
+            if seen is None and worse and result.control and not result.significant:
+                # the reference, measured again, agrees with the reproduce step, and the change still reads worse: the
+                # host may have been slow while the change ran, which only another start with it can show
+                seen = self._reads_worse(result)
             return restart_again(self, r, result, bad, regression, again, seen) if seen is not None else result
         # the causes reverted together were each controlled alone already
         if self.server.started is not None and self.server.workload is None and result.significant \

@@ -127,7 +127,7 @@ def test_the_hosts_speed_in_streaks_whatever_the_server_does(sim_host, tmp_path)
     vals = runs(f"sim:{path}", 24)
     speeds = [round(bad / v, 6) for v in vals]   # a time: a slow streak takes longer
     assert set(speeds) == {1.0, 0.5}, speeds
-    changes = sum(a != b for a, b in zip(speeds, speeds[1:]))
+    changes = sum(a != b for a, b in itertools.pairwise(speeds))
     assert 3 <= changes <= 20 and speeds == [sc.bench.streaks.speed(sc.name, n) for n in range(1, 25)], speeds
     assert max(len(list(g)) for _, g in itertools.groupby(speeds)) <= 5
     # the good state's host meets the same speeds, run for run

@@ -86,3 +86,29 @@ def test_a_sweep_counts_an_also_cause_ruled_out_as_wrong():
     assert mod.ruled_out_expected(sc, {"ruled_out": [{"hypothesis": "serving_config"}]})
     assert not mod.ruled_out_expected(sc, {"ruled_out": [{"hypothesis": "gpu_clocks"}, {"hypothesis": "pcie_link"}]})
     assert not mod.ruled_out_expected(load_scenario("no-regression"), {"ruled_out": [{"hypothesis": "env_var"}]})
+
+
+def test_a_variant_on_a_streaky_host_adds_the_streaks_and_nothing_else(tmp_path):
+    """--streaks 1,0.8:4: the host's own speed in streaks (the scenario format's bench.streaks); a bad value is refused
+    naming the flag and an example."""
+    mod = bench()
+    streaks = mod.parse_streaks("1,0.8:4")
+    assert streaks == {"speeds": [1.0, 0.8], "runs": 4} and mod.parse_streaks("1,0.5")["runs"] == 4
+    f = mod.variant("launch-blocking", builtin_dir() / "launch-blocking.yaml", 1.0, 1, tmp_path, streaks)
+    before, after = load_scenario("launch-blocking"), parse_scenario(f.read_text(), str(f))
+    assert after.bench.streaks is not None and after.bench.streaks.speeds == [1.0, 0.8] and after.bench.streaks.runs == 4
+    assert after.bench.noise_pct == pytest.approx(before.bench.noise_pct) and after.factors == before.factors
+    for bad in ("1", "1,0:4", "1,x", "1,0.8:0"):
+        with pytest.raises(ValueError, match="e.g. 1,0.75:4"):
+            mod.parse_streaks(bad)
+
+
+def test_streaks_are_refused_beside_against(capsys):
+    mod = bench()
+    argv, sys.argv = sys.argv, ["bench/scenarios", "--against", "HEAD", "--streaks", "1,0.8"]
+    try:
+        with pytest.raises(SystemExit) as exc:
+            mod.main()
+    finally:
+        sys.argv = argv
+    assert exc.value.code == 2 and "leave out --noise, --draws and --streaks" in capsys.readouterr().err

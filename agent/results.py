@@ -95,6 +95,9 @@ class ExperimentResult(BaseModel):
     fix: str | None = None
     packages: list[dict[str, Any]] = Field(default_factory=list)
     control: list[float] = Field(default_factory=list)   # the server as found, restarted: what a restart alone gives
+    # judged over the starts of the server (``control.restart_again``): each start's mean, with the change and as found
+    starts: list[float] = Field(default_factory=list)
+    found_starts: list[float] = Field(default_factory=list)
 
     @property
     def decided(self) -> Outcome:

@@ -396,8 +396,11 @@ def across_restarts(changed: list[list[float]], unchanged: list[list[float]], re
     if p_starts >= ALPHA_STARTS:
         d = decide([v for g in unchanged for v in g], [v for g in changed for v in g], regression, lower_is_better,
                    regression_se=regression_se, final=True)
-        if d.outcome == "not_cause":
-            d = d.model_copy(update={"outcome": "more", "rule": ""})
+        if d.outcome == "not_cause":   # a few starts each way rule nothing out: its words say so, not "not a cause"
+            kept = d.text.split(": not a cause", 1)[0]
+            d = d.model_copy(update={"outcome": "more", "rule": "", "text": (
+                f"{kept}: undecided (the runs alone would say \"not a cause\", but over {len(changed)} starts with the "
+                "change a ruling out is not made)")})
         head = (f"the starts of each state differ by no more than their runs' noise (F-test p={p_starts:.2g}), so "
                 f"all runs together: ")
         return d.model_copy(update={"text": head + d.text.replace("undecided at the run budget", "undecided")})

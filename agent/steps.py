@@ -469,7 +469,7 @@ def lab_for(ctx: Ctx, s: RunState, hid: str) -> Lab:
                ctx.found_restarted, discovery=run_input(ctx.overrides, d["metric"], d.get("server")),
                noise=baseline_noise(ctx, reg) + earlier_states(s), fresh_runs=fresh, shadow=d.get("shadow"),
                workload=d.get("server") if is_workload(d.get("server")) else None,   # how many to run; ``Lab.reference`` keeps how many it had
-               peer=peer_reader(ctx, hid))
+               peer=peer_reader(ctx, hid), speed_moved=ctx.speed_moved)
 
 
 def peer_reader(ctx: Ctx, hid: str) -> PeerReader | None:

@@ -15,7 +15,7 @@ import math
 from typing import Any, Literal
 
 from debugagent.tools.probes.text import plural
-from debugagent.tools.units import whole_pct
+from debugagent.tools.units import plain, whole_pct
 from pydantic import BaseModel, Field
 
 from .config import REPRODUCE_RUNS
@@ -119,8 +119,20 @@ def apply_result(h: Hyp, spec: dict[str, Any], res: ExperimentResult, max_runs_h
         if h.status == "suspect" and nothing_left:
             h.status, h.how = "inconclusive", None
         if h.status != "confirmed":
-            h.next = more_runs_next(title, runs, None if res.control else res.reference_runs, hint)
+            h.next = (more_starts_next(title, res.starts, res.found_starts) if len(res.starts) >= 2 else
+                      more_runs_next(title, runs, None if res.control else res.reference_runs, hint))
     return h
+
+
+def more_starts_next(title: str, starts: list[float], found: list[float]) -> str:
+    """What would decide an experiment left undecided over the starts of the server (``control.restart_again``): the
+    starts' means differ by more than their runs' noise, so more runs of one start would not decide it; more starts
+    each way would, or a server (and host) whose speed holds from one start to the next."""
+    each = ", ".join(plain(m, 4) for m in starts)
+    as_found = ", ".join(plain(m, 4) for m in found)
+    return (f"{REPEAT}{title}\" over more starts of the server: its starts read {each} with the change and "
+            f"{as_found} as found, so more runs of one start would not decide it (the server's or the host's speed "
+            "moves between starts; where it holds from one start to the next, they would)")
 
 
 def more_runs_next(title: str, runs: int, reference: int | None, hint: int) -> str:

@@ -69,6 +69,7 @@ def restart_control(lab: Lab, r: Runner, result: ExperimentResult, bad: list[flo
             break
         n += 1
     b.judge_warm_up(ctrl[len(earlier):], bad)
+    _note_moved(lab, bad, ctrl[len(earlier):], "the server as found, restarted for a control")
     runs = plural(len(ctrl), "run")
     if earlier:
         runs += (", measured after an earlier experiment's undo" if len(ctrl) == len(earlier) else
@@ -123,6 +124,18 @@ def _runs_left(lab: Lab) -> int:
     return left - 1 if b.warmth.due else left   # the restarted server's warm-up run comes first, and counts
 
 
+def _note_moved(lab: Lab, bad: list[float], runs: list[float], what: str) -> None:
+    """Where ``runs`` of the server as found, restarted, differ from the reproduce step's ``bad`` by more than their
+    runs' noise (``stats.starts_differ`` below ALPHA_STARTS), the words that say so join ``lab.speed_moved``: later
+    rulings of the run need more than one start (``Lab._moved``)."""
+    if not runs or lab.speed_moved:
+        return
+    p = starts_differ([bad, runs])
+    if p < ALPHA_STARTS:
+        lab.speed_moved.append(f"{what}, read {plain(statistics.fmean(runs), 4)} ({plural(len(runs), 'run')}) against "
+                               f"the reproduce step's {plain(statistics.fmean(bad), 4)} (F-test p={p:.2g})")
+
+
 def _measure_found(lab: Lab, r: Runner, ctrl: list[float], n: int, why: str) -> None:
     """Runs of the server as found, restarted by the undo, added to ``ctrl`` until it holds ``n``; each kept for a
     later control of the same run (``lab.found_restarted``)."""
@@ -168,14 +181,18 @@ def restart_again(lab: Lab, r: Runner, result: ExperimentResult, bad: list[float
     d = across_restarts([result.samples, second.samples], [bad, result.control, ctrl], regression, b.lower,
                         b.spec.regression_se)
     b.last_decision = d
+    # where the starts differ, each start's mean was one sample: what they read, for the advice of what would decide it
+    differ = starts_differ([result.samples, second.samples], [bad, result.control, ctrl]) < ALPHA_STARTS
+    means = {"starts": [statistics.fmean(g) for g in (result.samples, second.samples) if g],
+             "found_starts": [statistics.fmean(g) for g in (bad, result.control, ctrl) if g]} if differ else {}
     text = (f"{result.text}, so {why}; made again: mean {plain(statistics.fmean(second.samples), 4)} "
             f"({plural(len(second.samples), 'run')}), the server as found restarted again: "
             f"{plain(ctrl[0], 4)}; {d.text}")
     if d.outcome == "cause":
         return result.model_copy(update={"share": round(d.share, 3), "share_ci": d.share_ci, "share_se": d.share_se,
                                          "decision": d.text, "text": text, "outcome": "cause", "significant": True,
-                                         "improvement": d.improvement, "control": [*result.control, *ctrl]})
-    return _undecided(lab, result.model_copy(update={"control": [*result.control, *ctrl]}), text, d.text)
+                                         "improvement": d.improvement, "control": [*result.control, *ctrl], **means})
+    return _undecided(lab, result.model_copy(update={"control": [*result.control, *ctrl], **means}), text, d.text)
 
 
 def _undecided(lab: Lab, result: ExperimentResult, text: str, decision: str | None = None) -> ExperimentResult:
@@ -237,6 +254,7 @@ def reference_restarted(lab: Lab, r: Runner, result: ExperimentResult, bad: list
     if p_starts < ALPHA_STARTS:
         d = None
     b.judge_warm_up(ctrl[len(earlier):], bad)
+    _note_moved(lab, bad, ctrl[len(earlier):], "the server as found, restarted and measured again")
     said = (f"the server as found, restarted: mean {plain(statistics.fmean(ctrl), 4)} ({plural(len(ctrl), 'run')}) "
             f"against the reproduce step's {plain(statistics.fmean(bad), 4)}")
     if d is None:   # the caller makes the change again (``restart_again``), where the budget allows

@@ -17,7 +17,7 @@ from debugagent.tools.registry import Runner
 
 from ..journal import Journal
 from ..results import ExperimentResult
-from ..stats import ALPHA_WORSE
+from ..stats import ALPHA_WORSE, looks_normal
 from .control import reference_restarted, restart_again, restart_control
 from .errors import ConnectionLost, ExperimentError
 from .measure import Bench, Measure
@@ -56,7 +56,8 @@ class Lab:
                  warmth: Warmth | None = None, found_restarted: list[float] | None = None, *,
                  discovery: DiscoveryInput | None = None, noise: tuple[list[float], ...] = (),
                  fresh_runs: int = 0, shadow: dict[str, Any] | None = None,
-                 workload: dict[str, Any] | None = None, peer: PeerReader | None = None) -> None:
+                 workload: dict[str, Any] | None = None, peer: PeerReader | None = None,
+                 speed_moved: list[str] | None = None) -> None:
         self.runner_for = runner_for
         self.emit = emit
         self.journal = undo
@@ -66,6 +67,8 @@ class Lab:
         self.noise = noise
         self.setup = setup or LabSetup()
         self.found_restarted = found_restarted if found_restarted is not None else []
+        # what showed the server as found reading differently from one start to the next, earlier in the run
+        self.speed_moved = speed_moved if speed_moved is not None else []
         self.peer = peer   # ``--peer``: read only (a package's build, by ``kinds.package``)
         self._reconnects = 0
         self._r: Runner | None = None
@@ -157,6 +160,27 @@ class Lab:
                             regression: float | None, worse: str | None = None) -> tuple[ExperimentResult, str | None]:
         return reference_restarted(self, r, result, bad, regression, worse)
 
+    def _note_two_speeds(self, result: ExperimentResult, bad: list[float]) -> None:
+        """The changed state's runs, all of one start, and the reproduce step's, each around its mean, that are not
+        normal (Shapiro–Wilk below 0.01, as ``stats.effect`` tests them): a server or host whose speed switches
+        within a start, in streaks, gives two humps. Said once in ``speed_moved``, for this ruling and later ones."""
+        if self.speed_moved or not result.samples or looks_normal(bad, result.samples):
+            return
+        self.speed_moved.append(f"the {plural(len(result.samples), 'run')} of \"{result.title or result.kind}\" "
+                                f"and the reproduce step's {len(bad)} were not normal (Shapiro–Wilk below 0.01: the "
+                                "speed may switch between two, in streaks)")
+
+    def _moved(self, result: ExperimentResult, spec: dict[str, Any]) -> str | None:
+        """Where a restart experiment rules its change out on one start of it against the reproduce step's runs,
+        and earlier in the run the server as found read differently from one start to the next (``speed_moved``),
+        the words that say so; else None."""
+        d = self.measuring.last_decision
+        if not self.speed_moved or d is None or d.outcome != "not_cause" or result.significant or result.error \
+                or not result.samples or self.server.started is None or self.server.workload is not None \
+                or spec.get("joint"):
+            return None
+        return f"earlier in this run {self.speed_moved[0]}"
+
     def _reads_worse(self, result: ExperimentResult) -> str | None:
         """Where the changed state was ruled out because it reads worse than the reference beyond the noise
         (one-sided p below ``stats.ALPHA_WORSE``), the words that say so; else None. A harmless change reads that
@@ -217,6 +241,12 @@ class Lab:
                 # host may have been slow while the change ran, which only another start with it can show
                 seen = self._reads_worse(result)
             return restart_again(self, r, result, bad, regression, again, seen) if seen is not None else result
+        self._note_two_speeds(result, bad)
+        moved = self._moved(result, spec)
+        if moved:
+            # earlier in the run the server as found read differently from one start to the next: one start each way
+            # cannot rule the change out, so it is made again and judged over the starts (which never rules out)
+            return restart_again(self, r, result, bad, regression, again, moved)
         # the causes reverted together were each controlled alone already
         if self.server.started is not None and self.server.workload is None and result.significant \
                 and not spec.get("joint"):

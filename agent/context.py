@@ -125,8 +125,9 @@ class Ctx:
     # the server as found, restarted: the runs an experiment's control measured, which later controls of the same
     # run start from (what a plain restart gives is a property of the server, not of the change being tested)
     found_restarted: list[float] = field(default_factory=list)
-    # what showed, earlier in the run, that the server as found reads differently from one start to the next (a
-    # control's runs against the reproduce step's): the words, for later rulings (``Lab._moved``)
+    # what showed, earlier in the run, that the speed moves: the server as found reading differently from one start
+    # to the next (a control's runs against the reproduce step's), or runs of one start that are not normal; the
+    # words, for later rulings (``Lab._moved``)
     speed_moved: list[str] = field(default_factory=list)
     peer: Peer | None = None
     _runners: dict[str | None, Runner] = field(default_factory=dict)

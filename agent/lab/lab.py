@@ -67,7 +67,7 @@ class Lab:
         self.noise = noise
         self.setup = setup or LabSetup()
         self.found_restarted = found_restarted if found_restarted is not None else []
-        # what showed the server as found reading differently from one start to the next, earlier in the run
+        # what showed, earlier in the run, that the speed moves (``Ctx.speed_moved``; ``_moved`` reads it)
         self.speed_moved = speed_moved if speed_moved is not None else []
         self.peer = peer   # ``--peer``: read only (a package's build, by ``kinds.package``)
         self._reconnects = 0
@@ -172,14 +172,15 @@ class Lab:
 
     def _moved(self, result: ExperimentResult, spec: dict[str, Any]) -> str | None:
         """Where a restart experiment rules its change out on one start of it against the reproduce step's runs,
-        and earlier in the run the server as found read differently from one start to the next (``speed_moved``),
-        the words that say so; else None."""
+        and the run has seen the speed move (``speed_moved``: the server as found reading differently from one start
+        to the next, or runs of one start that are not normal, this experiment's included), the words that say so;
+        else None."""
         d = self.measuring.last_decision
         if not self.speed_moved or d is None or d.outcome != "not_cause" or result.significant or result.error \
                 or not result.samples or self.server.started is None or self.server.workload is not None \
                 or spec.get("joint"):
             return None
-        return f"earlier in this run {self.speed_moved[0]}"
+        return f"in this run {self.speed_moved[0]}"
 
     def _reads_worse(self, result: ExperimentResult) -> str | None:
         """Where the changed state was ruled out because it reads worse than the reference beyond the noise
@@ -229,6 +230,7 @@ class Lab:
         def again() -> ExperimentResult:
             return self._apply(r, kind, once, facts, bad, regression)
         # (an offline workload restarted nothing: its runs before the change are the unchanged state's)
+        self._note_two_speeds(result, bad)
         worse = self._reads_worse(result)
         if self.server.started is not None and self.server.workload is None and not result.significant \
                 and (self.measuring.reference_bound or worse) and not result.error and result.samples:
@@ -241,11 +243,10 @@ class Lab:
                 # host may have been slow while the change ran, which only another start with it can show
                 seen = self._reads_worse(result)
             return restart_again(self, r, result, bad, regression, again, seen) if seen is not None else result
-        self._note_two_speeds(result, bad)
         moved = self._moved(result, spec)
         if moved:
-            # earlier in the run the server as found read differently from one start to the next: one start each way
-            # cannot rule the change out, so it is made again and judged over the starts (which never rules out)
+            # the run has seen the speed move (``speed_moved``): one start each way cannot rule the change out, so it
+            # is made again and judged over the starts (which never rules out)
             return restart_again(self, r, result, bad, regression, again, moved)
         # the causes reverted together were each controlled alone already
         if self.server.started is not None and self.server.workload is None and result.significant \

@@ -8,6 +8,8 @@ import signal
 import sys
 from types import FrameType
 
+from debugagent.tools.interrupts import GATE
+
 
 def _stop(signum: int, frame: FrameType | None) -> None:
     name = signal.Signals(signum).name
@@ -15,7 +17,10 @@ def _stop(signum: int, frame: FrameType | None) -> None:
         os.write(2, f"interrupted ({name}) while starting; nothing on the host was changed\n".encode())
     except OSError:
         pass
-    raise KeyboardInterrupt(name)
+    exc = KeyboardInterrupt(name)
+    if GATE.defer(exc):   # inside the SSH transport's work: raised where it can stop (tools/interrupts.py)
+        return
+    raise exc
 
 
 def main() -> None:

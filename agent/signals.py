@@ -4,6 +4,10 @@ A signal that arrives while a mutation's command is under way on the host (``hel
 kept until that command has returned and its result is recorded: stopping the wait
 would not stop the command on the host, and an undo sent at once could reach the host
 before it and be undone by it (a restart still starting a server after the undo looked).
+
+One that arrives inside the SSH transport's work (``tools/interrupts.py``: paramiko takes locks
+an exception must not leave taken) is kept too, and raised at the transport's next point where it
+can stop (at most 50 ms later while a command runs).
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any, ClassVar
+
+from debugagent.tools.interrupts import GATE
 
 # what signal.signal takes and returns: a function, SIG_DFL or SIG_IGN, or None (a handler not set from Python)
 Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
@@ -30,7 +36,7 @@ class Interrupted(KeyboardInterrupt):
 class Signals:
     """SIGINT, SIGTERM and SIGHUP raise :class:`Interrupted` once; later ones are ignored, so a
     second Ctrl-C (or systemd's follow-up) cannot cut the undo short. Inside ``held()`` the first
-    one waits for the end of the held section."""
+    one waits for the end of the held section; inside the transport's sections, for its next stop."""
 
     NAMES = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     active: ClassVar[Signals | None] = None
@@ -39,8 +45,6 @@ class Signals:
                  on_first: Callable[[int, bool], object] | None = None) -> None:
         self.old: dict[int, Handler] = {}
         self.received: list[int] = []
-        self.depth = 0
-        self.pending: int | None = None
         self.on_held: Callable[[int], object] = on_held or (lambda signum: None)
         # told of the first signal at once (signum, whether it waits for a held section): the live view's header
         self.on_first: Callable[[int, bool], object] = on_first or (lambda signum, waits: None)
@@ -48,23 +52,18 @@ class Signals:
     def handler(self, signum: int, frame: FrameType | None) -> None:
         self.received.append(signum)
         if len(self.received) == 1:
-            self.on_first(signum, bool(self.depth))
-            if self.depth:
-                self.pending = signum
-                self.on_held(signum)
+            waits = bool(GATE.holding)
+            self.on_first(signum, waits)
+            if GATE.defer(Interrupted(signum)):
+                if waits:
+                    self.on_held(signum)
                 return
             raise Interrupted(signum)
 
     @contextmanager
     def hold(self) -> Generator[None, None, None]:
-        self.depth += 1
-        try:
+        with GATE.section(holds=True):
             yield
-        finally:
-            self.depth -= 1
-            if not self.depth and self.pending is not None:
-                signum, self.pending = self.pending, None
-                raise Interrupted(signum)
 
     def __enter__(self) -> Signals:
         if threading.current_thread() is threading.main_thread():   # handlers can only be set there
@@ -78,6 +77,8 @@ class Signals:
             signal.signal(sig, h)
         if Signals.active is self:
             Signals.active = None
+            if not GATE.depth:
+                GATE.pending = None   # every section has ended: nothing kept may outlive the run
 
 
 @contextmanager

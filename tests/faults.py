@@ -189,6 +189,17 @@ class Hosts:
             self.hosts.popitem()[1][0].__exit__(None, None, None)
 
 
+def ended(p: subprocess.Popen[str], what: str, timeout: float = 120.0) -> str:
+    """The stderr of run ``p`` once it ended; one still running after ``timeout`` is stopped with SIGABRT, which
+    (under ``PYTHONFAULTHANDLER``) prints every thread's stack, and the failure shows where it hung."""
+    try:
+        return p.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGABRT)
+        _, err = p.communicate(timeout=30)
+        raise AssertionError(f"{what} had not ended after {timeout:.0f} s; its stacks:\n{err[-12000:]}") from None
+
+
 RACE_ATTEMPTS = 3   # runs of a case whose run may finish before its signal lands (a loaded machine)
 
 
@@ -198,10 +209,10 @@ def kill_then_restore(hosts: Hosts, name: str, sig: signal.Signals, phase: str, 
     for attempt in range(RACE_ATTEMPTS):
         out = tmp_path / f"run-{attempt}"
         p = subprocess.Popen(run_args(s, name, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                             env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1"))
         wait_for(lambda out=out: phase_reached(out, tool, phase), p, f"{tool} {phase}")
         p.send_signal(sig)
-        _, err = p.communicate(timeout=120)
+        err = ended(p, f"the run after {sig.name} at {phase}")
         if p.returncode in (0, 3) and any(e["event"] == "conclusion" for e in events(out)):
             # on a loaded machine the run finished (and undid its change) before the signal reached it: the host
             # must be as found, and the signal is sent again in a new run; a run that ignored it would finish

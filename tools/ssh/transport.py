@@ -12,7 +12,7 @@ from pathlib import Path
 import paramiko
 from paramiko import ssh_exception as px
 
-from .. import known_hosts
+from .. import interrupts, known_hosts
 from ..errors import AuthError, ConnectError, TransportError, UsageError
 from ..known_hosts import Files
 from ..session import SESSION_COMMAND, Capped, EndMark, frame, new_nonce
@@ -29,6 +29,14 @@ from .config import resolve
 from .exceptions import translate
 from .hostkeys import Policy, fast_transport
 from .pipe import ChunkPipe, Shell, ShellEnded, ShellUnusable, watch
+
+
+def pause(seconds: float) -> None:
+    """``time.sleep`` that a signal's kept exception stops (``interrupts.check`` every 50 ms)."""
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        interrupts.check()
+        time.sleep(min(0.05, left))
 
 
 class SSHTransport(BaseTransport):
@@ -168,7 +176,7 @@ class SSHTransport(BaseTransport):
             except TransportError as exc:
                 last = exc
                 if attempt < attempts:
-                    time.sleep(delay)
+                    pause(delay)
                     delay *= 2
         if not self.unreachable:
             self.on_event("unreachable", f"{self.host} stayed unreachable after {attempts} attempts: {last}")
@@ -224,6 +232,10 @@ class SSHTransport(BaseTransport):
 
     def run(self, command: str, *, timeout: float = DEFAULT_TIMEOUT_S, max_output: int = DEFAULT_MAX_OUTPUT,
             retry: bool = True) -> CommandResult:
+        with interrupts.shielded():   # a signal stops a command only where paramiko holds no lock
+            return self._run(command, timeout=timeout, max_output=max_output, retry=retry)
+
+    def _run(self, command: str, *, timeout: float, max_output: int, retry: bool) -> CommandResult:
         self._maintain()
         attempts = 3 if retry else 1
         for attempt in range(attempts + 1):
@@ -384,6 +396,7 @@ class SSHTransport(BaseTransport):
                 return False
             if time.monotonic() > deadline:
                 return True
+            interrupts.check()   # a signal that came meanwhile stops the command here, between two reads
             ready_ev.wait(min(0.05, max(0.0, deadline - time.monotonic())))
 
     def _probe_peer(self, chan: paramiko.Channel) -> None:
@@ -401,7 +414,10 @@ class SSHTransport(BaseTransport):
             finally:
                 answered.set()
         threading.Thread(target=ask, daemon=True, name="debugagent-keepalive").start()
-        if answered.wait(self.probe_timeout_s) and t.is_active():
+        deadline = time.monotonic() + self.probe_timeout_s
+        while not answered.wait(min(0.05, max(0.0, deadline - time.monotonic()))) and time.monotonic() < deadline:
+            interrupts.check()
+        if answered.is_set() and t.is_active():
             return
         silent = self.silence_probe_s + self.probe_timeout_s
         self.on_event("hung", f"{self.host} sent nothing for {self.silence_probe_s:g} s and did not answer a keepalive "
@@ -444,6 +460,7 @@ class SSHTransport(BaseTransport):
         return ssh_line(target, command)
 
     def close(self) -> None:
-        self._drop()
-        if self._jump:
-            self._jump.close()
+        with interrupts.shielded():
+            self._drop()
+            if self._jump:
+                self._jump.close()

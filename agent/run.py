@@ -114,8 +114,8 @@ def _investigate(opts: RunConfig, folder: Path | None, resume: bool, transport: 
     view = make_view(inputs, opts, folder, resume, since)
     with view:   # visible at once: opening a host can take seconds
         session = open_run(opts, inputs, folder, resume=resume, transport=transport, view=view, peer=peer)
-        started = time.monotonic()
-        try:
+        try:   # at once: the session holds the host's lock
+            started = time.monotonic()
             state = drive(session, resume)
         finally:
             session.close()

@@ -256,8 +256,15 @@ def open_run(opts: RunConfig, inputs: Inputs, folder: Path, *, resume: bool, tra
     else:
         transcript.emit("run_started", **header(opts, inputs.playbook, run_id, inputs.baseline_snapshot))
     lock = _locked(HostLock(remote, run_id), opts, transcript, folder, transport, owned)
-    transport.on_event = lambda kind, text: transcript.emit("error", kind=kind, message=text)
-    ctx = make_ctx(inputs, transport, transcript, undo, run_id, advisor=advisor_for(opts), confirm=make_ask(view), peer=peer)
+    try:
+        transport.on_event = lambda kind, text: transcript.emit("error", kind=kind, message=text)
+        ctx = make_ctx(inputs, transport, transcript, undo, run_id, advisor=advisor_for(opts), confirm=make_ask(view),
+                       peer=peer)
+    except BaseException:   # Ctrl-C while starting, a bad --llm: the lock is let go before the error is said
+        lock.release()
+        if owned:
+            transport.close()
+        raise
     return Session(ctx=ctx, folder=folder, lock=lock, owned=owned, view=view)
 
 
@@ -276,6 +283,14 @@ def _locked(lock: HostLock, opts: RunConfig, transcript: Transcript, folder: Pat
             transport.close()
         if isinstance(exc, OSError):
             raise TransportError(str(exc), host=transport.host) from exc
+        raise
+    except KeyboardInterrupt:
+        # a signal while starting (the entry point's handler) may land once the lock's command has taken it and
+        # before its answer is read: it is let go (the host's command removes only a lock naming this run)
+        lock.held = True
+        lock.release()
+        if owned:
+            transport.close()
         raise
     return lock
 

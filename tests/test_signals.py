@@ -84,3 +84,37 @@ def test_a_signal_during_the_host_journals_write_waits_for_it(sig, tmp_path):
     # the write's answer came back before the run stopped (the host's identity is read before it, once)
     assert answered.count("write") == 1 and answered[-1] == "write", answered
     assert j.steps and j.steps[0].tool == "set_governor"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_a_signal_while_starting_lets_go_of_a_lock_its_command_took(sig, tmp_path):
+    """Before a run's handlers, the command's own (agent/entry.py) answer SIGTERM and SIGHUP with an interrupt.
+    One that lands while the lock's command is on the host (it took the lock; its answer not yet read) must not
+    leave the host locked by a run that never started: the lock is let go, and the run says nothing changed."""
+    from types import SimpleNamespace
+
+    from debugagent.agent.entry import _stop
+    from debugagent.agent.journal import HostFiles, HostLock
+    from debugagent.agent.session import _locked
+    host: dict[str, str | None] = {"lock": None}
+
+    def answer(command: str) -> str:
+        if "echo acquired" in command:
+            host["lock"] = "run-1"       # the command took the lock on the host ...
+            os.kill(os.getpid(), sig)    # ... and the signal lands before its answer is read
+            time.sleep(0.3)
+            return "acquired\n"
+        if "echo unlocked" in command:
+            if "run-1" in command:
+                host["lock"] = None
+            return "unlocked\n"
+        return ""   # the host's identity: not known
+    fake = FakeTransport(answer)
+    old = signal.signal(sig, _stop)
+    try:
+        with pytest.raises(KeyboardInterrupt, match=sig.name):
+            _locked(HostLock(HostFiles(fake), "run-1"), SimpleNamespace(force_unlock=False), None, tmp_path, fake,
+                    False)
+    finally:
+        signal.signal(sig, old)
+    assert host["lock"] is None, fake.calls

@@ -10,11 +10,17 @@ from types import FrameType
 
 from debugagent.tools.interrupts import GATE
 
+# what a signal interrupts once no run's handlers answer it: the start (nothing changed yet), or, once a run's handlers
+# are gone again (``agent/signals.py``), the run's end (its undo has run, its outputs are being written)
+STARTING = "while starting; nothing on the host was changed"
+WHEN = {"now": STARTING}
+AFTER_RUN = "as the run ended, after its undo (its folder says how the run ended)"
+
 
 def _stop(signum: int, frame: FrameType | None) -> None:
     name = signal.Signals(signum).name
     try:   # said here (a plain write): the command line library turns the interrupt into a silent exit 130
-        os.write(2, f"interrupted ({name}) while starting; nothing on the host was changed\n".encode())
+        os.write(2, f"interrupted ({name}) {WHEN['now']}\n".encode())
     except OSError:
         pass
     exc = KeyboardInterrupt(name)

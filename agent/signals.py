@@ -73,6 +73,9 @@ class Signals:
         return self
 
     def __exit__(self, *a: object) -> None:
+        if self.old:   # the command's own handler again (agent/entry.py): it no longer says "while starting"
+            from . import entry
+            entry.WHEN["now"] = entry.AFTER_RUN
         for sig, h in self.old.items():
             signal.signal(sig, h)
         if Signals.active is self:

@@ -118,3 +118,19 @@ def test_a_signal_while_starting_lets_go_of_a_lock_its_command_took(sig, tmp_pat
     finally:
         signal.signal(sig, old)
     assert host["lock"] is None, fake.calls
+
+
+def test_once_a_run_is_over_the_commands_handler_no_longer_says_while_starting(monkeypatch, capfd):
+    """A signal after a run's handlers are gone (its outputs being written) is answered by the command's own
+    handler again: it must not say that nothing on the host was changed."""
+    from debugagent.agent import entry
+    monkeypatch.setitem(entry.WHEN, "now", entry.STARTING)   # as a command starts (put back after the test)
+    with pytest.raises(KeyboardInterrupt):
+        entry._stop(signal.SIGTERM, None)
+    assert "while starting; nothing on the host was changed" in capfd.readouterr().err
+    with Signals():
+        pass
+    with pytest.raises(KeyboardInterrupt):
+        entry._stop(signal.SIGHUP, None)
+    err = capfd.readouterr().err
+    assert "interrupted (SIGHUP) as the run ended, after its undo" in err and "nothing on the host" not in err

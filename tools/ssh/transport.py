@@ -325,6 +325,9 @@ class SSHTransport(BaseTransport):
             shell.pid = int(pid) if code == 0 and not timed_out and pid.isdigit() else None
         except ShellEnded:
             shell.pid = None
+        except BaseException:   # a signal's interrupt (interrupts.check) while it starts: its channel is not left open
+            shell.close()
+            raise
         if shell.pid is None:
             shell.close()
             if self.sessions is None and t.is_active():

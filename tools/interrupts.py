@@ -52,13 +52,15 @@ class Gate:
         if not self._main():
             yield
             return
+        # the counts change in this order so that a signal between two of these lines finds them consistent: it is
+        # kept while ``depth`` counts this section, and ``holding`` never outlives it
         self.depth += 1
         self.holding += holds
         try:
             yield
         finally:
-            self.depth -= 1
             self.holding -= holds
+            self.depth -= 1
             if not self.depth and self.pending is not None:
                 exc, self.pending = self.pending, None
                 raise exc

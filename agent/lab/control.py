@@ -159,8 +159,8 @@ def restart_again(lab: Lab, r: Runner, result: ExperimentResult, bad: list[float
     cap = b.spec.max_runs or 0
     warm = 1 if b.warmth.needed is not False else 0   # each restart's warm-up run counts toward --max-runs
     left = cap - (b.bench_runs - b.runs_at_start) if cap else None
-    why = ("the server's speed may change at restarts, which the runs of one start do not show, and one start "
-           "with the change cannot be told from that")
+    why = ("the server's speed may change from one start to the next (at a restart, or with the host's own speed), "
+           "which the runs of one start do not show, and one start with the change cannot be told from that")
     if left is not None and left < 3 + 2 * warm:   # two runs with the change, one of the server as found
         return _undecided(lab, result, f"{result.text}, so {why}; --max-runs {cap} left no runs to make the change "
                                        "again")
@@ -200,7 +200,7 @@ def _undecided(lab: Lab, result: ExperimentResult, text: str, decision: str | No
     if d is not None:
         lab.measuring.last_decision = d.model_copy(update={"outcome": "more"})
     return result.model_copy(update={"significant": False, "outcome": "more", "share_ci": None,
-                                     "decision": decision or "undecided: the server's speed may change at restarts",
+                                     "decision": decision or "undecided: the server's speed may change from one start to the next",
                                      "text": text})
 
 

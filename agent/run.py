@@ -291,20 +291,26 @@ def _guarded(ctx: Ctx, folder: Path, invoke: Any) -> dict[str, Any] | Stopped:
             raise RunFolderError(folder, why) from None
     except KeyboardInterrupt as exc:
         name = exc.args[0] if isinstance(exc, Interrupted) else "SIGINT"
+        met = error_under(exc)
+        if met is not None:   # the run's own error, met before the signal cut its undo short: still reported
+            ctx.transcript.emit("error", message=str(met), kind=error_kind(met))
+        after = f" after an error ({met.message})" if met is not None else ""
         left = restore(ctx)
         if left:
-            raise RestoreError(f"interrupted ({name}) and the host could not be fully restored", left=left,
+            raise RestoreError(f"interrupted ({name}){after} and the host could not be fully restored", left=left,
                                fix=f"debugagent undo {folder}") from None
-        ctx.transcript.emit("interrupted", text=f"interrupted ({name}); every change was undone; `debugagent "
+        ctx.transcript.emit("interrupted", text=f"interrupted ({name}){after}; every change was undone; `debugagent "
                             f"resume {folder}` continues from the last finished step")
         ctx.transcript.close()
         from .outputs import write_outputs
         write_outputs(folder)
-        return Stopped(f"interrupted ({name}); {found_line(ctx.undo)}. Continue with: debugagent resume {folder}")
+        return Stopped(f"interrupted ({name}){after}; {found_line(ctx.undo)}. Continue with: debugagent resume {folder}")
     except DebugAgentError as exc:
-        left = restore(ctx)
-        ctx.transcript.emit("error", message=str(exc), kind="transport" if isinstance(exc, TransportError)
-                            else type(exc).__name__)
+        try:
+            left = restore(ctx)
+        except KeyboardInterrupt:   # a signal during this undo: the undo went on to its end (a second pass finds
+            left = restore(ctx)     # what is left, later signals ignored); the error is what the run reports
+        ctx.transcript.emit("error", message=str(exc), kind=error_kind(exc))
         if left and not isinstance(exc, RestoreError):
             raise RestoreError(f"{exc.message}; the host could not be fully restored", left=left,
                                fix=f"debugagent undo {folder} (once {ctx.transport.host} answers)") from exc
@@ -314,6 +320,22 @@ def _guarded(ctx: Ctx, folder: Path, invoke: Any) -> dict[str, Any] | Stopped:
         raise RestoreError("the run finished but the host could not be fully restored", left=left,
                            fix=f"debugagent undo {folder}")
     return state
+
+
+def error_under(exc: BaseException) -> DebugAgentError | None:
+    """The run's own error that an interrupt replaced (raised while that error's undo ran: ``__context__``)."""
+    seen: set[int] = set()
+    cur = exc.__context__
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, DebugAgentError):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__context__
+    return None
+
+
+def error_kind(exc: DebugAgentError) -> str:
+    return "transport" if isinstance(exc, TransportError) else type(exc).__name__
 
 
 def state_runs_dir() -> Path:

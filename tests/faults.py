@@ -189,11 +189,11 @@ class Hosts:
             self.hosts.popitem()[1][0].__exit__(None, None, None)
 
 
-def ended(p: subprocess.Popen[str], what: str, timeout: float = 120.0) -> str:
-    """The stderr of run ``p`` once it ended; one still running after ``timeout`` is stopped with SIGABRT, which
-    (under ``PYTHONFAULTHANDLER``) prints every thread's stack, and the failure shows where it hung."""
+def ended(p: subprocess.Popen[str], what: str, timeout: float = 120.0) -> tuple[str, str]:
+    """The stdout and stderr of run ``p`` once it ended; one still running after ``timeout`` is stopped with SIGABRT,
+    which (under ``PYTHONFAULTHANDLER``) prints every thread's stack, and the failure shows where it hung."""
     try:
-        return p.communicate(timeout=timeout)[1]
+        return p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         p.send_signal(signal.SIGABRT)
         _, err = p.communicate(timeout=30)
@@ -212,7 +212,7 @@ def kill_then_restore(hosts: Hosts, name: str, sig: signal.Signals, phase: str, 
                              env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1"))
         wait_for(lambda out=out: phase_reached(out, tool, phase), p, f"{tool} {phase}")
         p.send_signal(sig)
-        err = ended(p, f"the run after {sig.name} at {phase}")
+        _, err = ended(p, f"the run after {sig.name} at {phase}")
         if p.returncode in (0, 3) and any(e["event"] == "conclusion" for e in events(out)):
             # on a loaded machine the run finished (and undid its change) before the signal reached it: the host
             # must be as found, and the signal is sent again in a new run; a run that ignored it would finish

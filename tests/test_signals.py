@@ -136,44 +136,61 @@ def test_once_a_run_is_over_the_commands_handler_no_longer_says_while_starting(m
     assert "interrupted (SIGHUP) as the run ended, after its undo" in err and "nothing on the host" not in err
 
 
+
+def dropping(on_restart):
+    """A simulated host (launch-blocking) whose connection drops at the first benchmark after the experiment's
+    restart, and ``on_restart(n, host)`` told of the server's n-th restart (the experiment's, then each undo's)
+    before it runs: it may raise, or signal the run. Returns the transport and what it saw."""
+    from debugagent.tools.errors import ConnectError
+    from debugagent.tools.sim import load_scenario
+    from debugagent.tools.sim.sandbox import SimTransport
+    bench = load_scenario("launch-blocking").bench.command()
+    seen = {"restarts": 0, "dropped": False}
+
+    class Dropping(SimTransport):
+        def run(self, command: str, **kw) -> CommandResult:
+            if command.startswith(bench) or f"&& {bench}" in command:
+                if seen["restarts"] == 1 and not seen["dropped"]:
+                    seen["dropped"] = True
+                    raise ConnectError("the connection dropped", host=self.host)
+            elif "keyof()" in command:      # a restart of the server
+                seen["restarts"] += 1
+                on_restart(seen["restarts"], self.host)
+            return super().run(command, **kw)
+    return Dropping("sim:launch-blocking"), seen
+
+
+def run_on(t, tmp_path):
+    from debugagent.agent.run import RunOptions, investigate
+    return investigate(RunOptions(host="sim:launch-blocking", symptom="verify 30ms", baseline="verify 20ms",
+                                  as_json=True, out=str(tmp_path / "run")), transport=t)
+
+
+def events_and_steps(tmp_path) -> tuple[list[dict], list[dict]]:
+    import json
+    events = [json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    return events, json.loads((tmp_path / "run" / "journal.json").read_text())["steps"]
+
+
 def test_a_signal_during_the_undo_after_an_error_still_reports_that_error(tmp_path):
     """The connection fails while a restart experiment measures (an error of the run), and SIGTERM arrives while
     the undo that follows restarts the server. The undo goes on to its end (the host as found), the run stops as
     interrupted, and the error it met is still reported (the transcript and the line said): the signal must not
     replace what the person needs to read."""
-    import json as _json
-
-    from debugagent.agent.run import RunOptions, investigate
-    from debugagent.tools.errors import ConnectError
-    from debugagent.tools.sim import load_scenario
-    from debugagent.tools.sim.sandbox import SimTransport
-    bench = load_scenario("launch-blocking").bench.command()
-    seen = {"restarts": 0, "failed": False}
-
-    class Failing(SimTransport):
-        def run(self, command: str, **kw) -> CommandResult:
-            if command.startswith(bench) or f"; {bench}" in command or f"&& {bench}" in command:
-                if seen["restarts"] == 1 and not seen["failed"]:
-                    seen["failed"] = True
-                    raise ConnectError("the connection dropped", host=self.host)
-            elif "keyof()" in command:      # a restart of the server: the experiment's, then the undo's
-                seen["restarts"] += 1
-                if seen["restarts"] == 2:
-                    os.kill(os.getpid(), signal.SIGTERM)   # lands while the undo's restart runs (held)
-            return super().run(command, **kw)
-    t = Failing("sim:launch-blocking")
+    def on_restart(n: int, host: str) -> None:
+        if n == 2:
+            os.kill(os.getpid(), signal.SIGTERM)   # lands while the undo's restart runs (held)
+    t, seen = dropping(on_restart)
     try:
-        out = investigate(RunOptions(host="sim:launch-blocking", symptom="verify 30ms", baseline="verify 20ms",
-                                     as_json=True, out=str(tmp_path / "run")), transport=t)
-        assert seen == {"restarts": 2, "failed": True}
+        out = run_on(t, tmp_path)
+        assert seen == {"restarts": 2, "dropped": True}
         assert out["interrupted"] is True
-        events = [_json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+        events, steps = events_and_steps(tmp_path)
         errors = [e for e in events if e["event"] == "error" and "the connection dropped" in e.get("message", "")]
         stopped = [e for e in events if e["event"] == "interrupted"]
         assert len(errors) == 1 and errors[0]["kind"] == "transport", errors
         assert len(stopped) == 1 and "interrupted (SIGTERM) after an error (" in stopped[0]["text"]
         assert "every change was undone" in stopped[0]["text"]
-        steps = _json.loads((tmp_path / "run" / "journal.json").read_text())["steps"]
         assert steps and all(st["done"] for st in steps)
         assert "the connection dropped" in (tmp_path / "run" / "transcript.md").read_text()
     finally:
@@ -184,40 +201,22 @@ def test_a_signal_during_the_undo_of_a_failed_run_lets_that_undo_finish_and_the_
     """The connection fails while a restart experiment measures, and again as the experiment's own undo restarts
     the server, so the run's last undo (after the error) is the one that restores the host; SIGTERM lands while it
     restarts the server. That undo goes on to its end, and the run ends with its first error (exit 4), reported."""
-    import json as _json
-
-    from debugagent.agent.run import RunOptions, investigate
     from debugagent.tools.errors import ConnectError
-    from debugagent.tools.sim import load_scenario
-    from debugagent.tools.sim.sandbox import SimTransport
-    bench = load_scenario("launch-blocking").bench.command()
-    seen = {"restarts": 0, "failed": 0}
 
-    class Failing(SimTransport):
-        def run(self, command: str, **kw) -> CommandResult:
-            if f"&& {bench}" in command or command.startswith(bench):
-                if seen["restarts"] == 1 and not seen["failed"]:
-                    seen["failed"] = 1
-                    raise ConnectError("the connection dropped", host=self.host)
-            elif "keyof()" in command:      # a restart of the server: the experiment's, then the undo's
-                seen["restarts"] += 1
-                if seen["restarts"] == 2:
-                    seen["failed"] += 1
-                    raise ConnectError("the connection dropped again", host=self.host)
-                if seen["restarts"] == 3:
-                    os.kill(os.getpid(), signal.SIGTERM)   # lands while the last undo's restart runs (held)
-            return super().run(command, **kw)
-    t = Failing("sim:launch-blocking")
+    def on_restart(n: int, host: str) -> None:
+        if n == 2:
+            raise ConnectError("the connection dropped again", host=host)
+        if n == 3:
+            os.kill(os.getpid(), signal.SIGTERM)   # lands while the last undo's restart runs (held)
+    t, seen = dropping(on_restart)
     try:
         with pytest.raises(ConnectError) as exc:
-            investigate(RunOptions(host="sim:launch-blocking", symptom="verify 30ms", baseline="verify 20ms",
-                                   as_json=True, out=str(tmp_path / "run")), transport=t)
-        assert exc.value.message == "the connection dropped" and seen == {"restarts": 3, "failed": 2}
-        events = [_json.loads(x) for x in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+            run_on(t, tmp_path)
+        assert exc.value.message == "the connection dropped" and seen == {"restarts": 3, "dropped": True}
+        events, steps = events_and_steps(tmp_path)
         assert [e["kind"] for e in events if e["event"] == "error" and e["message"] == "the connection dropped"] == [
             "transport"]
         assert not any(e["event"] == "interrupted" for e in events)
-        steps = _json.loads((tmp_path / "run" / "journal.json").read_text())["steps"]
         assert steps and all(st["done"] for st in steps)
     finally:
         t.close()

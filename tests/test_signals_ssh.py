@@ -16,7 +16,9 @@ import pytest
 from debugagent.agent.signals import Interrupted, Signals, held
 from debugagent.tools.interrupts import GATE, Gate, check, shielded
 from debugagent.tools.sim.serve import SSHD, start_sshd
-from debugagent.tools.ssh import SSHTransport
+
+from tests.faults import ended
+from tests.test_ssh import connect
 
 NEEDS_SSHD = pytest.mark.skipif(not Path(SSHD).is_file(), reason="needs Debian's openssh-server")
 
@@ -27,12 +29,6 @@ def plain(tmp_path_factory):
     s = start_sshd(tmp_path_factory.mktemp("sshd"))
     yield s
     s.stop()
-
-
-def connect(sshd) -> SSHTransport:
-    import getpass
-    return SSHTransport.from_spec(f"{getpass.getuser()}@127.0.0.1:{sshd.port}", identity_file=str(sshd.identity),
-                                  known_hosts=str(sshd.known_hosts))
 
 
 # A process of its own (a signal's handler runs on the main thread, and a hang must not take the test's with it).
@@ -59,9 +55,8 @@ IN_PARAMIKOS_LOCK = textwrap.dedent('''
 
     if who == "entry":   # before a run's handlers: the command's own, while it starts
         signal.signal(sig, _stop)
-        handlers = None
     else:
-        handlers = Signals().__enter__()
+        Signals().__enter__()
     sys.setprofile(hook)
     try:
         t.run("sleep 2; echo one")
@@ -87,12 +82,7 @@ def test_a_signal_inside_paramikos_lock_stops_the_command_and_the_connection_sti
     p = subprocess.Popen([sys.executable, str(script), str(plain.port), str(plain.identity), str(plain.known_hosts),
                           sig.name, who], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=dict(os.environ, PYTHONFAULTHANDLER="1"))
-    try:
-        out, err = p.communicate(timeout=90)
-    except subprocess.TimeoutExpired:
-        p.send_signal(signal.SIGABRT)   # every thread's stack, under PYTHONFAULTHANDLER
-        out, err = p.communicate(timeout=30)
-        pytest.fail(f"hung after {sig.name} (printed {out!r}); its stacks:\n{err[-6000:]}")
+    out, err = ended(p, f"the command stopped by {sig.name} inside paramiko's lock", timeout=90)
     assert p.returncode == 0, err[-3000:]
     assert out.splitlines() == [f"stopped {sig.name}", "sent inside the lock: 1", "then: two", "closed"], err[-3000:]
 

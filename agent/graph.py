@@ -136,6 +136,21 @@ def judge(ctx: Ctx, state: RunState) -> dict[str, Any]:
     """The experiment's result applied to its hypothesis."""
     cur = state.current
     assert cur is not None and cur.result is not None
+    if cur.spec.get(vd.ON_TOP):
+        hid = cur.spec[vd.ON_TOP]
+        causes = [c for c in cur.spec[vd.JOINT] if c != hid]
+        base = cur.spec.get("base") or [0.0, 0.0]
+        h = vd.on_top_result(hid, state.hyps[hid], causes, cur.result, (float(base[0]), float(base[1])))
+        steps.emit_verdict(ctx, hid, h, h.because[-1])
+        hyps = {**state.hyps, hid: h}
+        out: dict[str, Any] = {"hyps": hyps, "current": None, "done": state.done + [vd.exp_key(cur.hyp, cur.spec)]}
+        if h.status == "confirmed":   # the causes, this one too, were measured together
+            # one at a time: the others' shares, and what this one recovered alone (too little to count)
+            j = vd.joint_result(cur.spec[vd.JOINT], cur.result, state.hyps)
+            alone = [r.share for r in state.hyps[hid].results if not r.error and not r.group]
+            out["joint"] = {**j, "sum_alone": round(j["sum_alone"] + (alone[-1] if alone else 0.0), 3)}
+            ctx.say(steps.joint_words(out["joint"]))
+        return out
     if cur.spec.get(vd.JOINT):
         joint = vd.joint_result(cur.spec[vd.JOINT], cur.result, state.hyps)
         ctx.say(steps.joint_words(joint))

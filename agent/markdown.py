@@ -359,7 +359,9 @@ def render_hypothesis(doc: Doc, hid: str, f: RunFacts) -> None:
         after = ex.verdict
         if ex.result:
             still = after is not None and before == after.status == "confirmed" and not ex.significant
-            doc.msg(f"Result: {ex.result}." + (
+            # a suspect's change made again with the confirmed causes reverted: its verdict says what it adds to theirs
+            said = after.because.strip().rstrip(".") if after is not None and ex.spec.get("on_top") else ex.result
+            doc.msg(f"Result: {said}." + (
                 f" Verdict: still **{STATUS_WORD.get(after.status, after.status)}**, by the experiment above."
                 if still and after else
                 f" Verdict: **{STATUS_WORD.get(after.status, after.status)}**{' by ' + after.how if after.how else ''}."

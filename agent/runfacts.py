@@ -247,8 +247,8 @@ def gather(events: list[Event]) -> RunFacts:
         elif isinstance(ev, Reasoning):
             if ev.kind == "not_run" and hid:
                 hyp(hid).notes.append(ev.text)
-            elif hid:
-                pending_reason[hid] = ev.text
+            elif hid:   # every word said of it before its next experiment starts (why it is tested, then "Next")
+                pending_reason[hid] = f"{pending_reason[hid]} {ev.text}" if hid in pending_reason else ev.text
             else:
                 flush()
                 sink().append(("say", ev.text))

@@ -288,10 +288,38 @@ def judge_all(ctx: Ctx, facts: dict[str, Any]) -> dict[str, vd.Hyp]:
 
 
 # ---------------------------------------------------------------- plan
+def base_head(ctx: Ctx) -> str | None:
+    return ctx.baseline_snapshot.repo.head if ctx.baseline_snapshot and ctx.baseline_snapshot.repo else None
+
+
 def candidates(ctx: Ctx, s: RunState, hyps: dict[str, vd.Hyp]) -> list[tuple[str, dict[str, Any]]]:
-    base_head = ctx.baseline_snapshot.repo.head if ctx.baseline_snapshot and ctx.baseline_snapshot.repo else None
     return vd.candidates(hyps, ctx.playbook.order(), s.done, {h.id: h.cost for h in ctx.playbook.hypotheses},
-                         base_head)
+                         base_head(ctx))
+
+
+def hidden_next(ctx: Ctx, s: RunState, hyps: dict[str, vd.Hyp]) -> tuple[str, dict[str, Any]] | None:
+    """Where the confirmed causes leave the regression unexplained (their share's 95% upper bound below 100%,
+    measured together where they were), the first suspect an experiment ruled out alone, its change made again
+    with theirs reverted in one restart (``verdicts.on_top_result`` judges what it adds); once each. None where
+    there is none, or none whose experiment one restart can combine with theirs."""
+    if vd.explains_enough(hyps):
+        return None
+    base = vd.unexplained_by(hyps, s.joint)
+    if base is None:
+        return None
+    for hid in vd.hidden_suspects(hyps, ctx.playbook.order()):
+        spec, _ = vd.joint_experiment(hyps, lambda sp: resolve_restore(ctx, s, sp), (hid, hyps[hid].ruled_specs[-1]))
+        if spec is None or vd.exp_key(hid, spec) in s.done:
+            continue
+        causes = vd.joint_causes(hyps)
+        spec["base"] = [round(base[0], 4), round(base[1], 4)]
+        them = ", ".join(causes)
+        ctx.say(f"The confirmed {'cause, ' + them + ', recovers' if len(causes) == 1 else 'causes, ' + them + ', recover'}"
+                f" {pct(base[0])} of the regression (the 95% upper bound is below 100%). {hid} was ruled out alone, "
+                f"with {them} in place, and one cause can hide another: where {them} makes each step slow enough, "
+                f"{hid}'s own cost adds little to it. So {hid}'s change is made again, with {them} reverted too.", hid)
+        return hid, spec
+    return None
 
 
 def add_groups(ctx: Ctx, s: RunState, hyps: dict[str, vd.Hyp]) -> bool:
@@ -342,6 +370,12 @@ def choose(ctx: Ctx, s: RunState) -> dict[str, Any]:
                     "tested.")
             return {"current": None, "hyps": hyps}
         cands = rest
+    hidden = hidden_next(ctx, s, hyps)
+    if hidden is not None and (not cands or vd.evidence_rank(hyps[hidden[0]].ruled_specs[-1], base_head(ctx))
+                               <= vd.evidence_rank(cands[0][1], base_head(ctx))):
+        # a suspect the evidence named, ruled out alone, before weaker evidence: the confirmed causes leave the
+        # regression unexplained, and its cost may have been hidden by theirs
+        return ask(ctx, s, hyps, [hidden])
     if vd.explains_enough(hyps):
         # a group that recovered is still split to name its culprit; a suspect the evidence points at is still
         # tested while the confirmed causes' measured share is short of EXPLAINED_ENOUGH (an interval that

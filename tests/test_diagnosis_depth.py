@@ -21,7 +21,8 @@ from tests.test_agent import check
 
 pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent / "scenarios"
-NAMES = ["dtype-float32", "speculative-throughput", "env-and-dtype", "three-causes", "bimodal-one-reading",
+NAMES = ["dtype-float32", "speculative-throughput", "env-and-dtype", "dtype-hides-launch-blocking", "three-causes",
+         "bimodal-one-reading",
          "offline-batch-size", "restart-modes-healthy", "restart-modes-real-cause", "restart-modes-code"]
 
 
@@ -105,6 +106,23 @@ factors:
   - {path: server.args.dtype, good: bfloat16, bad: float16, effect: -250.0}
   - {path: server.env.CUDA_LAUNCH_BLOCKING, good: null, bad: "1", effect: -500.0}
 """
+
+
+def test_a_cause_hidden_by_another_is_found_with_the_other_reverted(tmp_path):
+    # the H200 lab's two-cause host as measured on 2026-12-05: in float32 each step is so long that
+    # CUDA_LAUNCH_BLOCKING costs 2% beside it, so alone it is ruled out; with --dtype reverted too it adds the rest
+    path, sc = scenario("dtype-hides-launch-blocking")
+    out = investigate(RunOptions(host=f"sim:{path}", symptom=sc.symptom, baseline=sc.baseline, as_json=True,
+                                 out=str(tmp_path / "run"), bench=sc.bench.command()))
+    check(sc, out)
+    events = event_lines(tmp_path / "run" / "events.jsonl")
+    env = [e for e in events if e.get("event") == "verdict" and e.get("hypothesis") == "env_var"]
+    assert [e["status"] for e in env][-2:] == ["ruled_out", "confirmed"], [e["because"][:80] for e in env]
+    started = [e["spec"] for e in events if e.get("event") == "experiment" and e.get("phase") == "start"]
+    assert started[-1].get("on_top") == "env_var" and started[-1]["joint"] == ["serving_config", "env_var"]
+    assert out["joint"]["share_ci"][0] > 0.9 and out["joint"]["causes"] == ["serving_config", "env_var"], out["joint"]
+    md = (tmp_path / "run" / "transcript.md").read_text()
+    assert "one cause can hide another" in md and "hidden while serving_config was in place" in md
 
 
 def test_an_experiment_its_reference_leaves_open_measures_the_server_as_found_again(tmp_path):

@@ -336,6 +336,53 @@ def test_confirmed_causes_are_reverted_together_and_the_joint_share_is_reported(
     assert vd.joint_experiment(hs, resolve)[0] is None
 
 
+def test_a_suspect_ruled_out_alone_is_judged_by_what_it_adds_with_the_confirmed_causes_reverted():
+    """A suspect ruled out alone keeps its experiment's spec; where the confirmed cause leaves the regression
+    unexplained it may be tested again with that cause reverted in the same restart. What it adds to the cause's own
+    share decides: a cause only where that is far beyond both measurements' noise and at least 20%; not a cause where
+    its 80% upper bound stays below 20%; undecided between."""
+    flag = {"kind": "server_restart", "title": "restart the server with --dtype auto", "set_flags": {"dtype": "auto"}}
+    env = {"kind": "server_restart", "title": "restart the server without CUDA_LAUNCH_BLOCKING",
+           "unset_env": ["CUDA_LAUNCH_BLOCKING"]}
+    alone = ExperimentResult(kind="server_restart", title=env["title"], text="recovers 2%", share=0.02,
+                             outcome="not_cause", rule="the 80% upper bound ... 3%")
+    h = vd.apply_result(vd.Hyp(status="suspect", experiments=[env]), env, alone)
+    assert h.status == "ruled_out" and h.how == "experiment" and h.ruled_specs == [env]
+    hs = {"serving_config": vd.Hyp(status="confirmed", how="experiment", share=0.64, share_se=0.025,
+                                   share_ci=(0.59, 0.69), cause_specs=[flag]), "env_var": h}
+    assert vd.hidden_suspects(hs, ["serving_config", "env_var"]) == ["env_var"]
+    assert vd.unexplained_by(hs, None) == (0.64, (0.69 - 0.59) / 3.92)
+    spec, why = vd.joint_experiment(hs, lambda sp: sp, ("env_var", h.ruled_specs[-1]))
+    assert spec is not None and spec["set_flags"] == {"dtype": "auto"} and spec["unset_env"] == ["CUDA_LAUNCH_BLOCKING"]
+    assert spec[vd.JOINT] == ["serving_config", "env_var"] and spec[vd.ON_TOP] == "env_var", why
+
+    def together(share: float, half: float) -> ExperimentResult:
+        return ExperimentResult(kind="server_restart", title=spec["title"], text=f"recovers {share:.0%}", share=share,
+                                share_ci=(share - half, share + half), share_se=half / 1.96, outcome="cause",
+                                significant=True)
+    base = vd.unexplained_by(hs, None)
+    assert base is not None
+    found = vd.on_top_result("env_var", h, ["serving_config"], together(1.0, 0.04), base)
+    assert found.status == "confirmed" and found.how == "experiment" and found.cause_specs == [env]
+    assert found.share is not None and abs(found.share - 0.36) < 1e-9 and found.share_ci is not None
+    assert "adds 36% of the regression" in found.because[-1] and "hidden while serving_config was in place" in found.because[-1]
+    # now both are measured, together they may explain it: nothing left to look for
+    assert vd.unexplained_by({**hs, "env_var": found}, {"causes": ["serving_config", "env_var"], "share": 1.0,
+                                                         "share_ci": (0.96, 1.04)}) is None
+    same = vd.on_top_result("env_var", h, ["serving_config"], together(0.66, 0.04), base)
+    assert same.status == "ruled_out" and same.rule and "with serving_config reverted too" in same.rule
+    assert "not a cause with serving_config reverted either" in same.because[-1]
+    wide = vd.on_top_result("env_var", h, ["serving_config"], together(0.85, 0.3), base)
+    assert wide.status == "inconclusive" and wide.next and wide.next.startswith('repeat "')
+    failed = vd.on_top_result("env_var", h, ["serving_config"],
+                              ExperimentResult(kind="server_restart", text="", error="the server did not start"), base)
+    assert failed.status == "ruled_out" and "not measured: the server did not start" in failed.because[-1]
+    # an interval that reaches 100% leaves nothing to look for; no confirmed cause, nothing to revert
+    assert vd.unexplained_by({**hs, "serving_config": hs["serving_config"].model_copy(update={"share_ci": (0.6, 1.01)})},
+                             None) is None
+    assert vd.unexplained_by({"env_var": h}, None) is None
+
+
 def test_a_ruled_out_experiment_says_the_bound_that_decided_it():
     """'Not a cause' names the bound that decided it, in the result's text and as its rule; the verdict keeps it."""
     from debugagent.agent.stats import decide

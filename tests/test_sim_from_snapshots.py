@@ -29,6 +29,7 @@ from debugagent_testing import event_lines
 ROOT = Path(__file__).resolve().parents[1]
 H200 = ROOT / "transcripts" / "h200"
 SUMMARY = {c["case"]: c for c in json.loads((H200 / "summary.json").read_text())["cases"]}
+POWER_CAP = "gpus.0.event_reasons"
 
 
 def recording(case: str) -> list[dict]:
@@ -50,14 +51,17 @@ def test_an_h200_recording_round_trips(tmp_path, case):
     g.write_text(dump(good))
     b.write_text(dump(bad))
     out = tmp_path / "sc.yaml"
+    # the lab's float32 layers draw the GPU to its power limit, so the bad state's snapshot also shows the SW power cap
+    # reason: a difference the change brings, which costs nothing of its own (told, else the change is shared)
     r = subprocess.run([sys.executable, "-m", "debugagent.agent.cli", "sim", "from-snapshots", str(g), str(b),
-                        "-o", str(out), "--expect", cause], capture_output=True, text=True, timeout=300, cwd=ROOT)
+                        "-o", str(out), "--expect", cause, "--effect", f"{POWER_CAP}=0"],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     sc = parse_scenario(out.read_text(), str(out))
-    # factors from the snapshots' diff (the one difference of each case), effects from the numbers
+    # factors from the snapshots' diff (each case's change, and the power cap it brings), effects from the numbers
     paths = [f.path for f in sc.factors]
-    assert paths == {"flag": ["server.args.dtype"], "shadow-flag": ["server.args.dtype"],
-                     "package": ["packages.labkern.build"]}[case], paths
+    assert paths == [{"flag": "server.args.dtype", "shadow-flag": "server.args.dtype",
+                      "package": "packages.labkern.build"}[case], POWER_CAP], paths
     assert sc.factors[0].effect < 0 and abs(sc.bench.base + sc.factors[0].effect - sum(bad.bench["samples"]) /
                                             len(bad.bench["samples"])) < 1
     assert sc.host.server.cmd.endswith("-m labserve.server") and sc.host.python.startswith("/opt/gpu-lab-")
@@ -84,12 +88,14 @@ def test_several_differences_share_the_change_unless_told(tmp_path):
     bad.server.flags["backend"] = "eager"
     sc, notes = scenario_from_snapshots(good, bad, name="two", expect="serving_config")
     eff = {f["path"]: f["effect"] for f in sc["factors"]}
-    assert set(eff) == {"server.args.dtype", "server.args.backend"} and eff["server.args.dtype"] == eff["server.args.backend"]
+    assert set(eff) == {"server.args.dtype", "server.args.backend", POWER_CAP}
+    assert eff["server.args.dtype"] == eff["server.args.backend"] == eff[POWER_CAP]
     assert any("shared equally" in n for n in notes)
     sc, _ = scenario_from_snapshots(good, bad, name="two", expect="serving_config",
-                                    effects={"server.args.backend": 0.0})
+                                    effects={"server.args.backend": 0.0, POWER_CAP: 0.0})
     eff = {f["path"]: f["effect"] for f in sc["factors"]}
-    assert eff["server.args.backend"] == 0 and eff["server.args.dtype"] < -500
+    change = sum(bad.bench["samples"]) / len(bad.bench["samples"]) - sum(good.bench["samples"]) / len(good.bench["samples"])
+    assert eff["server.args.backend"] == eff[POWER_CAP] == 0 and abs(eff["server.args.dtype"] - change) < 1, eff
     with pytest.raises(UsageError, match="no such factor"):
         scenario_from_snapshots(good, bad, name="two", expect=None, effects={"server.args.nope": 1.0})
     parse_scenario(yaml.safe_dump(sc), "two.yaml")

@@ -90,6 +90,16 @@ def test_endpoint_answers_that_are_not_json_objects_are_parse_errors(body, match
         parse_sglang_server_info(body)
 
 
+def test_a_server_that_answers_every_path_with_one_object_is_not_sglang():
+    """The H200 lab's server answers any GET with `{"ok": true}`: read as SGLang's server info it made the server
+    "engine sglang". An answer with none of SGLang's keys is a ParseError, and no engine is inferred from it."""
+    with pytest.raises(ParseError, match="not SGLang's server info"):
+        parse_sglang_server_info('{"ok": true}')
+    assert effective_config(server_info=None).engine is None
+    body = json.loads(text("sglang_get_server_info.json"))
+    assert parse_sglang_server_info(json.dumps({"model_path": body["model_path"]})).args["model_path"]
+
+
 def test_vllm_version():
     """vLLM `/version` is `{"version": …}`."""
     assert parse_vllm_version(text("vllm_version.json")) == "0.11.0"

@@ -210,12 +210,20 @@ def _json_object(text: str, tool: str) -> dict[str, Any]:
     return obj
 
 
+# what every SGLang /server_info answer holds (its server args, the scheduler's states, the version)
+SGLANG_INFO_KEYS = frozenset({"model_path", "internal_states", "version", "tp_size"})
+
+
 @parser("sglang_server_info")
 def parse_sglang_server_info(text: str) -> SglangServerInfo:
     obj = _json_object(text, "sglang_server_info")
     role = None
     if isinstance(obj.get("decode"), list) and obj["decode"] and isinstance(obj["decode"][0], dict):
         obj, role = obj["decode"][0], "decode"
+    if not SGLANG_INFO_KEYS & set(obj):
+        # a server that answers every path with one JSON object (a small HTTP server's catch-all) is not SGLang
+        raise ParseError(f"not SGLang's server info: none of {', '.join(sorted(SGLANG_INFO_KEYS))} in it",
+                         tool="sglang_server_info", excerpt=text[:80])
     states = obj.get("internal_states")
     internal = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
     args = {k: v for k, v in obj.items() if k not in ("internal_states", "version", "prefill", "decode")}

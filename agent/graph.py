@@ -140,7 +140,8 @@ def judge(ctx: Ctx, state: RunState) -> dict[str, Any]:
         hid = cur.spec[vd.ON_TOP]
         causes = [c for c in cur.spec[vd.JOINT] if c != hid]
         base = cur.spec.get("base") or [0.0, 0.0]
-        h = vd.on_top_result(hid, state.hyps[hid], causes, cur.result, (float(base[0]), float(base[1])))
+        h = vd.on_top_result(hid, state.hyps[hid], causes, cur.result, (float(base[0]), float(base[1])),
+                             f"in this run {ctx.speed_moved[0]}" if ctx.speed_moved else None)
         steps.emit_verdict(ctx, hid, h, h.because[-1])
         hyps = {**state.hyps, hid: h}
         out: dict[str, Any] = {"hyps": hyps, "current": None, "done": state.done + [vd.exp_key(cur.hyp, cur.spec)]}

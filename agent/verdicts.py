@@ -290,8 +290,11 @@ def spec_names(spec: dict[str, Any]) -> set[str]:
 
 def without_judged(hyps: dict[str, Hyp], nj: NotJudged) -> NotJudged:
     """The not-judged lists without what a hypothesis' own experiment changed and decided (a playbook's hypothesis
-    for OMP_NUM_THREADS judges it, though no knowledge list names it)."""
+    for OMP_NUM_THREADS judges it, though no knowledge list names it), and without what a removal found a cause."""
     judged = {n for h in hyps.values() for n in h.judged}
+    # a group whose removal was a cause judged its values too: they are (part of) a confirmed cause
+    judged |= {i for h in hyps.values() for r in h.results if r.group and not r.error and r.decided == "cause"
+               for i in r.group}
     return nj.model_copy(update={"flags": [f for f in nj.flags if f not in judged],
                                  "env": [v for v in nj.env if v not in judged]})
 
@@ -480,12 +483,13 @@ Z_CI = 1.96
 
 
 def on_top_result(hid: str, h: Hyp, causes: list[str], res: ExperimentResult,
-                  base: tuple[float, float]) -> Hyp:
+                  base: tuple[float, float], moved: str | None = None) -> Hyp:
     """The suspect after its change was made again with the confirmed causes reverted (``res``, against the reproduce
     step's runs, as every experiment): what it adds to what they recover alone (``base``: share, standard error),
     judged as an experiment's share is: a cause where it adds more than the noise allows (one-sided p below
     stats.ALPHA_CAUSE) and at least 20% of the regression; not a cause where its 80% upper bound stays below 20%;
-    otherwise undecided."""
+    otherwise undecided. ``moved``: the run has seen the server's speed move from one start to the next (``Ctx.
+    speed_moved``), so what one start of this state adds to another start's is not shown: undecided, never a cause."""
     h = h.model_copy(deep=True)
     them = ", ".join(causes)
     if res.error or res.share_ci is None:
@@ -498,16 +502,21 @@ def on_top_result(hid: str, h: Hyp, causes: list[str], res: ExperimentResult,
     lo, hi, up80 = added - Z_CI * se, added + Z_CI * se, added + Z_NOT * se
     words = (f"with {them} reverted too: {res.text}; against {whole_pct(b)} for {them} alone, this change adds "
              f"{whole_pct(added)} of the regression (95% CI {whole_pct(lo)} to {whole_pct(hi)})")
-    if res.significant and se > 0 and added / se >= Z_CAUSE and added >= NOT_CAUSE_SHARE:
+    if res.significant and se > 0 and added / se >= Z_CAUSE and added >= NOT_CAUSE_SHARE and moved:
+        h.status, h.how = "inconclusive", None
+        h.next = (f"{REPEAT}{res.title}\" over more starts of the server: {moved}, so what one start adds to "
+                  "another's is not shown")
+        h.because.append(f"{words}: undecided, since {moved}")
+    elif res.significant and se > 0 and added / se >= Z_CAUSE and added >= NOT_CAUSE_SHARE:
         h.status, h.how, h.next, h.rule = "confirmed", "experiment", None, None
         h.share, h.share_se, h.share_ci = round(added, 3), se, (lo, hi)
         h.cause_specs = [h.ruled_specs[-1]]
         h.because.append(f"{words}: a cause, hidden while {them} {'was' if len(causes) == 1 else 'were'} in place "
                          "(alone it recovered too little to count)")
     elif up80 < NOT_CAUSE_SHARE:
-        h.rule = (f"with {them} reverted too, the 80% upper bound of what it adds is {whole_pct(up80)} of the "
+        h.rule = (f"the 80% upper bound of what it adds with {them} reverted too is {whole_pct(up80)} of the "
                   f"regression, below the {whole_pct(NOT_CAUSE_SHARE)} a cause must recover")
-        h.because.append(f"{words}: not a cause with {them} reverted either")
+        h.because.append(f"{words}: not a cause with {them} reverted either ({h.rule})")
     else:
         h.status, h.how = "inconclusive", None
         h.next = f"{REPEAT}{res.title}\" with more runs: what it adds ({whole_pct(added)}) is not decided"

@@ -125,6 +125,25 @@ def test_a_cause_hidden_by_another_is_found_with_the_other_reverted(tmp_path):
     assert "one cause can hide another" in md and "hidden while serving_config was in place" in md
 
 
+def test_a_harmless_suspect_tested_again_with_the_cause_reverted_stays_ruled_out(tmp_path):
+    # the counter-case: CUDA_LAUNCH_BLOCKING costs nothing here, the rest is a flag no list names. Tested again with
+    # the dtype reverted it adds nothing (still ruled out, the bound that decided it said), and the run goes on to
+    # the not-judged flags, which it then reports as found, not as "not judged"
+    path, sc = scenario("dtype-partial-harmless-env")
+    out = investigate(RunOptions(host=f"sim:{path}", symptom=sc.symptom, baseline=sc.baseline, as_json=True,
+                                 out=str(tmp_path / "run"), bench=sc.bench.command()))
+    check(sc, out)
+    assert [c["hypothesis"] for c in out["root_causes"]] == ["serving_config"], out["root_causes"]
+    env = next(r for r in out["ruled_out"] if r["hypothesis"] == "env_var")
+    assert "not a cause with serving_config reverted either" in env["because"] and "reverted too" in env["rule"]
+    assert "Not judged" not in out["summary"] and "scheduling-policy" not in out["not_judged"]["flags"]
+    events = event_lines(tmp_path / "run" / "events.jsonl")
+    started = [e["spec"] for e in events if e.get("event") == "experiment" and e.get("phase") == "start"]
+    on_top = [i for i, sp in enumerate(started) if sp.get("on_top")]
+    groups = [i for i, sp in enumerate(started) if sp.get("group")]
+    assert len(on_top) == 1 and groups and on_top[0] < groups[0], [sp.get("title") for sp in started]
+
+
 def test_an_experiment_its_reference_leaves_open_measures_the_server_as_found_again(tmp_path):
     """Against a snapshot the reference is the reproduce step's 3 runs; the dtype flag's 6 runs after its restart
     could not be decided against them, and more of its runs would not have (``stats.changed_runs_futile``). So the

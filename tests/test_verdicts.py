@@ -369,8 +369,13 @@ def test_a_suspect_ruled_out_alone_is_judged_by_what_it_adds_with_the_confirmed_
     # now both are measured, together they may explain it: nothing left to look for
     assert vd.unexplained_by({**hs, "env_var": found}, {"causes": ["serving_config", "env_var"], "share": 1.0,
                                                          "share_ci": (0.96, 1.04)}) is None
+    # a run that has seen the server's speed move between starts: one start of it cannot show what it adds
+    moved = vd.on_top_result("env_var", h, ["serving_config"], together(1.0, 0.04), base,
+                             "in this run the server as found, restarted for a control, read 735")
+    assert moved.status == "inconclusive" and moved.next and "over more starts" in moved.next and "read 735" in moved.next
     same = vd.on_top_result("env_var", h, ["serving_config"], together(0.66, 0.04), base)
     assert same.status == "ruled_out" and same.rule and "with serving_config reverted too" in same.rule
+    assert same.rule in same.because[-1]
     assert "not a cause with serving_config reverted either" in same.because[-1]
     wide = vd.on_top_result("env_var", h, ["serving_config"], together(0.85, 0.3), base)
     assert wide.status == "inconclusive" and wide.next and wide.next.startswith('repeat "')

@@ -60,6 +60,17 @@ def with_snapshot(path: Path, sc, tmp_path: Path) -> dict:
     return out
 
 
+def with_numbers(name: str, tmp_path: Path) -> tuple[dict, list[dict], list[dict]]:
+    """The scenario ``name`` diagnosed from numbers only, checked: (--json, its events, the specs of the experiments
+    it started, in order)."""
+    path, sc = scenario(name)
+    out = investigate(RunOptions(host=f"sim:{path}", symptom=sc.symptom, baseline=sc.baseline, as_json=True,
+                                 out=str(tmp_path / "run"), bench=sc.bench.command()))
+    check(sc, out)
+    events = event_lines(tmp_path / "run" / "events.jsonl")
+    return out, events, [e["spec"] for e in events if e.get("event") == "experiment" and e.get("phase") == "start"]
+
+
 def test_two_causes_with_a_baseline_snapshot_report_what_reverting_both_recovers(tmp_path):
     path, sc = scenario("env-and-dtype")
     out = with_snapshot(path, sc, tmp_path)
@@ -69,12 +80,7 @@ def test_two_causes_with_a_baseline_snapshot_report_what_reverting_both_recovers
 def test_causes_that_compound_are_measured_together_before_any_further_suspect(tmp_path):
     # each alone recovers a third (their intervals end below 100%): both together come next, and since together
     # they may explain it all (the interval reaches 100%), the flag no list names is not tested after them
-    path, sc = scenario("two-compound")
-    out = investigate(RunOptions(host=f"sim:{path}", symptom=sc.symptom, baseline=sc.baseline, as_json=True,
-                                 out=str(tmp_path / "run"), bench=sc.bench.command()))
-    check(sc, out)
-    events = event_lines(tmp_path / "run" / "events.jsonl")
-    started = [e["spec"] for e in events if e.get("event") == "experiment" and e.get("phase") == "start"]
+    out, _, started = with_numbers("two-compound", tmp_path)
     assert [bool(sp.get("joint")) for sp in started] == [False, False, True], [sp.get("title") for sp in started]
     assert out["joint"]["share_ci"][1] >= 1.0, out["joint"]
 
@@ -111,14 +117,9 @@ factors:
 def test_a_cause_hidden_by_another_is_found_with_the_other_reverted(tmp_path):
     # the H200 lab's two-cause host as measured on 2026-12-05: in float32 each step is so long that
     # CUDA_LAUNCH_BLOCKING costs 2% beside it, so alone it is ruled out; with --dtype reverted too it adds the rest
-    path, sc = scenario("dtype-hides-launch-blocking")
-    out = investigate(RunOptions(host=f"sim:{path}", symptom=sc.symptom, baseline=sc.baseline, as_json=True,
-                                 out=str(tmp_path / "run"), bench=sc.bench.command()))
-    check(sc, out)
-    events = event_lines(tmp_path / "run" / "events.jsonl")
+    out, events, started = with_numbers("dtype-hides-launch-blocking", tmp_path)
     env = [e for e in events if e.get("event") == "verdict" and e.get("hypothesis") == "env_var"]
     assert [e["status"] for e in env][-2:] == ["ruled_out", "confirmed"], [e["because"][:80] for e in env]
-    started = [e["spec"] for e in events if e.get("event") == "experiment" and e.get("phase") == "start"]
     assert started[-1].get("on_top") == "env_var" and started[-1]["joint"] == ["serving_config", "env_var"]
     assert out["joint"]["share_ci"][0] > 0.9 and out["joint"]["causes"] == ["serving_config", "env_var"], out["joint"]
     md = (tmp_path / "run" / "transcript.md").read_text()
@@ -129,16 +130,11 @@ def test_a_harmless_suspect_tested_again_with_the_cause_reverted_stays_ruled_out
     # the counter-case: CUDA_LAUNCH_BLOCKING costs nothing here, the rest is a flag no list names. Tested again with
     # the dtype reverted it adds nothing (still ruled out, the bound that decided it said), and the run goes on to
     # the not-judged flags, which it then reports as found, not as "not judged"
-    path, sc = scenario("dtype-partial-harmless-env")
-    out = investigate(RunOptions(host=f"sim:{path}", symptom=sc.symptom, baseline=sc.baseline, as_json=True,
-                                 out=str(tmp_path / "run"), bench=sc.bench.command()))
-    check(sc, out)
+    out, _, started = with_numbers("dtype-partial-harmless-env", tmp_path)
     assert [c["hypothesis"] for c in out["root_causes"]] == ["serving_config"], out["root_causes"]
     env = next(r for r in out["ruled_out"] if r["hypothesis"] == "env_var")
     assert "not a cause with serving_config reverted either" in env["because"] and "reverted too" in env["rule"]
     assert "Not judged" not in out["summary"] and "scheduling-policy" not in out["not_judged"]["flags"]
-    events = event_lines(tmp_path / "run" / "events.jsonl")
-    started = [e["spec"] for e in events if e.get("event") == "experiment" and e.get("phase") == "start"]
     on_top = [i for i, sp in enumerate(started) if sp.get("on_top")]
     groups = [i for i, sp in enumerate(started) if sp.get("group")]
     assert len(on_top) == 1 and groups and on_top[0] < groups[0], [sp.get("title") for sp in started]

@@ -307,13 +307,13 @@ def hidden_next(ctx: Ctx, s: RunState, hyps: dict[str, vd.Hyp]) -> tuple[str, di
     base = vd.unexplained_by(hyps, s.joint)
     if base is None:
         return None
+    causes = vd.joint_causes(hyps)
+    them = ", ".join(causes)
     for hid in vd.hidden_suspects(hyps, ctx.playbook.order()):
         spec, _ = vd.joint_experiment(hyps, lambda sp: resolve_restore(ctx, s, sp), (hid, hyps[hid].ruled_specs[-1]))
         if spec is None or vd.exp_key(hid, spec) in s.done:
             continue
-        causes = vd.joint_causes(hyps)
         spec["base"] = [round(base[0], 4), round(base[1], 4)]
-        them = ", ".join(causes)
         ctx.say(f"The confirmed {'cause, ' + them + ', recovers' if len(causes) == 1 else 'causes, ' + them + ', recover'}"
                 f" {pct(base[0])} of the regression (the 95% upper bound is below 100%). {hid} was ruled out alone, "
                 f"with {them} in place, and one cause can hide another: where {them} makes each step slow enough, "
@@ -371,8 +371,9 @@ def choose(ctx: Ctx, s: RunState) -> dict[str, Any]:
             return {"current": None, "hyps": hyps}
         cands = rest
     hidden = hidden_next(ctx, s, hyps)
-    if hidden is not None and (not cands or vd.evidence_rank(hyps[hidden[0]].ruled_specs[-1], base_head(ctx))
-                               <= vd.evidence_rank(cands[0][1], base_head(ctx))):
+    head = base_head(ctx)
+    if hidden is not None and (not cands or vd.evidence_rank(hyps[hidden[0]].ruled_specs[-1], head)
+                               <= vd.evidence_rank(cands[0][1], head)):
         # a suspect the evidence named, ruled out alone, before weaker evidence: the confirmed causes leave the
         # regression unexplained, and its cost may have been hidden by theirs
         return ask(ctx, s, hyps, [hidden])

@@ -49,7 +49,7 @@ class Hyp(BaseModel):
     # narrowest half replaces the group)
     judged: list[str] = Field(default_factory=list)   # the flags and variables its decided experiments changed
     # the experiments that decided it "not a cause", each made with the other causes still in place: tested again with
-    # the confirmed causes reverted where those leave the regression unexplained (``on_top_experiment``)
+    # the confirmed causes reverted where those leave the regression unexplained (``steps.hidden_next``)
     ruled_specs: list[dict[str, Any]] = Field(default_factory=list)
 
 
@@ -408,7 +408,7 @@ def joint_experiment(hyps: dict[str, Hyp], resolve: Any,
     """One restart with every confirmed cause's change at once (their experiments are restarts with flags or
     variables changed: ``resolve`` turns a restoring spec into the flags and variables it puts back), or None and
     why not. ``on_top``: a suspect ruled out alone and its experiment's spec, whose change joins theirs
-    (``on_top_experiment``)."""
+    (``on_top_result`` judges it)."""
     hids = joint_causes(hyps)
     specs = [sp for h in hids for sp in hyps[h].cause_specs] + ([on_top[1]] if on_top else [])
     overlays = [sp for sp in specs if sp.get("kind") == OVERLAY_KIND]
@@ -451,11 +451,14 @@ def joint_result(hids: list[str], res: ExperimentResult, hyps: dict[str, Hyp]) -
 # its recovery 3%), while with bfloat16 back it cost the 36% the dtype left unexplained. Where the confirmed causes
 # leave the regression unexplained, a suspect an experiment ruled out alone is tested once more, with them reverted.
 ON_TOP = "on_top"
+Z_CAUSE = NormalDist().inv_cdf(1 - ALPHA_CAUSE)   # what a change must add, in standard errors, to be a cause
+Z_NOT = NormalDist().inv_cdf(1 - ALPHA_NOT)       # the upper bound below which what it adds is "not a cause"
+Z_CI = 1.96                                       # the 95% intervals every share is given with
 
 
 def hidden_suspects(hyps: dict[str, Hyp], order: list[str]) -> list[str]:
     """Suspects an experiment ruled out alone (its change made while the confirmed causes were in place), in the
-    playbook's order: what ``on_top_experiment`` may test again with the confirmed causes reverted."""
+    playbook's order: what ``steps.hidden_next`` may test again with the confirmed causes reverted."""
     return [hid for hid in order if hyps[hid].status == "ruled_out" and hyps[hid].how == "experiment"
             and hyps[hid].ruled_specs]
 
@@ -474,12 +477,7 @@ def unexplained_by(hyps: dict[str, Hyp], joint: dict[str, Any] | None) -> tuple[
         if ci is None:
             return None
         lo, hi = ci
-    return None if hi >= 1.0 else (share, max(0.0, (hi - lo) / 3.92))
-
-
-Z_CAUSE = NormalDist().inv_cdf(1 - ALPHA_CAUSE)   # what a change must add, in standard errors, to be a cause
-Z_NOT = NormalDist().inv_cdf(1 - ALPHA_NOT)       # the upper bound below which what it adds is "not a cause"
-Z_CI = 1.96
+    return None if hi >= 1.0 else (share, max(0.0, (hi - lo) / (2 * Z_CI)))
 
 
 def on_top_result(hid: str, h: Hyp, causes: list[str], res: ExperimentResult,
@@ -502,12 +500,13 @@ def on_top_result(hid: str, h: Hyp, causes: list[str], res: ExperimentResult,
     lo, hi, up80 = added - Z_CI * se, added + Z_CI * se, added + Z_NOT * se
     words = (f"with {them} reverted too: {res.text}; against {whole_pct(b)} for {them} alone, this change adds "
              f"{whole_pct(added)} of the regression (95% CI {whole_pct(lo)} to {whole_pct(hi)})")
-    if res.significant and se > 0 and added / se >= Z_CAUSE and added >= NOT_CAUSE_SHARE and moved:
+    adds = res.significant and se > 0 and added / se >= Z_CAUSE and added >= NOT_CAUSE_SHARE
+    if adds and moved:
         h.status, h.how = "inconclusive", None
         h.next = (f"{REPEAT}{res.title}\" over more starts of the server: {moved}, so what one start adds to "
                   "another's is not shown")
         h.because.append(f"{words}: undecided, since {moved}")
-    elif res.significant and se > 0 and added / se >= Z_CAUSE and added >= NOT_CAUSE_SHARE:
+    elif adds:
         h.status, h.how, h.next, h.rule = "confirmed", "experiment", None, None
         h.share, h.share_se, h.share_ci = round(added, 3), se, (lo, hi)
         h.cause_specs = [h.ruled_specs[-1]]
